@@ -1,0 +1,62 @@
+"""kerasmgpu: train any Keras model on all of a machine's GPUs with one call.
+
+    import kerasmgpu
+    pmodel = kerasmgpu.parallelize(model)      # all GPUs; gpus=2 or gpus=[0, 3]
+    pmodel.fit(x, y, batch_size=256)           # global batch, split over replicas
+
+`import kerasmgpu` imports no framework: names below load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from kerasmgpu._version import __version__
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from kerasmgpu.api import environment, parallelize, route_for, scope, virtual_devices
+    from kerasmgpu.distributed import is_chief, process_count, process_index
+    from kerasmgpu.detection import Device, Environment, KerasLine
+    from kerasmgpu.routes import Route
+
+_LAZY = {
+    "parallelize": "kerasmgpu.api",
+    "scope": "kerasmgpu.api",
+    "virtual_devices": "kerasmgpu.api",
+    "environment": "kerasmgpu.api",
+    "route_for": "kerasmgpu.api",
+    "Environment": "kerasmgpu.detection",
+    "KerasLine": "kerasmgpu.detection",
+    "Device": "kerasmgpu.detection",
+    "Route": "kerasmgpu.routes",
+    "process_index": "kerasmgpu.distributed",
+    "process_count": "kerasmgpu.distributed",
+    "is_chief": "kerasmgpu.distributed",
+}
+_SUBMODULES = {"legacy", "callbacks", "batching", "distributed", "cli", "migrate"}
+
+__all__ = sorted([*_LAZY, "__version__", *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kerasmgpu.{name}")
+    raise AttributeError(f"module 'kerasmgpu' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return __all__
+
+
+# KERASMGPU_VIRTUAL_DEVICES=n must act before the framework starts its runtime: record it
+# now (XLA_FLAGS for JAX, a post-import hook for TensorFlow) without importing either.
+if os.environ.get("KERASMGPU_VIRTUAL_DEVICES"):
+    from kerasmgpu.devices import apply_environment_request as _apply
+
+    _apply()

@@ -1,0 +1,44 @@
+"""One shape for every error a user can trigger: what came in, what is allowed, the fix.
+
+Keras 3 says "Expected one of ... Received: x=..."; Lightning adds the fix. We do
+both, so a message read in a CI log is enough to repair the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Type
+
+
+def _fmt(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def explain(argument: str, received: Any, allowed: str, fix: str, *, raw: bool = False) -> str:
+    """Build the three-part message: received / allowed / fix."""
+    shown = received if raw else _fmt(received)
+    return f"Invalid `{argument}`. Received: {argument}={shown}. Allowed: {allowed}. Fix: {fix}"
+
+
+def bad_value(
+    argument: str, received: Any, allowed: str, fix: str, *, raw: bool = False
+) -> ValueError:
+    return ValueError(explain(argument, received, allowed, fix, raw=raw))
+
+
+def bad_type(
+    argument: str, received: Any, allowed: str, fix: str, *, raw: bool = False
+) -> TypeError:
+    return TypeError(explain(argument, received, allowed, fix, raw=raw))
+
+
+class NotYetSupportedError(NotImplementedError):
+    """A route or feature that exists in the design but not on this line yet."""
+
+
+class TooLateError(RuntimeError):
+    """Device configuration asked for after the framework already started."""
+
+
+def error(kind: Type[Exception], argument: str, received: Any, allowed: str, fix: str) -> Exception:
+    return kind(explain(argument, received, allowed, fix))

@@ -1,0 +1,139 @@
+"""The public calls. They detect, validate, pick a route and forward; nothing else.
+
+Every argument is checked before the model is touched: a bad `gpus`, an unknown
+`route`, a non-model or a model of another Keras raise here, with what was received,
+what is allowed and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple, TypeVar, Union
+
+from kerasmgpu import devices as devices_module
+from kerasmgpu import detection as env_module
+from kerasmgpu.detection import Device
+from kerasmgpu.routes import Route, check_route_fits, choose_route, load_route, parse_route
+
+if TYPE_CHECKING:
+    from kerasmgpu.parallel.family import Family
+    from kerasmgpu.routes.base import BaseRoute
+
+ModelT = TypeVar("ModelT")
+
+_warned_single = False
+_lock = threading.Lock()
+# Routes made by `kerasmgpu.scope()`, newest last, so that a model built there is
+# adopted by parallelize() - even after the `with` block - instead of copied.
+_scoped: "list[BaseRoute]" = []
+_SCOPED_KEPT = 8
+
+
+def _warn_single_device(devices: Tuple[Device, ...]) -> None:
+    global _warned_single
+    with _lock:
+        if _warned_single:
+            return
+        _warned_single = True
+    warnings.warn(
+        "kerasmgpu: one device available "
+        f"({', '.join(str(d) for d in devices) or 'cpu'}): training on it as usual. "
+        f"On a machine without GPUs, set {env_module.VIRTUAL_DEVICES_ENV}=N or call "
+        "kerasmgpu.virtual_devices(N) first to run N replicas on the CPU.",
+        stacklevel=3,
+    )
+
+
+def _prepare(
+    gpus: devices_module.GpusArg, route: Union[str, Route, None], model: Any = None
+) -> "Tuple[Family, type[BaseRoute], Tuple[Device, ...]]":
+    """Detect, validate every argument, and choose the devices - touching nothing."""
+    from kerasmgpu._errors import bad_value
+    from kerasmgpu.parallel import family as family_module
+    from kerasmgpu.parallel import model as parallel_model
+
+    chosen = parse_route(route)
+    line, _ = env_module.detect_keras_line()
+    backend = env_module.backend_for(line)
+    natural = choose_route(line, backend)
+    if chosen is not None:
+        check_route_fits(chosen, line, backend)
+    fam = family_module.load(line, backend)
+    if model is not None:
+        family_module.check_model(model, fam)
+        if parallel_model.is_parallel(model):
+            raise bad_value(
+                "model", "a model already returned by parallelize()",
+                "the model you built (the template)",
+                "call parallelize() once, on the model you built",
+            )
+    cls = load_route(natural)
+    selected = devices_module.resolve_gpus(gpus, cls.available_devices(fam))
+    return fam, cls, selected
+
+
+def parallelize(
+    model: ModelT,
+    gpus: devices_module.GpusArg = None,
+    *,
+    route: Union[str, Route, None] = None,
+) -> ModelT:
+    """A model that trains on all requested devices, for whatever Keras is installed.
+
+    `gpus`: None (every device), a count, or a list of device ids. The model may be
+    built and compiled anywhere. `fit(batch_size=B)` means B samples per step in total,
+    split evenly over the replicas (a remainder is padded and masked, never dropped);
+    losses, metrics and weights equal single-device training on the same batches.
+    The model you pass keeps receiving the trained weights (save it as usual).
+    With one device the model is returned unchanged.
+    """
+    if model is None:
+        from kerasmgpu._errors import bad_type
+
+        raise bad_type("model", None, "a Keras model", "pass the model you built")
+    fam, cls, selected = _prepare(gpus, route, model)
+    for active in reversed(_scoped):
+        if active.owns(model) and active.devices == selected:
+            return active.parallelize(model)  # type: ignore[no-any-return]
+    if len(selected) <= 1 and cls.single_device_passthrough(fam):
+        if not any(d.kind == "gpu" for d in selected):
+            _warn_single_device(selected)
+        return model
+    return cls(fam, selected).parallelize(model)  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def scope(
+    gpus: devices_module.GpusArg = None, *, route: Union[str, Route, None] = None
+) -> "Iterator[BaseRoute]":
+    """Build (and compile) a model in here to place it on every device with no copy.
+
+    ``with kerasmgpu.scope(): model = build(); model.compile(...)`` then
+    ``kerasmgpu.parallelize(model)`` adopts that model as it is.
+    """
+    fam, cls, selected = _prepare(gpus, route)
+    active = cls(fam, selected)
+    _scoped.append(active)
+    del _scoped[:-_SCOPED_KEPT]
+    with active.scope():
+        yield active
+
+
+def environment(devices: bool = False) -> env_module.Environment:
+    """What kerasmgpu detects; `devices=True` also starts the framework to list devices."""
+    return env_module.environment(devices=devices)
+
+
+def virtual_devices(n: int) -> int:
+    """Show `n` CPU devices in place of GPUs (call before building any model)."""
+    return devices_module.virtual_devices(n)
+
+
+def route_for(model: Any) -> Optional[Route]:
+    """The route a model returned by `parallelize()` trains on (None for others)."""
+    from kerasmgpu.parallel import model as parallel_model
+
+    state = parallel_model.state_of(model)
+    return state.route.route if state is not None else None

@@ -1,0 +1,258 @@
+"""How a global batch is split over replicas, padded, and masked. Pure: no framework.
+
+The rule (every route calls it; nobody else re-derives a split):
+
+* A global batch of ``real`` samples goes to ``replicas`` replicas. When ``real`` is not
+  a multiple of ``replicas`` it is padded up to the next multiple, so every replica
+  gets the same number of rows - native Keras 3 fails on uneven shards (TF: ``AddN``
+  shape mismatch; JAX: ``IndivisibleError``) and tf.keras 2 averages uneven shards
+  with the wrong weights.
+* Padding rows repeat real rows of the same batch (never zeros: a zero row can make a
+  loss infinite, and ``inf * 0`` is NaN in the gradient).
+* Each row carries three numbers (``pack_weights``): the batch's *scale*
+  ``padded / real``, a *mask* (1 real, 0 padding) and the user's sample weight.
+  A mean-reduced loss over the padded batch weighted by ``scale * mask * weight`` is
+  exactly the single-device mean over the real rows, so gradients match; metrics are
+  weighted by the mask alone; loss trackers are corrected by ``1 / scale`` so that
+  epoch means are weighted by real counts, not padded ones.
+
+Several processes (``shard``): every process pads the same global batch the same way
+and takes its own contiguous slice, so all processes run the same number of steps (JAX
+hangs silently when they do not) and no sample is dropped or seen twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+# Columns of a packed weight array, shape (padded_rows, 3).
+SCALE, MASK, WEIGHT = 0, 1, 2
+PACKED_COLUMNS = 3
+
+
+def _check_positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"Invalid `{name}`. Received: {name}={value!r}. Allowed: an integer >= 1. "
+            f"Fix: pass a positive integer."
+        )
+    return int(value)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one global batch of `real` samples lands on `replicas` replicas."""
+
+    real: int
+    replicas: int
+
+    def __post_init__(self) -> None:
+        _check_positive("real", self.real)
+        _check_positive("replicas", self.replicas)
+
+    @property
+    def padded(self) -> int:
+        """Rows actually fed: `real` rounded up to a multiple of `replicas`."""
+        return -(-self.real // self.replicas) * self.replicas
+
+    @property
+    def pad(self) -> int:
+        return self.padded - self.real
+
+    @property
+    def per_replica(self) -> int:
+        return self.padded // self.replicas
+
+    @property
+    def scale(self) -> float:
+        """`padded / real`: the factor that turns a padded mean into the real mean."""
+        return self.padded / self.real
+
+    def source_rows(self) -> np.ndarray:
+        """For each fed row, the real row it copies: 0..real-1, then repeats."""
+        rows = np.arange(self.padded, dtype=np.int64)
+        return rows % self.real
+
+    def mask(self) -> np.ndarray:
+        mask = np.zeros(self.padded, dtype=np.float32)
+        mask[: self.real] = 1.0
+        return mask
+
+    def replica_slices(self) -> List[slice]:
+        """The contiguous fed rows each replica receives, in replica order."""
+        size = self.per_replica
+        return [slice(r * size, (r + 1) * size) for r in range(self.replicas)]
+
+    def real_rows_per_replica(self) -> List[int]:
+        """How many real (unpadded) rows each replica trains on."""
+        return [max(0, min(s.stop, self.real) - s.start) for s in self.replica_slices()]
+
+    def describe(self) -> str:
+        sizes = self.real_rows_per_replica()
+        text = f"global batch {self.real} -> {self.replicas} replicas x {self.per_replica} rows"
+        if self.pad:
+            text += f" (real rows per replica {sizes}; {self.pad} padding row(s), masked)"
+        return text
+
+
+def plan_batch(real: int, replicas: int) -> BatchPlan:
+    return BatchPlan(int(real), int(replicas))
+
+
+def batch_sizes(num_samples: int, batch_size: int) -> List[int]:
+    """The global batch sizes of one epoch over `num_samples`; the last may be short."""
+    num_samples = int(num_samples)
+    if num_samples < 0:
+        raise ValueError(f"Invalid `num_samples`. Received: {num_samples}. Allowed: >= 0.")
+    batch_size = _check_positive("batch_size", batch_size)
+    full, rest = divmod(num_samples, batch_size)
+    return [batch_size] * full + ([rest] if rest else [])
+
+
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    return -(-int(num_samples) // _check_positive("batch_size", batch_size))
+
+
+def pack_weights(plan: BatchPlan, sample_weight: Optional[np.ndarray] = None) -> np.ndarray:
+    """(padded, 3) float32: scale, mask, user weight - for the fed rows of `plan`.
+
+    `sample_weight` holds the weights of the `real` rows (or None for all ones).
+    """
+    packed = np.empty((plan.padded, PACKED_COLUMNS), dtype=np.float32)
+    packed[:, SCALE] = plan.scale
+    packed[:, MASK] = plan.mask()
+    if sample_weight is None:
+        packed[:, WEIGHT] = 1.0
+    else:
+        weights = np.asarray(sample_weight, dtype=np.float32).reshape(plan.real, -1)
+        if weights.shape[1] != 1:
+            raise ValueError(
+                "Invalid `sample_weight`. Received: an array of shape "
+                f"{np.shape(sample_weight)}. Allowed: one weight per sample, shape "
+                f"({plan.real},). Fix: pass a 1-D array with one weight per sample."
+            )
+        packed[:, WEIGHT] = weights[plan.source_rows(), 0]
+    return packed
+
+
+def pad_rows(array: Any, plan: BatchPlan) -> Any:
+    """`array` (real rows first) with the padding rows appended, as numpy."""
+    array = np.asarray(array)
+    if array.shape[0] != plan.real:
+        raise ValueError(
+            f"Batch has {array.shape[0]} rows but the plan expects {plan.real}; "
+            "all inputs, targets and weights of a batch must have the same length."
+        )
+    if not plan.pad:
+        return array
+    return array[plan.source_rows()]
+
+
+def real_positions(plans: Sequence[BatchPlan]) -> np.ndarray:
+    """Positions of the real rows in the concatenation of the fed (padded) batches."""
+    chunks = []
+    offset = 0
+    for plan in plans:
+        chunks.append(np.arange(offset, offset + plan.real, dtype=np.int64))
+        offset += plan.padded
+    if not chunks:
+        return np.zeros((0,), dtype=np.int64)
+    return np.concatenate(chunks)
+
+
+def unpad_rows(fed_rows: int, batch_rows: Sequence[int], replicas: int) -> np.ndarray:
+    """Positions of real rows among `fed_rows` outputs of batches with `batch_rows` rows."""
+    positions = real_positions([plan_batch(b, replicas) for b in batch_rows])
+    if positions.size and positions[-1] >= fed_rows:
+        raise ValueError(
+            f"Expected at least {positions[-1] + 1} output rows, got {fed_rows}: the "
+            "outputs do not come from the planned batches."
+        )
+    return positions
+
+
+def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
+    """Keras's rule: one weight per sample, from its class (argmax of one-hot targets)."""
+    y = np.asarray(y)
+    if y.ndim >= 2 and y.shape[-1] > 1:
+        classes = np.argmax(y, axis=-1)
+    else:
+        classes = y.reshape(y.shape[0], -1)[:, 0]
+    classes = np.round(classes).astype(np.int64)
+    table = dict(class_weight)
+    missing = sorted(set(np.unique(classes).tolist()) - set(table))
+    if missing:
+        raise ValueError(
+            f"Invalid `class_weight`. Received: class_weight={table!r}, but the targets "
+            f"contain classes {missing} that it does not list. Allowed: a dict with a "
+            "weight for every class index. Fix: add the missing classes to `class_weight`."
+        )
+    return np.asarray([table[c] for c in classes.tolist()], dtype=np.float32)
+
+
+def validation_split_at(num_samples: int, validation_split: float) -> int:
+    """Keras's rule: the first `floor(n * (1 - split))` samples train, the rest validate."""
+    if not 0.0 <= validation_split < 1.0:
+        raise ValueError(
+            f"Invalid `validation_split`. Received: validation_split={validation_split!r}. "
+            "Allowed: a float in [0, 1). Fix: pass e.g. 0.2."
+        )
+    return int(math.floor(num_samples * (1.0 - validation_split)))
+
+
+# --- Several processes ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessShard:
+    """The rows one process feeds for one global batch."""
+
+    plan: BatchPlan  # the plan of the whole global batch over all replicas
+    process_index: int
+    process_count: int
+
+    @property
+    def rows(self) -> slice:
+        """Fed-row slice of the padded global batch that this process feeds."""
+        size = self.plan.padded // self.process_count
+        return slice(self.process_index * size, (self.process_index + 1) * size)
+
+    def source_rows(self) -> np.ndarray:
+        return self.plan.source_rows()[self.rows]
+
+    def packed(self, sample_weight: Optional[np.ndarray] = None) -> np.ndarray:
+        return pack_weights(self.plan, sample_weight)[self.rows]
+
+
+def shard(
+    real: int, replicas_per_process: int, process_index: int, process_count: int
+) -> ProcessShard:
+    """Split one global batch over processes (each with `replicas_per_process` replicas)."""
+    _check_positive("process_count", process_count)
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"Invalid `process_index`. Received: {process_index}. Allowed: 0 to "
+            f"{process_count - 1}. Fix: start workers with `kerasmgpu launch`."
+        )
+    plan = plan_batch(real, replicas_per_process * process_count)
+    return ProcessShard(plan, process_index, process_count)
+
+
+def epoch_shards(
+    num_samples: int,
+    batch_size: int,
+    replicas_per_process: int,
+    process_index: int,
+    process_count: int,
+) -> List[Tuple[int, ProcessShard]]:
+    """(first sample of the global batch, this process's shard) for every step."""
+    out = []
+    start = 0
+    for size in batch_sizes(num_samples, batch_size):
+        out.append((start, shard(size, replicas_per_process, process_index, process_count)))
+        start += size
+    return out

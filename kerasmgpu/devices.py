@@ -1,0 +1,343 @@
+"""Devices: listing them, choosing them from `gpus=`, and CPU stand-ins for GPUs.
+
+On a machine without GPUs, `virtual_devices(n)` (or KERASMGPU_VIRTUAL_DEVICES=n) splits
+the CPU into n devices that the active backend treats as separate replicas:
+TensorFlow logical CPU devices, JAX host-platform devices. Both must be configured
+before the framework starts its runtime, so the request is recorded at once and applied
+by a post-import hook when TensorFlow is imported later; asking after the runtime has
+started raises `TooLateError` instead of silently training on one device.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import re
+import sys
+import threading
+import types
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+from kerasmgpu import detection as env_module
+from kerasmgpu._errors import TooLateError, bad_type, bad_value
+from kerasmgpu.detection import VIRTUAL_DEVICES_ENV, Device, KerasLine
+
+GpusArg = Union[None, int, Sequence[int]]
+
+_lock = threading.Lock()
+_requested: Optional[int] = None
+_tf_applied: Optional[int] = None
+_tf_error: Optional[BaseException] = None
+
+_XLA_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _parse_count(value: Any, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value.strip())
+            else:
+                raise ValueError
+        except ValueError:
+            raise bad_type(
+                source,
+                value,
+                "an integer >= 1",
+                f"pass the number of CPU devices to create, e.g. {source}=2",
+            ) from None
+    if value < 1:
+        raise bad_value(
+            source, value, "an integer >= 1", f"pass the number of CPU devices, e.g. {source}=2"
+        )
+    return int(value)
+
+
+def requested() -> Optional[int]:
+    """The virtual device count asked for, by call or environment, or None."""
+    if _requested is not None:
+        return _requested
+    raw = os.environ.get(VIRTUAL_DEVICES_ENV, "").strip()
+    if not raw:
+        return None
+    return _parse_count(raw, VIRTUAL_DEVICES_ENV)
+
+
+def virtual_devices(n: int) -> int:
+    """Show `n` CPU devices to the active backend so multi-device code runs without GPUs.
+
+    Call it before building any model (or set KERASMGPU_VIRTUAL_DEVICES=n before the
+    process starts). Returns `n`. Raises `TooLateError` if the framework's runtime has
+    already started with a different device count.
+    """
+    global _requested
+    n = _parse_count(n, "n")
+    with _lock:
+        _requested = n
+        os.environ[VIRTUAL_DEVICES_ENV] = str(n)
+    _apply(n, strict=True)
+    return n
+
+
+def apply_environment_request() -> None:
+    """Honour KERASMGPU_VIRTUAL_DEVICES at `import kerasmgpu`, importing no framework."""
+    try:
+        n = requested()
+    except (TypeError, ValueError) as exc:
+        warnings.warn(f"kerasmgpu: ignoring {VIRTUAL_DEVICES_ENV}: {exc}", stacklevel=2)
+        return
+    if n is not None:
+        _apply(n, strict=False)
+
+
+def _apply(n: int, strict: bool) -> None:
+    _set_xla_flag(n)
+    if env_module.is_imported("jax"):
+        _apply_jax(n, strict)
+    if env_module.is_imported("tensorflow"):
+        _apply_tf(n, strict)
+    else:
+        _install_tf_hook()
+
+
+# --- JAX -----------------------------------------------------------------------------
+
+
+def _set_xla_flag(n: int) -> None:
+    # Rewritten, not appended: a second call must not leave two counts behind.
+    flags = re.sub(rf"{_XLA_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {_XLA_FLAG}={n}".strip()
+
+
+def _apply_jax(n: int, strict: bool) -> None:
+    import jax
+
+    if env_module.jax_has_num_cpu_devices_option():
+        try:
+            jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError as exc:  # the backend already started
+            if strict:
+                raise _too_late("jax", n, exc) from None
+    if strict:
+        count = len(jax.devices("cpu"))
+        if count != n and not _has_jax_gpu(jax):
+            raise _too_late("jax", n, f"JAX already shows {count} CPU device(s)")
+
+
+def _has_jax_gpu(jax: Any) -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+# --- TensorFlow ----------------------------------------------------------------------
+
+
+def _apply_tf(n: int, strict: bool) -> None:
+    global _tf_applied, _tf_error
+    import tensorflow as tf
+
+    if _tf_applied == n:
+        return
+    try:
+        if tf.config.list_physical_devices("GPU"):
+            warnings.warn(
+                f"kerasmgpu: {n} virtual devices requested but GPUs are visible; "
+                "training uses the GPUs.",
+                stacklevel=3,
+            )
+            _tf_applied = n
+            return
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+        _tf_applied = n
+        _tf_error = None
+    except RuntimeError as exc:
+        # TF refuses once its runtime is up; it may already have the right layout.
+        count = len(tf.config.list_logical_devices("CPU"))
+        if count == n:
+            _tf_applied = n
+            return
+        _tf_error = _too_late("tensorflow", n, exc)
+        if strict:
+            raise _tf_error from None
+
+
+def _too_late(framework: str, n: int, detail: Any) -> TooLateError:
+    return TooLateError(
+        f"Invalid call order: virtual_devices({n}) came after {framework} started its "
+        f"runtime ({detail}). Allowed: call kerasmgpu.virtual_devices(n) before building "
+        f"any model or tensor. Fix: call it at the top of your script, right after "
+        f"`import kerasmgpu`, or set {VIRTUAL_DEVICES_ENV}={n} before the process starts."
+    )
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs a callback right after `tensorflow` finishes importing, before any op runs."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(
+        self, fullname: str, path: Any, target: Optional[types.ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                loader = spec.loader
+                original = loader.exec_module
+                callback = self.callback
+
+                def exec_module(module: types.ModuleType) -> None:
+                    original(module)
+                    callback()
+
+                loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+_hook: Optional[_PostImportFinder] = None
+
+
+def _install_tf_hook() -> None:
+    global _hook
+    if _hook is not None:
+        return
+
+    def on_import() -> None:
+        n = requested()
+        if n is not None:
+            try:
+                _apply_tf(n, strict=False)
+            except Exception as exc:  # never break the user's `import tensorflow`
+                global _tf_error
+                _tf_error = exc
+        if _hook in sys.meta_path:
+            sys.meta_path.remove(_hook)
+
+    _hook = _PostImportFinder("tensorflow", on_import)
+    sys.meta_path.insert(0, _hook)
+
+
+# --- Listing and choosing ----------------------------------------------------------------
+
+
+def list_devices(line: KerasLine, backend: str) -> List[Device]:
+    """The devices replicas can use: GPUs if any, else (virtual) CPU devices."""
+    n = requested()
+    if backend == "tensorflow" or line in (
+        KerasLine.LEGACY,
+        KerasLine.TF_KERAS,
+        KerasLine.TF_KERAS_LEGACY,
+    ):
+        return _tf_devices(n)
+    if backend == "jax":
+        return _jax_devices(n)
+    if backend == "torch":
+        return _torch_devices(n)
+    return []
+
+
+def _tf_devices(n: Optional[int]) -> List[Device]:
+    import tensorflow as tf
+
+    if n is not None:
+        _apply_tf(n, strict=False)
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return [Device("gpu", i, f"/gpu:{i}") for i in range(len(gpus))]
+    cpus = tf.config.list_logical_devices("CPU")
+    if n is not None and len(cpus) != n:
+        raise _tf_error or _too_late("tensorflow", n, f"TensorFlow shows {len(cpus)} CPU device(s)")
+    virtual = len(cpus) > 1
+    return [Device("cpu", i, f"/cpu:{i}", virtual=virtual) for i in range(len(cpus))]
+
+
+def _jax_devices(n: Optional[int]) -> List[Device]:
+    import jax
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if gpus:
+        return [Device("gpu", i, f"gpu:{d.id}") for i, d in enumerate(gpus)]
+    cpus = jax.devices("cpu")
+    if n is not None and len(cpus) != n and jax.process_count() == 1:
+        raise _too_late("jax", n, f"JAX shows {len(cpus)} CPU device(s)")
+    virtual = len(cpus) > 1
+    return [Device("cpu", i, f"cpu:{d.id}", virtual=virtual) for i, d in enumerate(cpus)]
+
+
+def _torch_devices(n: Optional[int]) -> List[Device]:
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count:
+        return [Device("gpu", i, f"cuda:{i}") for i in range(count)]
+    # On torch a virtual device is a gloo process (see `kerasmgpu launch`).
+    total = n or 1
+    return [Device("cpu", i, f"cpu:{i}", virtual=total > 1) for i in range(total)]
+
+
+def resolve_gpus(gpus: GpusArg, available: Sequence[Device]) -> Tuple[Device, ...]:
+    """Turn `gpus=` into devices, or explain exactly what is wrong with it."""
+    names = [str(d) for d in available]
+    shown = f"{len(available)} device(s): {names}" if available else "no devices"
+    if gpus is None:
+        return tuple(available)
+    if isinstance(gpus, bool):
+        raise bad_type(
+            "gpus", gpus, "None (all devices), an int >= 1, or a list of device ids",
+            "pass gpus=None to use every device, or a count such as gpus=2",
+        )
+    if isinstance(gpus, int):
+        if gpus < 1:
+            raise bad_value(
+                "gpus", gpus, f"an int from 1 to {len(available)} ({shown})",
+                "pass gpus=None to use every device, or a positive count",
+            )
+        if gpus > len(available):
+            raise bad_value(
+                "gpus", gpus, f"at most {len(available)}: this machine shows {shown}",
+                "Try reducing `gpus`, or check CUDA_VISIBLE_DEVICES / "
+                f"{VIRTUAL_DEVICES_ENV}",
+            )
+        return tuple(available[:gpus])
+    if isinstance(gpus, (list, tuple, range)):
+        ids = list(gpus)
+        if not ids:
+            raise bad_value(
+                "gpus", gpus, "a non-empty list of device ids", "pass e.g. gpus=[0, 1]"
+            )
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise bad_type(
+                "gpus", gpus, "a list of integer device ids", "pass e.g. gpus=[0, 1]"
+            )
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            raise bad_value(
+                "gpus", gpus, "each device id at most once",
+                f"remove the duplicate id(s) {dupes}",
+            )
+        missing = [i for i in ids if not 0 <= i < len(available)]
+        if missing:
+            raise bad_value(
+                "gpus", gpus,
+                f"ids 0 to {len(available) - 1}; expected devices {missing} do not exist, "
+                f"available: {names}",
+                "Try reducing `gpus` to ids that exist, or check CUDA_VISIBLE_DEVICES",
+            )
+        return tuple(available[i] for i in ids)
+    raise bad_type(
+        "gpus", gpus, "None, an int >= 1, or a list of device ids",
+        "pass gpus=None, gpus=2 or gpus=[0, 3]",
+    )

@@ -1,0 +1,516 @@
+"""Turn whatever the user passes to fit/evaluate/predict into padded, packed batches.
+
+Every batch a replica sees is (x, y, packed) - or (x, packed) for predict - where the
+rows were padded by `kerasmgpu.batching` and `packed` carries scale, mask and weight.
+Inputs handled: numpy-like arrays (and lists/dicts of them), `tf.data.Dataset`,
+`keras.utils.PyDataset` / `Sequence`, and Python generators. On the TensorFlow routes
+arrays go through a `tf.data` index pipeline (the padding plan comes from
+`kerasmgpu.batching` through `tf.numpy_function`), elsewhere through a `PyDataset`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from kerasmgpu import batching
+from kerasmgpu._errors import bad_type, bad_value
+from kerasmgpu.parallel.family import Family
+
+
+@dataclass
+class Feed:
+    """What is handed to Keras, and what we know about it."""
+
+    data: Any
+    steps: Optional[int] = None  # batches per epoch when known
+    batch_rows: Optional[List[int]] = None  # real rows of each batch when known
+
+
+# --- structure helpers -------------------------------------------------------------------
+
+
+def _leaves(structure: Any) -> List[Any]:
+    if structure is None:
+        return []
+    if isinstance(structure, Mapping):
+        return [leaf for key in structure for leaf in _leaves(structure[key])]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in _leaves(item)]
+    return [structure]
+
+
+def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
+    if structure is None:
+        return None
+    if isinstance(structure, Mapping):
+        return {k: _map(fn, v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_map(fn, v) for v in structure)
+    return fn(structure)
+
+
+def _is_array_like(obj: Any) -> bool:
+    if obj is None:
+        return False
+    leaves = _leaves(obj)
+    return bool(leaves) and all(
+        hasattr(leaf, "shape") and hasattr(leaf, "__len__") or isinstance(leaf, (list,))
+        for leaf in leaves
+    )
+
+
+def _to_numpy(obj: Any) -> Any:
+    def convert(leaf: Any) -> Any:
+        if hasattr(leaf, "numpy") and not isinstance(leaf, np.ndarray):
+            try:
+                return leaf.numpy()
+            except Exception:
+                pass
+        if hasattr(leaf, "to_numpy"):  # pandas
+            return leaf.to_numpy()
+        return np.asarray(leaf)
+
+    return _map(convert, obj)
+
+
+def _num_rows(structures: Sequence[Any]) -> int:
+    sizes = {int(leaf.shape[0]) for s in structures for leaf in _leaves(s)}
+    if len(sizes) != 1:
+        raise bad_value(
+            "x/y/sample_weight",
+            f"arrays with different numbers of rows {sorted(sizes)}",
+            "inputs, targets and weights with the same number of rows",
+            "check that x, y and sample_weight describe the same samples",
+        )
+    return sizes.pop()
+
+
+def _is_dataset(obj: Any) -> bool:
+    module = type(obj).__module__ or ""
+    return module.startswith("tensorflow") and hasattr(obj, "element_spec")
+
+
+def _is_python_source(obj: Any) -> bool:
+    return (
+        inspect.isgenerator(obj)
+        or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not _is_array_like(obj))
+        or (hasattr(obj, "__next__") and hasattr(obj, "__iter__"))
+    )
+
+
+def _unpack(data: Any) -> Tuple[Any, Any, Any]:
+    """Keras's rule for one element: x, (x,), (x, y) or (x, y, sample_weight)."""
+    if isinstance(data, list):
+        data = tuple(data)
+    if not isinstance(data, tuple):
+        return data, None, None
+    if len(data) == 1:
+        return data[0], None, None
+    if len(data) == 2:
+        return data[0], data[1], None
+    if len(data) == 3:
+        return data
+    raise bad_value(
+        "data",
+        f"a tuple of {len(data)} elements",
+        "x, (x,), (x, y) or (x, y, sample_weight)",
+        "yield batches in one of those forms",
+    )
+
+
+def _user_weights(
+    y: Any, sample_weight: Any, class_weight: Optional[Mapping[int, float]]
+) -> Any:
+    if class_weight is not None:
+        if sample_weight is not None:
+            raise bad_value(
+                "class_weight",
+                class_weight,
+                "`class_weight` or `sample_weight`, not both",
+                "fold the class weights into `sample_weight` yourself",
+            )
+        if y is None or len(_leaves(y)) != 1:
+            raise bad_value(
+                "class_weight",
+                class_weight,
+                "a model with exactly one target",
+                "pass per-sample weights with `sample_weight` instead",
+            )
+        return batching.class_weights_to_sample_weights(_leaves(y)[0], class_weight)
+    return sample_weight
+
+
+def _packed_for(plan: batching.BatchPlan, weights: Any) -> Any:
+    """Packed array (or one per output when weights are per output)."""
+    if weights is None or not isinstance(weights, (list, tuple, Mapping)):
+        return batching.pack_weights(plan, None if weights is None else np.asarray(weights))
+    return _map(lambda w: batching.pack_weights(plan, np.asarray(w)), weights)
+
+
+# --- arrays: one batch ---------------------------------------------------------------------
+
+
+def pad_batch(
+    x: Any, y: Any, sample_weight: Any, class_weight: Any, replicas: int
+) -> Tuple[Any, Any, Any]:
+    """One in-memory batch, padded and packed (for the *_on_batch calls)."""
+    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    weights = _user_weights(y, sample_weight, class_weight)
+    rows = _num_rows([s for s in (x, y) if s is not None])
+    plan = batching.plan_batch(rows, replicas)
+    take = plan.source_rows()
+    return (
+        _map(lambda a: a[take], x),
+        _map(lambda a: a[take], y),
+        _packed_for(plan, weights),
+    )
+
+
+# --- arrays: a whole epoch -------------------------------------------------------------------
+
+
+class _ArraySource:
+    """Index plan over in-memory arrays; shared by the tf.data and PyDataset feeds."""
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        weights: Any,
+        batch_size: int,
+        shuffle: bool,
+        replicas: int,
+        seed: Optional[int] = None,
+    ) -> None:
+        self.x, self.y, self.weights = x, y, weights
+        self.rows = _num_rows([s for s in (x, y, weights) if s is not None])
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.replicas = replicas
+        self.rng = np.random.default_rng(seed)
+        self.order = np.arange(self.rows)
+        self.sizes = batching.batch_sizes(self.rows, batch_size)
+        if shuffle:
+            self.rng.shuffle(self.order)
+
+    def reshuffle(self) -> None:
+        if self.shuffle:
+            self.rng.shuffle(self.order)
+
+    def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
+        start = index * self.batch_size
+        ids = self.order[start : start + self.batch_size]
+        plan = batching.plan_batch(len(ids), self.replicas)
+        take = ids[plan.source_rows()]
+        x = _map(lambda a: a[take], self.x)
+        if predict:
+            return (x, batching.pack_weights(plan))
+        weights = None if self.weights is None else _map(lambda w: np.asarray(w)[ids], self.weights)
+        return (x, _map(lambda a: a[take], self.y), _packed_for(plan, weights))
+
+
+def _python_dataset_type(family: Family) -> type:
+    """`keras.utils.PyDataset` on Keras 3, `Sequence` on Keras 2."""
+    utils = family.keras.utils
+    return getattr(utils, "PyDataset", None) or utils.Sequence  # type: ignore[no-any-return]
+
+
+def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> Feed:
+    base = _python_dataset_type(family)
+
+    class ArrayBatches(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            if family.keras3:
+                super().__init__(workers=1, use_multiprocessing=False)
+
+        def __len__(self) -> int:
+            return len(source.sizes)
+
+        def __getitem__(self, index: int) -> Any:
+            return source.batch(index, predict)
+
+        def on_epoch_end(self) -> None:
+            source.reshuffle()
+
+    return Feed(ArrayBatches(), steps=len(source.sizes), batch_rows=list(source.sizes))
+
+
+def _plan_arrays(real: Any, replicas: Any) -> Tuple[np.ndarray, np.ndarray]:
+    plan = batching.plan_batch(int(real), int(replicas))
+    return plan.source_rows(), batching.pack_weights(plan)
+
+
+def _tf_pad(tf: Any, real: Any, replicas: int) -> Tuple[Any, Any]:
+    """(source rows, packed) for a batch of `real` rows, planned by kerasmgpu.batching."""
+    rows, packed = tf.numpy_function(
+        _plan_arrays, [real, replicas], [tf.int64, tf.float32], stateful=False
+    )
+    rows.set_shape([None])
+    packed.set_shape([None, batching.PACKED_COLUMNS])
+    return rows, packed
+
+
+def _with_weights(tf: Any, packed: Any, weights: Any) -> Any:
+    """Put user weights (already gathered to the fed rows) in the WEIGHT column."""
+    if weights is None:
+        return packed
+    weights = tf.reshape(tf.cast(weights, tf.float32), [-1])
+    return tf.stack([packed[:, batching.SCALE], packed[:, batching.MASK], weights], axis=1)
+
+
+def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> Feed:
+    import tensorflow as tf
+
+    x = _map(tf.convert_to_tensor, source.x)
+    y = None if predict else _map(tf.convert_to_tensor, source.y)
+    weights = None if predict else _map(tf.convert_to_tensor, source.weights)
+    replicas = source.replicas
+    indices = tf.data.Dataset.range(source.rows)
+    if source.shuffle:
+        indices = indices.shuffle(source.rows, seed=seed, reshuffle_each_iteration=True)
+    indices = indices.batch(source.batch_size)
+
+    def fetch(ids: Any) -> Any:
+        rows, packed = _tf_pad(tf, tf.size(ids), replicas)
+        take = tf.gather(ids, rows)
+        xb = _map(lambda t: tf.gather(t, take), x)
+        if predict:
+            return xb, packed
+        yb = _map(lambda t: tf.gather(t, take), y)
+        if weights is None:
+            return xb, yb, packed
+        if isinstance(weights, (list, tuple, dict)):
+            per_output = _map(lambda w: _with_weights(tf, packed, tf.gather(w, take)), weights)
+            return xb, yb, per_output
+        return xb, yb, _with_weights(tf, packed, tf.gather(weights, take))
+
+    data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return Feed(_no_autoshard(tf, data), steps=len(source.sizes), batch_rows=list(source.sizes))
+
+
+def _no_autoshard(tf: Any, dataset: Any) -> Any:
+    # We shard between workers ourselves (kerasmgpu.batching.shard); tf.data must not
+    # shard again, or each worker would drop rows.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options)
+
+
+# --- tf.data.Dataset input --------------------------------------------------------------------
+
+
+def _dataset_tf_feed(dataset: Any, class_weight: Any, replicas: int, predict: bool) -> Feed:
+    import tensorflow as tf
+
+    table = None
+    if class_weight is not None:
+        size = max(int(k) for k in class_weight) + 1
+        values = [float(class_weight.get(i, 0.0)) for i in range(size)]
+        table = tf.constant(values, tf.float32)
+
+    def pad(*element: Any) -> Any:
+        data = element if len(element) > 1 else element[0]
+        x, y, sw = _unpack(data)
+        real = tf.shape(_leaves(x)[0])[0]
+        rows, packed = _tf_pad(tf, real, replicas)
+        xb = tf.nest.map_structure(lambda t: tf.gather(t, rows), x)
+        if predict:
+            return xb, packed
+        if y is None:
+            raise bad_value(
+                "x", "a dataset without targets", "a dataset of (x, y) or (x, y, sample_weight)",
+                "yield targets with the inputs",
+            )
+        yb = tf.nest.map_structure(lambda t: tf.gather(t, rows), y)
+        if table is not None:
+            target = _leaves(y)[0]
+            if target.shape.rank is not None and target.shape.rank >= 2 and target.shape[-1] != 1:
+                classes = tf.argmax(target, axis=-1)
+            else:
+                classes = tf.reshape(tf.cast(target, tf.int64), [-1])
+            sw = tf.gather(table, classes)
+        if sw is None:
+            return xb, yb, packed
+        if isinstance(sw, (list, tuple, dict)):
+            per_output = tf.nest.map_structure(
+                lambda w: _with_weights(tf, packed, tf.gather(w, rows)), sw
+            )
+            return xb, yb, per_output
+        return xb, yb, _with_weights(tf, packed, tf.gather(sw, rows))
+
+    data = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    steps = None
+    cardinality = int(dataset.cardinality())
+    if cardinality >= 0:
+        steps = cardinality
+    return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)), steps=steps)
+
+
+# --- Python sources: PyDataset, Sequence, generators -----------------------------------------
+
+
+def _pad_element(element: Any, class_weight: Any, replicas: int, predict: bool) -> Any:
+    x, y, sw = _unpack(element)
+    x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
+    weights = None if predict else _user_weights(y, sw, class_weight)
+    rows = _num_rows([s for s in (x,) if s is not None])
+    plan = batching.plan_batch(rows, replicas)
+    take = plan.source_rows()
+    xb = _map(lambda a: a[take], x)
+    if predict:
+        return xb, batching.pack_weights(plan)
+    if y is None:
+        raise bad_value(
+            "x", "batches without targets", "batches of (x, y) or (x, y, sample_weight)",
+            "return targets with the inputs",
+        )
+    return xb, _map(lambda a: a[take], y), _packed_for(plan, weights)
+
+
+def _python_feed(
+    family: Family, source: Any, class_weight: Any, replicas: int, predict: bool
+) -> Feed:
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        base = _python_dataset_type(family)
+
+        class PaddedBatches(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                if family.keras3:
+                    super().__init__(
+                        workers=getattr(source, "workers", 1),
+                        use_multiprocessing=getattr(source, "use_multiprocessing", False),
+                        max_queue_size=getattr(source, "max_queue_size", 10),
+                    )
+
+            def __len__(self) -> int:
+                return len(source)
+
+            def __getitem__(self, index: int) -> Any:
+                return _pad_element(source[index], class_weight, replicas, predict)
+
+            def on_epoch_end(self) -> None:
+                if hasattr(source, "on_epoch_end"):
+                    source.on_epoch_end()
+
+        return Feed(PaddedBatches(), steps=len(source))
+
+    def generate() -> Iterator[Any]:
+        for element in source:
+            yield _pad_element(element, class_weight, replicas, predict)
+
+    return Feed(generate())
+
+
+def _dataset_python_feed(
+    family: Family, dataset: Any, class_weight: Any, replicas: int, predict: bool
+) -> Feed:
+    """A tf.data.Dataset on a non-TF backend: iterate it as numpy, once per epoch."""
+    steps = int(dataset.cardinality())
+
+    class DatasetBatches(_python_dataset_type(family)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            if family.keras3:
+                super().__init__(workers=1, use_multiprocessing=False)
+            self._iterator: Optional[Iterator[Any]] = None
+            self._next_index = 0
+
+        def __len__(self) -> int:
+            return steps
+
+        def __getitem__(self, index: int) -> Any:
+            if self._iterator is None or index < self._next_index:
+                self._iterator = iter(dataset.as_numpy_iterator())
+                self._next_index = 0
+            element = next(itertools.islice(self._iterator, index - self._next_index, None))
+            self._next_index = index + 1
+            return _pad_element(element, class_weight, replicas, predict)
+
+    if steps < 0:
+        return _python_feed(family, dataset.as_numpy_iterator(), class_weight, replicas, predict)
+    return Feed(DatasetBatches(), steps=steps)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def build(
+    family: Family,
+    kind: str,
+    replicas: int,
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    class_weight: Any = None,
+    batch_size: Optional[int] = None,
+    shuffle: Any = False,
+    predict: bool = False,
+    seed: Optional[int] = None,
+) -> Feed:
+    """A padded feed for `x` (and `y`, weights); `kind` is "tf" or "python"."""
+    if x is None:
+        raise bad_value("x", None, "arrays, a tf.data.Dataset, a PyDataset or a generator",
+                        "pass the training inputs")
+    if _is_dataset(x) or _is_python_source(x):
+        if y is not None:
+            raise bad_value(
+                "y", "targets next to a dataset/generator `x`",
+                "y=None when x is a dataset, PyDataset or generator (it yields the targets)",
+                "drop the `y` argument",
+            )
+        if sample_weight is not None:
+            raise bad_value(
+                "sample_weight", "weights next to a dataset/generator `x`",
+                "sample_weight=None when x yields batches (yield (x, y, sample_weight))",
+                "yield the weights with each batch",
+            )
+        if _is_dataset(x):
+            if kind == "tf":
+                return _dataset_tf_feed(x, class_weight, replicas, predict)
+            return _dataset_python_feed(family, x, class_weight, replicas, predict)
+        return _python_feed(family, x, class_weight, replicas, predict)
+    if not _is_array_like(x):
+        raise bad_type(
+            "x", f"an object of type {type(x).__qualname__}",
+            "numpy-like arrays (or lists/dicts of them), a tf.data.Dataset, a "
+            "keras.utils.PyDataset/Sequence, or a generator",
+            "convert the inputs to numpy arrays",
+            raw=True,
+        )
+    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    weights = None if predict else _user_weights(y, sample_weight, class_weight)
+    if not predict and y is None:
+        raise bad_value("y", None, "targets for every input row", "pass `y`")
+    size = 32 if batch_size is None else batch_size
+    shuffle_rows = bool(shuffle) and not predict
+    source = _ArraySource(x, y, weights, size, shuffle_rows, replicas, seed)
+    if kind == "tf":
+        return _array_tf_feed(source, predict, seed)
+    return _array_python_feed(family, source, predict)
+
+
+def split_validation(
+    x: Any, y: Any, sample_weight: Any, validation_split: float
+) -> Tuple[Tuple[Any, Any, Any], Tuple[Any, Any, Any]]:
+    """Keras's validation_split on arrays: the last fraction of rows validates."""
+    if not _is_array_like(x):
+        raise bad_value(
+            "validation_split", validation_split,
+            "validation_split only with array inputs",
+            "pass `validation_data` instead when x is a dataset or generator",
+        )
+    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    rows = _num_rows([s for s in (x, y) if s is not None])
+    at = batching.validation_split_at(rows, validation_split)
+
+    def head(s: Any) -> Any:
+        return _map(lambda a: a[:at], s)
+
+    def tail(s: Any) -> Any:
+        return _map(lambda a: a[at:], s)
+
+    return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))

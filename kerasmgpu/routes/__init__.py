@@ -1,0 +1,113 @@
+"""The routes: one module per engine, all with the surface of `routes.base.BaseRoute`.
+
+| Keras line                               | route                | engine                        |
+|------------------------------------------|----------------------|-------------------------------|
+| standalone keras <= 2.3, tf.keras <= 2.3 | `multi_gpu_model`    | Keras's own multi_gpu_model   |
+| tf.keras 2.4-2.15, tf_keras, Keras 3 TF  | `mirrored`           | tf.distribute (Mirrored / MultiWorkerMirrored) |
+| Keras 3 JAX                              | `keras_distribution` | keras.distribution.DataParallel |
+| Keras 3 PyTorch                          | `torch_ddp`          | torch.distributed all-reduce  |
+
+Nothing here imports a framework: the registry names modules, a route module is
+imported when it is chosen.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from typing import TYPE_CHECKING, Dict, Optional, Type, Union
+
+from kerasmgpu._errors import bad_type, bad_value
+from kerasmgpu.detection import KerasLine
+
+if TYPE_CHECKING:
+    from kerasmgpu.routes.base import BaseRoute
+
+
+class Route(str, enum.Enum):
+    """How `parallelize()` spreads a model over devices."""
+
+    MULTI_GPU_MODEL = "multi_gpu_model"
+    MIRRORED = "mirrored"
+    KERAS_DISTRIBUTION = "keras_distribution"
+    TORCH_DDP = "torch_ddp"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Route -> "module:Class"; imported only when the route is used.
+_REGISTRY: Dict[Route, str] = {
+    Route.MULTI_GPU_MODEL: "kerasmgpu.routes.multi_gpu_model:MultiGpuModelRoute",
+    Route.MIRRORED: "kerasmgpu.routes.mirrored:MirroredRoute",
+    Route.KERAS_DISTRIBUTION: "kerasmgpu.routes.keras_distribution:KerasDistributionRoute",
+    Route.TORCH_DDP: "kerasmgpu.routes.torch_ddp:TorchDDPRoute",
+}
+
+# Which lines/backends each route can drive.
+_SUPPORTS: Dict[Route, str] = {
+    Route.MULTI_GPU_MODEL: "standalone Keras <= 2.3 (or tf.keras on TF < 2.4)",
+    Route.MIRRORED: "tf.keras 2.x, tf_keras, Keras 3 with the TensorFlow backend",
+    Route.KERAS_DISTRIBUTION: "Keras 3 with the JAX backend",
+    Route.TORCH_DDP: "Keras 3 with the PyTorch backend",
+}
+
+
+def choose_route(line: KerasLine, backend: str) -> Route:
+    """The route for a Keras line and backend: a short ordered chain, first match wins."""
+    if line is KerasLine.LEGACY:
+        return Route.MULTI_GPU_MODEL
+    if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
+        return Route.MIRRORED
+    if line is KerasLine.KERAS_3 and backend == "tensorflow":
+        return Route.MIRRORED
+    if line is KerasLine.KERAS_3 and backend == "jax":
+        return Route.KERAS_DISTRIBUTION
+    if line is KerasLine.KERAS_3 and backend == "torch":
+        return Route.TORCH_DDP
+    if line is KerasLine.NONE:
+        raise bad_value(
+            "keras", "no Keras installed", "tf.keras, tf_keras, Keras 3 or Keras <= 2.3",
+            'install one, e.g. `pip install "kerasmgpu[tensorflow]"`',
+        )
+    raise bad_value(
+        "KERAS_BACKEND", backend, "tensorflow, jax or torch",
+        "set KERAS_BACKEND to one of them (numpy and openvino cannot train)",
+    )
+
+
+def parse_route(route: Union[str, Route, None]) -> Optional[Route]:
+    """`route=` as given by a user: None, a Route, or its name (case-insensitive)."""
+    if route is None or isinstance(route, Route):
+        return route
+    choices = ", ".join(r.value for r in Route)
+    if not isinstance(route, str):
+        raise bad_type("route", route, f"None or one of: {choices}", "pass route=None to auto-pick")
+    try:
+        return Route(route.strip().lower())
+    except ValueError:
+        raise bad_value(
+            "route", route, f"None (auto) or one of: {choices}",
+            "leave route=None to let kerasmgpu pick the route for your Keras",
+        ) from None
+
+
+def check_route_fits(route: Route, line: KerasLine, backend: str) -> None:
+    """An explicit `route=` must be one this Keras can run."""
+    natural = choose_route(line, backend)
+    if route is natural:
+        return
+    raise bad_value(
+        "route", route.value,
+        f"for {line.value} (backend {backend}): {natural.value!r}; {route.value!r} drives "
+        f"{_SUPPORTS[route]}",
+        f"pass route={natural.value!r} or route=None",
+    )
+
+
+def load_route(route: Route) -> "Type[BaseRoute]":
+    module_name, _, class_name = _REGISTRY[route].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)  # type: ignore[no-any-return]
+
+
+__all__ = ["Route", "choose_route", "parse_route", "load_route", "check_route_fits"]

@@ -1,0 +1,63 @@
+"""`keras_distribution`: Keras 3 on JAX, through `keras.distribution.DataParallel`.
+
+The global batch is one array sharded over the devices and the step is one SPMD
+program, so the loss is computed over the whole (padded) batch at once; several
+processes use `jax.distributed` (see `kerasmgpu.distributed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ContextManager, Dict, List, Sequence
+
+from kerasmgpu import devices as devices_module
+from kerasmgpu.detection import Device
+from kerasmgpu.parallel.family import Family
+from kerasmgpu.routes import Route
+from kerasmgpu.routes.base import BaseRoute
+
+
+class KerasDistributionRoute(BaseRoute):
+    route = Route.KERAS_DISTRIBUTION
+    feed_kind = "python"
+
+    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
+        super().__init__(family, devices)
+        import jax
+
+        keras = family.keras
+        gpus = [d for d in jax.devices() if d.platform == "gpu"]
+        pool = gpus if gpus else jax.devices("cpu")
+        self.jax_devices = [pool[d.index] for d in self.devices]
+        self.distribution = keras.distribution.DataParallel(devices=self.jax_devices)
+
+    @classmethod
+    def available_devices(cls, family: Family) -> List[Device]:
+        return devices_module.list_devices(family.line, "jax")
+
+    @property
+    def replicas(self) -> int:
+        mesh = self.distribution.device_mesh
+        return int(mesh.shape[mesh.axis_names.index(self.distribution.batch_dim_name)])
+
+    def scope(self) -> ContextManager[Any]:
+        return self.distribution.scope()  # type: ignore[no-any-return]
+
+    def owns(self, model: Any) -> bool:
+        wanted = set(self.jax_devices)
+        weights = getattr(model, "weights", [])
+        if not weights:
+            return False
+        for variable in weights:
+            sharding = getattr(getattr(variable, "value", None), "sharding", None)
+            if sharding is None or set(sharding.device_set) != wanted:
+                return False
+        return True
+
+    def describe(self) -> Dict[str, str]:
+        return {
+            "route": self.route.value,
+            "engine": "keras.distribution.DataParallel (jax.sharding, XLA all-reduce)",
+            "replicas": str(self.replicas),
+            "devices": ", ".join(str(d) for d in self.jax_devices),
+            "all_reduce": "XLA collective (NCCL on GPUs)",
+        }
