@@ -28,6 +28,12 @@ class Family:
     def keras3(self) -> bool:
         return self.line is KerasLine.KERAS_3
 
+    @property
+    def peeks_before_each_run(self) -> bool:
+        """Keras 3 on TF pulls a batch from a throw-away iterator before fit/evaluate
+        when a strategy is active (`TensorFlowTrainer._maybe_symbolic_build`)."""
+        return self.keras3 and self.backend == "tensorflow"
+
     # --- tensor ops, the few the step overrides need ---------------------------------
     @functools.cached_property
     def _tf(self) -> Any:

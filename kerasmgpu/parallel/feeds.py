@@ -29,6 +29,9 @@ class Feed:
     data: Any
     steps: Optional[int] = None  # batches per epoch when known
     batch_rows: Optional[List[int]] = None  # real rows of each batch when known
+    # Keras shuffles the batch order of an indexable Python source itself when fit()
+    # gets shuffle=True; such feeds pass the user's `shuffle` on to Keras.
+    keras_shuffles: bool = False
 
 
 # --- structure helpers -------------------------------------------------------------------
@@ -52,6 +55,15 @@ def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
     if isinstance(structure, (list, tuple)):
         return type(structure)(_map(fn, v) for v in structure)
     return fn(structure)
+
+
+def _tuples(structure: Any) -> Any:
+    """tf.data holds tuples and dicts, not lists: multi-output targets become tuples."""
+    if isinstance(structure, Mapping):
+        return {k: _tuples(v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return tuple(_tuples(v) for v in structure)
+    return structure
 
 
 def _is_array_like(obj: Any) -> bool:
@@ -266,9 +278,9 @@ def _with_weights(tf: Any, packed: Any, weights: Any) -> Any:
 def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> Feed:
     import tensorflow as tf
 
-    x = _map(tf.convert_to_tensor, source.x)
-    y = None if predict else _map(tf.convert_to_tensor, source.y)
-    weights = None if predict else _map(tf.convert_to_tensor, source.weights)
+    x = _map(tf.convert_to_tensor, _tuples(source.x))
+    y = None if predict else _map(tf.convert_to_tensor, _tuples(source.y))
+    weights = None if predict else _map(tf.convert_to_tensor, _tuples(source.weights))
     replicas = source.replicas
     indices = tf.data.Dataset.range(source.rows)
     if source.shuffle:
@@ -284,7 +296,7 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
         yb = _map(lambda t: tf.gather(t, take), y)
         if weights is None:
             return xb, yb, packed
-        if isinstance(weights, (list, tuple, dict)):
+        if isinstance(weights, (tuple, dict)):
             per_output = _map(lambda w: _with_weights(tf, packed, tf.gather(w, take)), weights)
             return xb, yb, per_output
         return xb, yb, _with_weights(tf, packed, tf.gather(weights, take))
@@ -397,13 +409,85 @@ def _python_feed(
                 if hasattr(source, "on_epoch_end"):
                     source.on_epoch_end()
 
-        return Feed(PaddedBatches(), steps=len(source))
+        return Feed(PaddedBatches(), steps=len(source), keras_shuffles=True)
 
     def generate() -> Iterator[Any]:
         for element in source:
             yield _pad_element(element, class_weight, replicas, predict)
 
     return Feed(generate())
+
+
+class _Replay:
+    """A one-pass generator that survives Keras 3's build peek.
+
+    With a strategy active, Keras 3 on TensorFlow builds the model from a batch pulled
+    through a fresh iterator, then starts the epoch with another iterator (fit and
+    evaluate, `TensorFlowTrainer._maybe_symbolic_build`). With a plain generator every
+    batch that first iterator prefetched is lost - native Keras 3 + MirroredStrategy
+    trains on fewer batches than the generator yields. Here, when Keras peeks, the first
+    iterator sees only the first batch, and the next one starts again from it; older
+    iterators stop when a newer one starts. No batch is lost or trained on twice.
+    """
+
+    def __init__(self, iterator: Iterator[Any], first_pass_is_peek: bool) -> None:
+        import threading
+
+        self._source = iterator
+        self._buffer: List[Any] = []
+        self._base = 0  # stream index of _buffer[0]
+        self._generation = 0
+        self._peek_pending = first_pass_is_peek
+        self._lock = threading.Lock()
+
+    def _get(self, index: int) -> Any:
+        while index >= self._base + len(self._buffer):
+            self._buffer.append(next(self._source))  # StopIteration ends the stream
+        return self._buffer[index - self._base]
+
+    def peek(self) -> Any:
+        with self._lock:
+            return self._get(self._base)
+
+    def __call__(self) -> Iterator[Any]:
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+            limit = 1 if self._peek_pending else None
+            self._peek_pending = False
+            position = self._base
+        while limit is None or position < limit:
+            with self._lock:
+                if generation != self._generation:
+                    return  # a newer iterator took over
+                try:
+                    element = self._get(position)
+                except StopIteration:
+                    return
+                if limit is None and position > self._base:
+                    # Batches before this one were taken by the newest iterator.
+                    del self._buffer[: position - self._base]
+                    self._base = position
+            yield element
+            position += 1
+
+
+def _generator_tf_feed(
+    family: Family, source: Iterator[Any], class_weight: Any, replicas: int, predict: bool
+) -> Feed:
+    import tensorflow as tf
+
+    def padded() -> Iterator[Any]:
+        for element in source:
+            yield _tuples(_pad_element(element, class_weight, replicas, predict))
+
+    replay = _Replay(padded(), first_pass_is_peek=family.peeks_before_each_run and not predict)
+    first = replay.peek()
+    signature = tf.nest.map_structure(
+        lambda a: tf.TensorSpec((None,) + tuple(a.shape[1:]), tf.as_dtype(a.dtype)), first
+    )
+    data = tf.data.Dataset.from_generator(replay, output_signature=signature)
+    return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)))
 
 
 def _dataset_python_feed(
@@ -472,6 +556,8 @@ def build(
             if kind == "tf":
                 return _dataset_tf_feed(x, class_weight, replicas, predict)
             return _dataset_python_feed(family, x, class_weight, replicas, predict)
+        if kind == "tf" and not hasattr(x, "__getitem__"):
+            return _generator_tf_feed(family, iter(x), class_weight, replicas, predict)
         return _python_feed(family, x, class_weight, replicas, predict)
     if not _is_array_like(x):
         raise bad_type(

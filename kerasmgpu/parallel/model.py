@@ -164,7 +164,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     with state.route.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
-            validation_data=val_data, shuffle=False, initial_epoch=initial_epoch,
+            validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,
+            initial_epoch=initial_epoch,
             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             validation_freq=validation_freq, **kwargs,
         )

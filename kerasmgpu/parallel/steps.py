@@ -58,7 +58,10 @@ def is_packed(sample_weight: Any) -> bool:
     if not leaves:
         return False
     shape = getattr(leaves[0], "shape", None)
-    return shape is not None and len(shape) == 2 and shape[-1] == PACKED_COLUMNS
+    if shape is None or len(shape) != 2:
+        return False
+    # Generator-fed datasets can lose the static width (tf.keras 2.x relaxes it).
+    return shape[-1] in (PACKED_COLUMNS, None)
 
 
 def first_packed(sample_weight: Any) -> Any:

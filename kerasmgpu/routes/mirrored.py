@@ -8,6 +8,7 @@ Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, ContextManager, Dict, List, Sequence
 
 from kerasmgpu import devices as devices_module
@@ -15,6 +16,21 @@ from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
 from kerasmgpu.routes.base import BaseRoute
+
+# Every strategy numbers its collective groups from 1 + `_collective_key_base` (0 by
+# default), so a second strategy of another size in the same process (gpus=2, then
+# gpus=3) joins the first one's groups and aborts: "Device CPU:0 is joining a group
+# with size3, but that group has size 2". Each of ours gets its own key range.
+_KEY_RANGE = 1_000_000
+_key_bases = itertools.count(1)
+
+
+def _new_strategy(tf: Any, devices: List[str]) -> Any:
+    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
+    strategy._collective_key_base = next(_key_bases) * _KEY_RANGE  # read by __init__
+    strategy.__init__(devices=devices)
+    return strategy
+
 
 class MirroredRoute(BaseRoute):
     route = Route.MIRRORED
@@ -24,7 +40,7 @@ class MirroredRoute(BaseRoute):
         super().__init__(family, devices)
         import tensorflow as tf
 
-        self.strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in self.devices])
+        self.strategy = _new_strategy(tf, [d.name for d in self.devices])
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:

@@ -1,0 +1,26 @@
+"""Test set-up: 3 virtual devices, markers, and skips that say what is missing.
+
+KERASMGPU_VIRTUAL_DEVICES must be set before any framework starts, so it is set here,
+at collection time, before a test module imports TensorFlow or JAX. Routes are then
+exercised on 2 and 3 of those devices.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "3")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+import kerasmgpu  # noqa: E402,F401  (applies the virtual device request)
+from helpers import ENV  # noqa: E402
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        f"kerasmgpu: Keras line {ENV.keras_line.value} {ENV.keras_version}, "
+        f"backend {ENV.backend or '-'}, route {ENV.route}, "
+        f"virtual devices {os.environ.get('KERASMGPU_VIRTUAL_DEVICES')}"
+    )

@@ -1,0 +1,127 @@
+"""Shared test helpers: the active Keras, small models, and exactness checks.
+
+`requires(...)` is the one skip factory (Lightning's RunIf): its reason names what the
+test needs and what this env has, so a skipped test in a CI log explains itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pytest
+
+import kerasmgpu
+from kerasmgpu.detection import KerasLine, backend_for, detect_keras_line
+
+LINE, _VERSION = detect_keras_line()
+BACKEND = backend_for(LINE)
+ENV = kerasmgpu.environment()
+ROUTE = ENV.route
+TF_LINES = (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)
+ON_TF = LINE in TF_LINES or (LINE is KerasLine.KERAS_3 and BACKEND == "tensorflow")
+ON_JAX = LINE is KerasLine.KERAS_3 and BACKEND == "jax"
+ON_TORCH = LINE is KerasLine.KERAS_3 and BACKEND == "torch"
+ON_LEGACY = LINE is KerasLine.LEGACY
+# Routes whose multi-device code runs in one process (torch needs `launch`).
+IN_PROCESS = ON_TF or ON_JAX
+VIRTUAL = int(os.environ.get("KERASMGPU_VIRTUAL_DEVICES", "1"))
+REPLICAS = [n for n in (2, 3) if n <= VIRTUAL]
+
+
+def requires(*, tf: bool = False, jax: bool = False, torch: bool = False,
+             in_process: bool = False, legacy: bool = False, tf_data: bool = False,
+             lines: Optional[Sequence[KerasLine]] = None) -> Any:
+    """Skip unless this env runs what the test needs; the reason says both sides."""
+    needs = []
+    ok = True
+    if tf:
+        needs.append("a TensorFlow route (tf.keras, tf_keras, Keras 3 + TF)")
+        ok = ok and ON_TF
+    if jax:
+        needs.append("Keras 3 on JAX")
+        ok = ok and ON_JAX
+    if torch:
+        needs.append("Keras 3 on PyTorch")
+        ok = ok and ON_TORCH
+    if legacy:
+        needs.append("standalone Keras <= 2.3")
+        ok = ok and ON_LEGACY
+    if in_process:
+        needs.append("an in-process multi-device route (TF or JAX)")
+        ok = ok and IN_PROCESS
+    if tf_data:
+        needs.append("tensorflow installed (tf.data)")
+        ok = ok and importlib.util.find_spec("tensorflow") is not None
+    if lines is not None:
+        needs.append("one of " + ", ".join(line.value for line in lines))
+        ok = ok and LINE in lines
+    have = f"this env: {LINE.value} {_VERSION}, backend {BACKEND or '-'}, route {ROUTE}"
+    return pytest.mark.skipif(not ok, reason=f"needs {' and '.join(needs)}; {have}")
+
+
+def keras_module() -> Any:
+    if LINE is KerasLine.TF_KERAS_LEGACY:
+        return importlib.import_module("tf_keras")
+    if LINE is KerasLine.TF_KERAS:
+        return importlib.import_module("tensorflow").keras
+    return importlib.import_module("keras")
+
+
+def seed_all(keras: Any, seed: int) -> None:
+    keras.utils.set_random_seed(seed)
+
+
+def mlp(keras: Any, *, seed: int = 1, features: int = 20, classes: int = 3,
+        compile: bool = True, optimizer: Any = None, metrics: Any = ("accuracy",),
+        **compile_kwargs: Any) -> Any:
+    """A small functional classifier with deterministic initial weights."""
+    seed_all(keras, seed)
+    inputs = keras.Input((features,))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    outputs = keras.layers.Dense(classes, activation="softmax")(hidden)
+    model = keras.Model(inputs, outputs)
+    if compile:
+        model.compile(
+            optimizer=optimizer or keras.optimizers.SGD(learning_rate=0.1),
+            loss="sparse_categorical_crossentropy",
+            metrics=list(metrics),
+            **compile_kwargs,
+        )
+    return model
+
+
+def classification_data(rows: int = 1001, features: int = 20, classes: int = 3,
+                         seed: int = 0) -> Any:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    w = rng.normal(size=(features, classes)).astype("float32")
+    y = np.argmax(x @ w + rng.normal(scale=0.5, size=(rows, classes)), axis=1)
+    return x, y.astype("int64")
+
+
+def assert_weights_close(a: Any, b: Any, atol: float = 1e-5) -> None:
+    wa, wb = a.get_weights(), b.get_weights()
+    assert len(wa) == len(wb)
+    for i, (u, v) in enumerate(zip(wa, wb)):
+        np.testing.assert_allclose(u, v, atol=atol, rtol=1e-5, err_msg=f"weight {i}")
+
+
+def assert_history_close(a: Any, b: Any, rtol: float = 1e-5) -> None:
+    assert set(a.history) == set(b.history), (a.history.keys(), b.history.keys())
+    for key in a.history:
+        np.testing.assert_allclose(a.history[key], b.history[key], rtol=rtol, atol=1e-6,
+                                   err_msg=key)
+
+
+def engine_replicas(pmodel: Any) -> int:
+    """The replica count the framework itself reports, not ours."""
+    state = pmodel.__dict__["_kerasmgpu"]
+    route = state.route
+    if hasattr(route, "strategy"):
+        return int(route.strategy.num_replicas_in_sync)
+    if hasattr(route, "distribution"):
+        return int(np.prod(route.distribution.device_mesh.shape))
+    return int(route.replicas)
