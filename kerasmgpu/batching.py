@@ -100,7 +100,7 @@ class BatchPlan:
 
 
 def plan_batch(real: int, replicas: int) -> BatchPlan:
-    return BatchPlan(int(real), int(replicas))
+    return BatchPlan(_check_positive("real", real), _check_positive("replicas", replicas))
 
 
 def batch_sizes(num_samples: int, batch_size: int) -> List[int]:

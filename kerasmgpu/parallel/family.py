@@ -237,10 +237,19 @@ def map_leaves(fn: Any, structure: Any) -> Any:
 
 
 def clone_model(family: Family, model: Any) -> Any:
-    """A structural copy of `model` (weights are copied by the caller)."""
+    """A structural copy of `model`, built like it (weights are copied by the caller)."""
     try:
-        return family.keras.models.clone_model(model)
-    except (NotImplementedError, TypeError, ValueError) as exc:
+        clone = family.keras.models.clone_model(model)
+        if len(clone.weights) != len(model.weights) and model.weights:
+            # A subclassed model rebuilt from its config has no weights until it is
+            # built; build it for the shapes the original was built for.
+            clone.build_from_config(model.get_build_config())
+        if len(clone.weights) != len(model.weights):
+            raise ValueError(
+                f"the copy has {len(clone.weights)} weights, the model {len(model.weights)}"
+            )
+        return clone
+    except (NotImplementedError, TypeError, ValueError, AttributeError) as exc:
         raise bad_type(
             "model",
             f"a subclassed model that cannot be cloned ({type(model).__qualname__}: {exc})",

@@ -253,6 +253,7 @@ def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> F
 
 
 def _plan_arrays(real: Any, replicas: Any) -> Tuple[np.ndarray, np.ndarray]:
+    # numpy_function hands over numpy scalars.
     plan = batching.plan_batch(int(real), int(replicas))
     return plan.source_rows(), batching.pack_weights(plan)
 

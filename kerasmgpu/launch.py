@@ -1,0 +1,788 @@
+"""`kerasmgpu launch`: start N copies of a training script on this machine (M machines).
+
+    kerasmgpu launch --nproc 4 train.py --epochs 3            # 4 workers, this machine
+    kerasmgpu launch --nproc 4 -m mypkg.train                 # like `python -m`
+    kerasmgpu launch --nproc 8 --nnodes 2 --node-rank 0 \\
+        --coordinator 10.0.0.1:29500 --worker-hosts 10.0.0.1,10.0.0.2 train.py
+
+The launcher imports no ML framework: it only starts processes, gives each one the
+environment below, prefixes their output with `[rank R] `, and stops all of them when
+one fails, when `--timeout` passes, or when the launcher itself gets SIGINT/SIGTERM.
+
+Environment contract (every value is a string; W = nproc * nnodes, N = nproc,
+global rank = node_rank * N + local_rank, P = the coordinator port):
+
+    KERASMGPU_PROCESS_INDEX        global rank, 0 .. W-1
+    KERASMGPU_PROCESS_COUNT        W
+    KERASMGPU_LOCAL_PROCESS_INDEX  local rank on this node, 0 .. N-1
+    KERASMGPU_LOCAL_PROCESS_COUNT  N
+    KERASMGPU_COORDINATOR          "host:P" (127.0.0.1 and a free port unless --coordinator)
+    KERASMGPU_LAUNCHED             "1"
+    PYTHONUNBUFFERED               "1" (so lines reach the launcher as they are printed)
+
+  PyTorch (torch.distributed "env://"):
+    MASTER_ADDR, MASTER_PORT (= P+1), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    KERASMGPU_TORCH_BACKEND        "nccl" when the worker can see a GPU, else "gloo"
+
+  JAX (jax.distributed.initialize()):
+    JAX_COORDINATOR_ADDRESS ("host:P"), JAX_NUM_PROCESSES, JAX_PROCESS_ID
+
+  TensorFlow (MultiWorkerMirroredStrategy):
+    TF_CONFIG  {"cluster": {"worker": [one "host:port" per global rank]},
+                "task": {"type": "worker", "index": rank}}
+    with port P+2+rank for global rank `rank`. On one node the hosts are 127.0.0.1. On
+    several nodes TensorFlow needs every worker's address, which only the user knows:
+    pass `--worker-hosts host0,host1,...` (one per node, in node-rank order); without it
+    TF_CONFIG is not set (an inherited one is removed, as it could not be right for N
+    local workers) and a note says so.
+
+  Optional:
+    CUDA_VISIBLE_DEVICES   with `--gpus-per-proc K`, local rank i gets devices
+                           [i*K, (i+1)*K) of the visible ones; otherwise left as it is.
+    KERAS_BACKEND          set to the `--backend` value when it is not "auto".
+
+All of them are set whatever the backend: they cost nothing, and the script, not the
+launcher, decides which framework it runs. The ports are derived from P so that one
+coordinator address fixes every port and the frameworks' servers never collide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any, Callable, Mapping, Optional, Sequence, TextIO, Union
+
+from kerasmgpu._errors import explain
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "LaunchError",
+    "LaunchResult",
+    "launch",
+    "main",
+    "parse_coordinator",
+    "worker_environments",
+]
+
+PROG = "kerasmgpu launch"
+DEFAULT_GRACE = 5.0
+BACKENDS = ("auto", "tensorflow", "jax", "torch")
+TIMEOUT_EXIT = 124  # what coreutils `timeout` returns, so shell scripts read it the same way
+# Poll period of the supervising loop: short enough that a failure is noticed at once,
+# long enough to cost nothing on a busy machine.
+_POLL = 0.05
+# After SIGKILL the kernel needs a moment to tear processes down; bound the wait so the
+# launcher always returns (a process stuck in uninterruptible sleep cannot be helped).
+_KILL_WAIT = 5.0
+
+
+class LaunchError(ValueError):
+    """An argument the launcher cannot run with (the CLI exits 2 on it)."""
+
+
+@dataclass
+class LaunchResult:
+    """How a launch ended.
+
+    returncode: 0 when every worker exited 0; the failed worker's code (1 when it died
+    from a signal); 124 on timeout; 128+signal when the launcher was interrupted.
+    failed_rank: global rank of the first worker seen failing, else None.
+    durations: seconds from start to exit, by global rank.
+    """
+
+    returncode: int
+    failed_rank: Optional[int] = None
+    timed_out: bool = False
+    durations: dict[int, float] = field(default_factory=dict)
+    returncodes: dict[int, Optional[int]] = field(default_factory=dict)
+    pids: dict[int, int] = field(default_factory=dict)
+    interrupted_by: Optional[str] = None
+    message: Optional[str] = None
+
+
+# --- arguments --------------------------------------------------------------------------
+
+
+def _error(argument: str, received: Any, allowed: str, fix: str) -> LaunchError:
+    return LaunchError(explain(argument, received, allowed, fix))
+
+
+def parse_coordinator(text: str) -> tuple[str, int]:
+    """Split "host:port" (or "[ipv6]:port") into its parts, with a fixable error."""
+    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
+    port = int(match.group(2) or match.group(4)) if match else 0
+    if not match or not 1 <= port <= 65535:
+        raise _error(
+            "--coordinator", text, "HOST:PORT with a port in 1..65535 ([addr]:PORT for IPv6)",
+            "pass the address of node 0 that every node can reach, e.g. 10.0.0.1:29500",
+        )
+    return (match.group(1) or match.group(3)), port
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _validate(
+    nproc: int, nnodes: int, node_rank: int, coordinator: Optional[str],
+    worker_hosts: Optional[Sequence[str]], gpus_per_proc: Optional[int], backend: str,
+    timeout: Optional[float], grace: float,
+) -> None:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise _error("--nproc", nproc, "an integer >= 1",
+                     "pass the number of workers for this node, usually its GPU count")
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise _error("--nnodes", nnodes, "an integer >= 1",
+                     "pass the number of machines taking part (1 for this one only)")
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not (
+        0 <= node_rank < nnodes
+    ):
+        raise _error("--node-rank", node_rank, f"an integer in 0..{nnodes - 1} (--nnodes {nnodes})",
+                     "give every node a distinct rank, 0 on the coordinator's node")
+    if nnodes > 1 and not coordinator:
+        raise _error("--coordinator", coordinator,
+                     "HOST:PORT of node 0, required when --nnodes > 1",
+                     "pass the same --coordinator HOST:PORT on every node")
+    if worker_hosts is not None and (
+        len(worker_hosts) != nnodes or not all(h and ":" not in h.strip("[]") or
+                                               h.startswith("[") for h in worker_hosts)
+    ):
+        raise _error("--worker-hosts", ",".join(worker_hosts),
+                     f"{nnodes} comma-separated host names or addresses, one per node, "
+                     "in node-rank order, without ports",
+                     "list every node's address, e.g. --worker-hosts 10.0.0.1,10.0.0.2")
+    if gpus_per_proc is not None and (
+        isinstance(gpus_per_proc, bool) or not isinstance(gpus_per_proc, int) or gpus_per_proc < 1
+    ):
+        raise _error("--gpus-per-proc", gpus_per_proc, "an integer >= 1",
+                     "pass how many GPUs each worker gets, or leave it out to show all")
+    if backend not in BACKENDS:
+        raise _error("--backend", backend, " | ".join(BACKENDS),
+                     "use auto unless the script needs KERAS_BACKEND set for it")
+    if timeout is not None and not timeout > 0:
+        raise _error("--timeout", timeout, "a number of seconds > 0",
+                     "leave it out for no limit")
+    if not grace >= 0:
+        raise _error("--grace", grace, "a number of seconds >= 0",
+                     f"leave it out for the default {DEFAULT_GRACE:g} s")
+
+
+# --- environment ------------------------------------------------------------------------
+
+
+def _visible_gpus(env: Mapping[str, str]) -> list[str]:
+    """GPU ids the workers can see, found without importing any framework."""
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids: list[str] = []
+        for item in (part.strip() for part in listed.split(",")):
+            # CUDA stops at the first invalid entry, and "-1" is the usual way to hide all.
+            if not item or item.startswith("-"):
+                break
+            ids.append(item)
+        return ids
+    # /dev/nvidiaN exists per GPU the driver exposes (also inside containers, where only
+    # the granted ones are mounted); it is a directory listing, not a driver call.
+    try:
+        count = sum(1 for name in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", name))
+    except OSError:
+        count = 0
+    if count == 0 and shutil.which("nvidia-smi"):
+        # e.g. WSL has no /dev/nvidiaN; nvidia-smi is slower but still framework-free.
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=10, check=False).stdout
+            count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            count = 0
+    return [str(i) for i in range(count)]
+
+
+def worker_environments(
+    nproc: int,
+    coordinator: str,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    worker_hosts: Optional[Sequence[str]] = None,
+    gpus_per_proc: Optional[int] = None,
+    backend: str = "auto",
+    base_env: Optional[Mapping[str, str]] = None,
+) -> tuple[list[dict[str, str]], list[str]]:
+    """The full environment of each local worker (index = local rank), and notes to print.
+
+    Pure apart from GPU detection, so the contract can be tested without starting anything.
+    """
+    base = dict(os.environ if base_env is None else base_env)
+    host, port = parse_coordinator(coordinator)
+    world = nproc * nnodes
+    if port + 2 + world - 1 > 65535:
+        raise _error("--coordinator", coordinator,
+                     f"a port P with P+{1 + world} <= 65535 (P+1 is torch's, P+2.. TF's)",
+                     "pick a lower port, e.g. 29500")
+    notes: list[str] = []
+
+    tf_hosts: Optional[list[str]] = None
+    if worker_hosts is not None:
+        tf_hosts = [h.strip("[]") for h in worker_hosts]
+    elif nnodes == 1:
+        tf_hosts = ["127.0.0.1"]
+    elif backend in ("auto", "tensorflow"):
+        dropped = " (the inherited TF_CONFIG is removed)" if "TF_CONFIG" in base else ""
+        notes.append(
+            f"{PROG}: TF_CONFIG not set{dropped}: TensorFlow needs every worker's address; "
+            "pass --worker-hosts host0,host1,... (one per node) to set it"
+        )
+    tf_cluster = (
+        [_address(tf_hosts[rank // nproc], port + 2 + rank) for rank in range(world)]
+        if tf_hosts is not None else None
+    )
+
+    gpus = _visible_gpus(base)
+    slices: Optional[list[list[str]]] = None
+    if gpus_per_proc is not None:
+        if not gpus:
+            notes.append(f"{PROG}: no GPU visible; --gpus-per-proc {gpus_per_proc} is ignored")
+        elif nproc * gpus_per_proc > len(gpus):
+            raise _error("--gpus-per-proc", gpus_per_proc,
+                         f"at most {len(gpus) // nproc} for --nproc {nproc} on the "
+                         f"{len(gpus)} visible GPU(s) {','.join(gpus)}",
+                         "lower --gpus-per-proc or --nproc, or leave it out to show all GPUs")
+        else:
+            slices = [gpus[i * gpus_per_proc:(i + 1) * gpus_per_proc] for i in range(nproc)]
+
+    envs: list[dict[str, str]] = []
+    for local in range(nproc):
+        rank = node_rank * nproc + local
+        env = dict(base)
+        own_gpus = gpus
+        if slices is not None:
+            own_gpus = slices[local]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus)
+        env.update({
+            "KERASMGPU_PROCESS_INDEX": str(rank),
+            "KERASMGPU_PROCESS_COUNT": str(world),
+            "KERASMGPU_LOCAL_PROCESS_INDEX": str(local),
+            "KERASMGPU_LOCAL_PROCESS_COUNT": str(nproc),
+            "KERASMGPU_COORDINATOR": _address(host, port),
+            "KERASMGPU_LAUNCHED": "1",
+            "PYTHONUNBUFFERED": "1",
+            "MASTER_ADDR": host,
+            "MASTER_PORT": str(port + 1),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "KERASMGPU_TORCH_BACKEND": "nccl" if own_gpus else "gloo",
+            "JAX_COORDINATOR_ADDRESS": _address(host, port),
+            "JAX_NUM_PROCESSES": str(world),
+            "JAX_PROCESS_ID": str(rank),
+        })
+        if tf_cluster is not None:
+            env["TF_CONFIG"] = json.dumps(
+                {"cluster": {"worker": tf_cluster}, "task": {"type": "worker", "index": rank}}
+            )
+        else:
+            env.pop("TF_CONFIG", None)
+        if backend != "auto":
+            env["KERAS_BACKEND"] = backend
+        envs.append(env)
+    return envs, notes
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """A port P such that P .. P+count-1 are all free on `host` right now.
+
+    The OS picks P (bind to port 0); the others are checked because every worker's TF
+    server and torch's store use P+1.. . Another program may still take one before the
+    workers bind it; that race is inherent to choosing ports ahead of time.
+    """
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            base = int(sock.getsockname()[1])
+        if base + count - 1 <= 65535 and all(
+            _port_free(host, p) for p in range(base, base + count)
+        ):
+            return base
+    raise RuntimeError(f"{PROG}: found no {count} consecutive free ports on {host}")
+
+
+# --- supervising ------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    started: float
+    ended: Optional[float] = None
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
+
+
+class _Interrupt:
+    """Records SIGINT/SIGTERM; the handler only sets fields (no locks: it runs re-entrantly)."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.count = 0
+
+    def __call__(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.count += 1
+
+
+def _pump(pipe: IO[bytes], sink: Callable[[], TextIO], prefix: str, lock: threading.Lock) -> None:
+    # Bytes in, text out with errors replaced: a worker printing invalid UTF-8 must not
+    # stop its output (or the whole pump) mid-run.
+    try:
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            if not text.endswith("\n"):
+                text += "\n"
+            with lock:
+                try:
+                    stream = sink()
+                    stream.write(prefix + text)
+                    stream.flush()
+                except (OSError, ValueError):
+                    # Our own output is gone (closed pipe); keep draining so the worker
+                    # never blocks on a full pipe.
+                    pass
+    finally:
+        pipe.close()
+
+
+def _live_groups(pgids: set[int]) -> set[int]:
+    """Process groups among `pgids` that still hold a process that is not a zombie.
+
+    Zombies are skipped because an orphan is reaped by PID 1, which in some containers
+    never reaps; a dead-but-unreaped process must not keep the launcher waiting.
+    """
+    if not pgids:
+        return set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        entries = []
+    if not entries:  # no procfs (e.g. macOS): signal 0 tells whether the group exists
+        alive = set()
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, 0)
+                alive.add(pgid)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                alive.add(pgid)
+        return alive
+    found: set[int] = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                data = handle.read()
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            fields = data[data.rindex(b")") + 2:].split()
+            state, pgrp = fields[0], int(fields[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgrp in pgids and state not in (b"Z", b"X"):
+            found.add(pgrp)
+    return found
+
+
+def _signal_groups(pgids: set[int], sig: int) -> None:
+    # Only groups known to be alive are signalled, which keeps a recycled PID safe.
+    for pgid in _live_groups(pgids):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(workers: Sequence[_Worker]) -> None:
+    now = time.monotonic()
+    for w in workers:
+        if w.running and w.proc.poll() is not None:
+            w.ended = now
+
+
+def _stop(workers: Sequence[_Worker], grace: float, interrupt: _Interrupt) -> None:
+    """SIGTERM every worker's group, SIGKILL what is left after `grace` s, and reap."""
+    pgids = {w.proc.pid for w in workers}
+    # Groups of workers that already exited are included: their children may live on.
+    _signal_groups(pgids, signal.SIGTERM)
+    presses = interrupt.count
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        _reap(workers)
+        if not _live_groups(pgids):
+            return
+        if interrupt.count > presses:  # a second Ctrl-C means "now"
+            break
+        time.sleep(_POLL)
+    # JAX and many native runtimes ignore or block SIGTERM; SIGKILL cannot be ignored.
+    _signal_groups(pgids, signal.SIGKILL)
+    deadline = time.monotonic() + _KILL_WAIT
+    while time.monotonic() < deadline:
+        _reap(workers)
+        if not _live_groups(pgids) and not any(w.running for w in workers):
+            return
+        time.sleep(_POLL)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _install_handlers(handler: _Interrupt) -> dict[int, Any]:
+    # signal.signal works only in the main thread; elsewhere the caller handles signals.
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, old in previous.items():
+        if old is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(sig, old)
+
+
+def launch(
+    cmd: Sequence[str],
+    nproc: int,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    coordinator: Optional[str] = None,
+    worker_hosts: Optional[Sequence[str]] = None,
+    gpus_per_proc: Optional[int] = None,
+    backend: str = "auto",
+    timeout: Optional[float] = None,
+    grace: float = DEFAULT_GRACE,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    stdout: Optional[TextIO] = None,
+    stderr: Optional[TextIO] = None,
+    handle_signals: bool = True,
+) -> LaunchResult:
+    """Run `cmd` as `nproc` workers of a W = nproc*nnodes world and supervise them.
+
+    `env` is the base environment (default: os.environ) that the contract variables are
+    added to. Output goes to `stdout`/`stderr` (default: sys.stdout/sys.stderr at the time
+    of each line) prefixed with `[rank R] `; the launcher's notes and final line go to
+    `stderr`. Raises LaunchError for invalid arguments and OSError when `cmd` cannot start.
+    """
+    cmd = list(cmd)
+    if not cmd:
+        raise _error("cmd", cmd, "a non-empty command", "pass e.g. [sys.executable, 'train.py']")
+    _validate(nproc, nnodes, node_rank, coordinator, worker_hosts, gpus_per_proc, backend,
+              timeout, grace)
+    if coordinator is None:
+        # Loopback only: a single-node run must not open ports to the network.
+        coordinator = _address("127.0.0.1", free_port_block(2 + nproc * nnodes))
+    envs, notes = worker_environments(
+        nproc, coordinator, nnodes=nnodes, node_rank=node_rank, worker_hosts=worker_hosts,
+        gpus_per_proc=gpus_per_proc, backend=backend, base_env=env,
+    )
+
+    def out() -> TextIO:
+        return stdout if stdout is not None else sys.stdout
+
+    def err() -> TextIO:
+        return stderr if stderr is not None else sys.stderr
+
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            try:
+                err().write(line + "\n")
+                err().flush()
+            except (OSError, ValueError):
+                pass
+
+    for note in notes:
+        say(note)
+
+    interrupt = _Interrupt()
+    previous = _install_handlers(interrupt) if handle_signals else {}
+    workers: list[_Worker] = []
+    start = time.monotonic()
+    try:
+        try:
+            for local, worker_env in enumerate(envs):
+                rank = node_rank * nproc + local
+                proc = subprocess.Popen(
+                    cmd, env=worker_env, cwd=cwd, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    # Own session: the worker and everything it starts share one process
+                    # group that can be signalled as a whole, and a Ctrl-C at the terminal
+                    # reaches only the launcher, which then stops the workers in order.
+                    start_new_session=True,
+                )
+                worker = _Worker(rank=rank, proc=proc, started=time.monotonic())
+                workers.append(worker)
+                for pipe, sink in ((proc.stdout, out), (proc.stderr, err)):
+                    assert pipe is not None
+                    thread = threading.Thread(
+                        target=_pump, args=(pipe, sink, f"[rank {rank}] ", lock),
+                        name=f"kerasmgpu-launch-rank{rank}", daemon=True,
+                    )
+                    thread.start()
+                    worker.threads.append(thread)
+        except BaseException:
+            _stop(workers, 0.0, interrupt)
+            raise
+        result = _supervise(workers, timeout, grace, interrupt, start)
+    finally:
+        _restore_handlers(previous)
+
+    # Let the pumps print the last lines before the summary; a grandchild that escaped
+    # into its own session could hold a pipe open forever, hence the bound.
+    join_until = time.monotonic() + 2.0
+    for w in workers:
+        for thread in w.threads:
+            thread.join(max(0.0, join_until - time.monotonic()))
+    if result.message:
+        say(result.message)
+    return result
+
+
+def _supervise(
+    workers: list[_Worker], timeout: Optional[float], grace: float, interrupt: _Interrupt,
+    start: float,
+) -> LaunchResult:
+    deadline = None if timeout is None else start + timeout
+    failed: Optional[_Worker] = None
+    timed_out = False
+    while True:
+        _reap(workers)
+        if interrupt.signum is not None:
+            break
+        failures = [w for w in workers if not w.running and w.proc.returncode != 0]
+        if failures:
+            failed = min(failures, key=lambda w: (w.ended or 0.0, w.rank))
+            break
+        if not any(w.running for w in workers):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            timed_out = True
+            break
+        time.sleep(_POLL)
+
+    still_running = [w for w in workers if w.running]
+    pgids = {w.proc.pid for w in workers}
+    message: Optional[str] = None
+    if interrupt.signum is None and failed is None and not timed_out:
+        # Every worker exited 0; anything left in their groups was started by them and
+        # would otherwise outlive the run (and hold its pipes open).
+        leftover = _live_groups(pgids)
+        if leftover:
+            ranks = sorted(w.rank for w in workers if w.proc.pid in leftover)
+            message = (f"{PROG}: stopped processes left running by rank(s) "
+                       f"{', '.join(map(str, ranks))} after they exited")
+    if still_running or _live_groups(pgids):
+        _stop(workers, grace, interrupt)
+
+    if interrupt.signum is not None:
+        returncode = 128 + interrupt.signum
+        message = (f"{PROG}: received {_signal_name(interrupt.signum)}; "
+                   f"stopped {len(still_running)} worker(s)")
+    elif failed is not None:
+        code = failed.proc.returncode
+        if code < 0:
+            how = f"was killed by signal {_signal_name(-code)}"
+            returncode = 1
+        else:
+            how = f"exited with code {code}"
+            returncode = code
+        message = (f"{PROG}: rank {failed.rank} {how}; "
+                   f"stopped the other {len(still_running)} worker(s)")
+    elif timed_out:
+        returncode = TIMEOUT_EXIT
+        message = f"{PROG}: timed out after {timeout:g} s; stopped {len(still_running)} worker(s)"
+    else:
+        returncode = 0
+    return LaunchResult(
+        returncode=returncode,
+        failed_rank=None if failed is None else failed.rank,
+        timed_out=timed_out,
+        durations={w.rank: (w.ended if w.ended is not None else time.monotonic()) - w.started
+                   for w in workers},
+        returncodes={w.rank: w.proc.returncode for w in workers},
+        pids={w.rank: w.proc.pid for w in workers},
+        interrupted_by=None if interrupt.signum is None else _signal_name(interrupt.signum),
+        message=message,
+    )
+
+
+# --- command line -----------------------------------------------------------------------
+
+_VALUE_OPTIONS = {
+    "--nproc", "--nnodes", "--node-rank", "--coordinator", "--timeout", "--grace",
+    "--backend", "--gpus-per-proc", "--worker-hosts",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own errors, in our three-part form
+        raise LaunchError(
+            f"Invalid arguments. Received: {message}. Allowed: the options of "
+            f"`{PROG} --help`, then a script or -m module. Fix: correct the option above."
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG, allow_abbrev=False,
+        usage=f"{PROG} --nproc N [options] (script.py | -m module) [args ...]",
+        description="Start N workers of a Python script on this node, with the environment "
+                    "that TensorFlow, JAX and PyTorch multi-process training read.",
+        epilog=__doc__.split("Environment contract", 1)[1].join(
+            ("Environment contract", "")) if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--nproc", help="workers on this node (usually its GPU count)")
+    add("--nnodes", default="1", help="machines taking part (default 1)")
+    add("--node-rank", default="0", help="this machine's rank, 0..nnodes-1 (default 0)")
+    add("--coordinator", help="HOST:PORT of node 0 (default 127.0.0.1 and a free port; "
+                              "required with --nnodes > 1)")
+    add("--worker-hosts", help="host of every node, comma-separated, for TF_CONFIG on "
+                               "several nodes")
+    add("--timeout", help="stop everything after this many seconds (exit 124)")
+    add("--grace", default=str(DEFAULT_GRACE),
+        help=f"seconds between SIGTERM and SIGKILL when stopping (default {DEFAULT_GRACE:g})")
+    add("--backend", default="auto", help="auto | tensorflow | jax | torch; other than auto "
+                                          "sets KERAS_BACKEND (default auto)")
+    add("--gpus-per-proc", help="give each worker its own K GPUs via CUDA_VISIBLE_DEVICES")
+    return parser
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Launcher options, then the worker's Python arguments (script or -m module and args).
+
+    Split by hand because everything after the script belongs to it, even options that
+    look like ours (argparse.REMAINDER is unreliable with leading dashes).
+    """
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if token == "-m":
+            return argv[:i], argv[i:]
+        if token.startswith("-m") and not token.startswith("--"):
+            return argv[:i], ["-m", token[2:], *argv[i + 1:]]
+        if token.startswith("-") and token != "-":
+            i += 2 if token in _VALUE_OPTIONS else 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def _number(option: str, text: Optional[str], kind: Callable[[str], Union[int, float]],
+            allowed: str, fix: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise _error(option, text, allowed, fix) from None
+
+
+def _command(target: list[str]) -> list[str]:
+    if not target:
+        raise _error("script", None, "a Python file, or -m module, after the options",
+                     f"e.g. {PROG} --nproc 2 train.py --epochs 3")
+    if target[0] == "-m":
+        if len(target) < 2 or not target[1]:
+            raise _error("-m", None, "a module name after -m",
+                         f"e.g. {PROG} --nproc 2 -m mypkg.train")
+        return [sys.executable, *target]
+    script = target[0]
+    if not os.path.isfile(script):
+        raise _error("script", script, "an existing Python file (or -m module)",
+                     f"check the path; relative paths start at {os.getcwd()}")
+    return [sys.executable, *target]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`kerasmgpu launch ...`; returns the exit code (see LaunchResult.returncode)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    head, target = _split(args_list)
+    try:
+        try:
+            ns = _parser().parse_args(head)
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
+        if ns.nproc is None:
+            raise _error("--nproc", None, "an integer >= 1",
+                         "pass --nproc N, usually the number of GPUs on this node")
+        intfix = "pass a whole number"
+        nproc = _number("--nproc", ns.nproc, int, "an integer >= 1", intfix)
+        nnodes = _number("--nnodes", ns.nnodes, int, "an integer >= 1", intfix)
+        node_rank = _number("--node-rank", ns.node_rank, int, "an integer >= 0", intfix)
+        gpus = _number("--gpus-per-proc", ns.gpus_per_proc, int, "an integer >= 1", intfix)
+        timeout = _number("--timeout", ns.timeout, float, "a number of seconds > 0",
+                          "pass seconds, e.g. --timeout 3600")
+        grace = _number("--grace", ns.grace, float, "a number of seconds >= 0",
+                        "pass seconds, e.g. --grace 5")
+        hosts = None if ns.worker_hosts is None else [
+            h.strip() for h in ns.worker_hosts.split(",")
+        ]
+        if ns.coordinator is not None:
+            parse_coordinator(ns.coordinator)
+        _validate(nproc, nnodes, node_rank, ns.coordinator, hosts, gpus, ns.backend,
+                  timeout, grace)
+        cmd = _command(target)
+        result = launch(
+            cmd, nproc, nnodes=nnodes, node_rank=node_rank, coordinator=ns.coordinator,
+            worker_hosts=hosts, gpus_per_proc=gpus, backend=ns.backend, timeout=timeout,
+            grace=grace,
+        )
+    except LaunchError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:  # the interpreter itself could not be started
+        print(f"{PROG}: could not start workers: {exc}", file=sys.stderr, flush=True)
+        return 127
+    return result.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""Property tests of the one batching rule: every (B, N) and every dataset size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kerasmgpu import batching
+
+sizes = st.integers(min_value=1, max_value=600)
+replicas = st.integers(min_value=1, max_value=16)
+
+
+@given(real=sizes, n=replicas)
+def test_plan_pads_to_an_even_split(real: int, n: int) -> None:
+    plan = batching.plan_batch(real, n)
+    assert plan.padded % n == 0
+    assert real <= plan.padded < real + n  # never more than N-1 padding rows
+    assert plan.per_replica * n == plan.padded
+    assert plan.per_replica >= 1  # every replica gets rows, even when real < n
+    slices = plan.replica_slices()
+    assert [s.stop - s.start for s in slices] == [plan.per_replica] * n
+    assert sum(plan.real_rows_per_replica()) == real
+
+
+@given(real=sizes, n=replicas)
+def test_padding_repeats_real_rows_and_is_masked(real: int, n: int) -> None:
+    plan = batching.plan_batch(real, n)
+    rows = plan.source_rows()
+    assert list(rows[:real]) == list(range(real))  # real rows first, in order
+    assert rows.min() >= 0 and rows.max() < real  # padding copies real rows
+    mask = plan.mask()
+    assert mask.sum() == real and set(mask[real:].tolist()) <= {0.0}
+
+
+@given(real=sizes, n=replicas, data=st.data())
+def test_packed_weights_give_the_real_mean(real: int, n: int, data: st.DataObject) -> None:
+    """sum(scale*mask*w*l) / padded == sum(w*l) / real: the padded mean is the real one."""
+    plan = batching.plan_batch(real, n)
+    weights = np.asarray(
+        data.draw(st.lists(st.floats(0, 4, width=32), min_size=real, max_size=real)), "float32"
+    )
+    losses = np.asarray(
+        data.draw(st.lists(st.floats(0, 10, width=32), min_size=real, max_size=real)), "float64"
+    )
+    packed = batching.pack_weights(plan, weights)
+    fed_losses = losses[plan.source_rows()]
+    loss_weight = packed[:, batching.SCALE] * packed[:, batching.MASK] * packed[:, batching.WEIGHT]
+    padded_mean = float((loss_weight * fed_losses).sum()) / plan.padded
+    real_mean = float((weights * losses).sum()) / real
+    assert padded_mean == pytest.approx(real_mean, rel=1e-5, abs=1e-6)
+    # The tracker correction: fed rows * (1/scale - 1) brings the count back to `real`.
+    assert plan.padded + plan.padded * (1 / plan.scale - 1) == pytest.approx(real)
+
+
+@given(samples=st.integers(0, 2000), batch=st.integers(1, 300), n=replicas)
+@settings(max_examples=200)
+def test_an_epoch_covers_every_sample_once(samples: int, batch: int, n: int) -> None:
+    sizes_ = batching.batch_sizes(samples, batch)
+    assert sum(sizes_) == samples
+    assert len(sizes_) == batching.steps_per_epoch(samples, batch)
+    assert all(s == batch for s in sizes_[:-1])
+    plans = [batching.plan_batch(s, n) for s in sizes_]
+    positions = batching.real_positions(plans)
+    assert len(positions) == samples
+    assert len(set(positions.tolist())) == samples  # nothing counted twice
+    fed = sum(p.padded for p in plans)
+    assert batching.unpad_rows(fed, sizes_, n).tolist() == positions.tolist()
+
+
+@given(samples=st.integers(1, 1500), batch=st.integers(1, 200),
+       per_process=st.integers(1, 4), processes=st.integers(1, 4))
+@settings(max_examples=150)
+def test_process_shards_are_disjoint_and_even(
+    samples: int, batch: int, per_process: int, processes: int
+) -> None:
+    steps = None
+    seen = []
+    for rank in range(processes):
+        shards = batching.epoch_shards(samples, batch, per_process, rank, processes)
+        steps = len(shards) if steps is None else steps
+        assert len(shards) == steps  # every process takes the same number of steps
+        for start, shard in shards:
+            rows = shard.source_rows()
+            assert len(rows) == shard.plan.padded // processes  # same rows per process
+            mask = shard.packed()[:, batching.MASK]
+            seen.extend((start + rows[mask > 0]).tolist())
+    assert sorted(seen) == list(range(samples))  # disjoint and complete
+
+
+def test_class_weights_follow_keras() -> None:
+    y_sparse = np.array([0, 2, 1, 2])
+    y_onehot = np.eye(3)[y_sparse]
+    cw = {0: 1.0, 1: 2.0, 2: 0.5}
+    expected = [1.0, 0.5, 2.0, 0.5]
+    assert batching.class_weights_to_sample_weights(y_sparse, cw).tolist() == expected
+    assert batching.class_weights_to_sample_weights(y_onehot, cw).tolist() == expected
+    assert batching.class_weights_to_sample_weights(y_sparse[:, None], cw).tolist() == expected
+    with pytest.raises(ValueError, match=r"classes \[2\]"):
+        batching.class_weights_to_sample_weights(y_sparse, {0: 1.0, 1: 1.0})
+
+
+def test_validation_split_follows_keras() -> None:
+    assert batching.validation_split_at(1001, 0.2) == 800
+    with pytest.raises(ValueError, match="validation_split"):
+        batching.validation_split_at(10, 1.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_counts_are_explained(bad: object) -> None:
+    with pytest.raises(ValueError, match="Allowed: an integer >= 1"):
+        batching.plan_batch(5, bad)  # type: ignore[arg-type]
+
+
+def test_describe_says_what_happens() -> None:
+    text = batching.plan_batch(50, 3).describe()
+    assert "51" not in text or "padding" in text
+    assert "3 replicas x 17 rows" in text and "1 padding row" in text

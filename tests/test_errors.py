@@ -1,0 +1,168 @@
+"""Bad input fails before any weight is touched, saying received / allowed / fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import IN_PROCESS, ON_JAX, VIRTUAL, keras_module, mlp, requires
+
+import kerasmgpu
+
+pytestmark = requires(in_process=True)
+if IN_PROCESS:
+    keras = keras_module()
+
+
+@pytest.fixture
+def model():
+    m = mlp(keras)
+    m.__kerasmgpu_weights = [w.copy() for w in m.get_weights()]
+    yield m
+    # Nothing touched: same weights, not turned into a parallel model.
+    for before, after in zip(m.__kerasmgpu_weights, m.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    assert "_kerasmgpu" not in m.__dict__
+
+
+def _message(info: pytest.ExceptionInfo) -> str:
+    text = str(info.value)
+    assert "Received:" in text and "Allowed:" in text and "Fix:" in text, text
+    return text
+
+
+@pytest.mark.parametrize(
+    "gpus,kind,expected",
+    [
+        (0, ValueError, "gpus=0"),
+        (-2, ValueError, "gpus=-2"),
+        (1.5, TypeError, "gpus=1.5"),
+        (True, TypeError, "gpus=True"),
+        ("2", TypeError, "gpus='2'"),
+        ([0, 0], ValueError, "duplicate id(s) [0]"),
+        ([], ValueError, "non-empty"),
+        ([0, 1.0], TypeError, "integer device ids"),
+        (VIRTUAL + 1, ValueError, "Try reducing `gpus`"),
+        ([0, VIRTUAL], ValueError, f"expected devices [{VIRTUAL}] do not exist"),
+    ],
+)
+def test_bad_gpus(model, gpus, kind, expected) -> None:
+    with pytest.raises(kind) as info:
+        kerasmgpu.parallelize(model, gpus=gpus)
+    assert expected in _message(info)
+
+
+def test_more_devices_than_exist_lists_them(model) -> None:
+    with pytest.raises(ValueError) as info:
+        kerasmgpu.parallelize(model, gpus=VIRTUAL + 5)
+    text = _message(info)
+    assert f"this machine shows {VIRTUAL} device(s)" in text
+
+
+@pytest.mark.parametrize("obj", [None, object(), "model", [1, 2]])
+def test_not_a_model(obj) -> None:
+    with pytest.raises(TypeError) as info:
+        kerasmgpu.parallelize(obj)
+    assert "model" in _message(info)
+
+
+def test_model_of_another_keras() -> None:
+    # A class that says it comes from tf_keras (or Keras 3, when tf_keras is active).
+    other = "keras.src.models.model" if "tf_keras" in str(kerasmgpu.environment().keras_line) \
+        else "tf_keras.src.engine.training"
+    Foreign = type("Model", (), {"__module__": other})
+    with pytest.raises(ValueError) as info:
+        kerasmgpu.parallelize(Foreign())
+    text = _message(info)
+    assert "a model of the active Keras" in text and "kerasmgpu doctor" in text
+
+
+@requires(lines=[kerasmgpu.KerasLine.TF_KERAS_LEGACY])
+def test_real_keras3_model_when_tf_keras_is_active() -> None:
+    import keras as keras3  # Keras 3 is installed beside tf_keras in this env
+
+    foreign = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(1)])
+    with pytest.raises(ValueError, match="built with Keras 3"):
+        kerasmgpu.parallelize(foreign)
+
+
+def test_unknown_route(model) -> None:
+    with pytest.raises(ValueError) as info:
+        kerasmgpu.parallelize(model, route="horovod")
+    assert "multi_gpu_model, mirrored, keras_distribution, torch_ddp" in _message(info)
+
+
+def test_route_of_another_line(model) -> None:
+    other = "mirrored" if ON_JAX else "keras_distribution"
+    with pytest.raises(ValueError) as info:
+        kerasmgpu.parallelize(model, route=other)
+    assert f"route={other!r}" in _message(info)
+
+
+def test_subclassed_model_that_cannot_be_cloned() -> None:
+    class Net(keras.Model):
+        def __init__(self, head):  # a layer argument: no config can rebuild it
+            super().__init__()
+            self.head = head
+
+        def call(self, x):
+            return self.head(x)
+
+    net = Net(keras.layers.Dense(3))
+    net(np.zeros((2, 4), "float32"))
+    before = [w.copy() for w in net.get_weights()]
+    with pytest.raises(TypeError) as info:
+        kerasmgpu.parallelize(net, gpus=2)
+    text = _message(info)
+    assert "kerasmgpu.scope()" in text
+    for a, b in zip(before, net.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_parallelize_twice(model) -> None:
+    pmodel = kerasmgpu.parallelize(mlp(keras), gpus=2)
+    with pytest.raises(ValueError, match="already returned by parallelize"):
+        kerasmgpu.parallelize(pmodel)
+
+
+def test_bad_fit_arguments_are_explained() -> None:
+    pmodel = kerasmgpu.parallelize(mlp(keras), gpus=2)
+    x = np.zeros((10, 20), "float32")
+    with pytest.raises(ValueError, match="same number of rows"):
+        pmodel.fit(x, np.zeros(9, "int64"), verbose=0)
+    with pytest.raises(ValueError, match="not both"):
+        pmodel.fit(x, np.zeros(10, "int64"), sample_weight=np.ones(10), class_weight={0: 1.0},
+                   verbose=0)
+    with pytest.raises(TypeError, match="numpy-like arrays"):
+        pmodel.fit(object(), verbose=0)
+
+
+def test_subclassed_model_with_a_config_is_cloned_and_trains() -> None:
+    class Net(keras.Model):
+        def __init__(self, units=3, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.hidden = keras.layers.Dense(8, activation="tanh")
+            self.out = keras.layers.Dense(units)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def get_config(self):
+            return {"units": self.units, "name": self.name}
+
+    def build():
+        keras.utils.set_random_seed(7)
+        net = Net(3)
+        net(np.zeros((1, 4), "float32"))
+        net.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return net
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(70, 4)).astype("float32"), rng.normal(size=(70, 3)).astype("float32")
+    single, template = build(), build()
+    pmodel = kerasmgpu.parallelize(template, gpus=2)
+    h1 = single.fit(x, y, batch_size=33, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(x, y, batch_size=33, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(h1.history["loss"], h2.history["loss"], rtol=1e-5)
+    for a, b in zip(single.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
