@@ -17,8 +17,8 @@ from kerasmgpu._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from kerasmgpu.api import environment, parallelize, route_for, scope, virtual_devices
-    from kerasmgpu.distributed import is_chief, process_count, process_index
     from kerasmgpu.detection import Device, Environment, KerasLine
+    from kerasmgpu.distributed import is_chief, process_count, process_index
     from kerasmgpu.routes import Route
 
 _LAZY = {
@@ -37,7 +37,21 @@ _LAZY = {
 }
 _SUBMODULES = {"legacy", "callbacks", "batching", "distributed", "cli", "migrate"}
 
-__all__ = sorted([*_LAZY, "__version__", *_SUBMODULES])
+__all__ = [
+    "Device",
+    "Environment",
+    "KerasLine",
+    "Route",
+    "__version__",
+    "environment",
+    "is_chief",
+    "parallelize",
+    "process_count",
+    "process_index",
+    "route_for",
+    "scope",
+    "virtual_devices",
+]
 
 
 def __getattr__(name: str) -> Any:

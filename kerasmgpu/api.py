@@ -12,8 +12,8 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple, TypeVar, Union
 
-from kerasmgpu import devices as devices_module
 from kerasmgpu import detection as env_module
+from kerasmgpu import devices as devices_module
 from kerasmgpu.detection import Device
 from kerasmgpu.routes import Route, check_route_fits, choose_route, load_route, parse_route
 
@@ -27,7 +27,7 @@ _warned_single = False
 _lock = threading.Lock()
 # Routes made by `kerasmgpu.scope()`, newest last, so that a model built there is
 # adopted by parallelize() - even after the `with` block - instead of copied.
-_scoped: "list[BaseRoute]" = []
+_scoped: list[BaseRoute] = []
 _SCOPED_KEPT = 8
 
 
@@ -48,7 +48,7 @@ def _warn_single_device(devices: Tuple[Device, ...]) -> None:
 
 def _prepare(
     gpus: devices_module.GpusArg, route: Union[str, Route, None], model: Any = None
-) -> "Tuple[Family, type[BaseRoute], Tuple[Device, ...]]":
+) -> Tuple[Family, type[BaseRoute], Tuple[Device, ...]]:
     """Detect, validate every argument, and choose the devices - touching nothing."""
     from kerasmgpu._errors import bad_value
     from kerasmgpu.parallel import family as family_module
@@ -96,18 +96,20 @@ def parallelize(
     fam, cls, selected = _prepare(gpus, route, model)
     for active in reversed(_scoped):
         if active.owns(model) and active.devices == selected:
-            return active.parallelize(model)  # type: ignore[no-any-return]
+            adopted: ModelT = active.parallelize(model)
+            return adopted
     if len(selected) <= 1 and cls.single_device_passthrough(fam):
         if not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    return cls(fam, selected).parallelize(model)  # type: ignore[no-any-return]
+    parallel: ModelT = cls(fam, selected).parallelize(model)
+    return parallel
 
 
 @contextlib.contextmanager
 def scope(
     gpus: devices_module.GpusArg = None, *, route: Union[str, Route, None] = None
-) -> "Iterator[BaseRoute]":
+) -> Iterator[BaseRoute]:
     """Build (and compile) a model in here to place it on every device with no copy.
 
     ``with kerasmgpu.scope(): model = build(); model.compile(...)`` then

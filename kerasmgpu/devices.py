@@ -195,10 +195,12 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
                 loader = spec.loader
-                original = loader.exec_module
-                callback = self.callback
 
-                def exec_module(module: types.ModuleType) -> None:
+                def exec_module(
+                    module: types.ModuleType,
+                    original: Callable[[types.ModuleType], None] = loader.exec_module,
+                    callback: Callable[[], None] = self.callback,
+                ) -> None:
                     original(module)
                     callback()
 

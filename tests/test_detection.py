@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Dict, Optional
 
@@ -98,7 +99,7 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
     env = detection.environment()
     text = str(env)
     assert "Keras line" in text and "route" in text
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         env.backend = "x"  # type: ignore[misc]
     monkeypatch.setenv(detection.PROCESS_INDEX_ENV, "1")
     monkeypatch.setenv(detection.PROCESS_COUNT_ENV, "2")

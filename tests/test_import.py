@@ -18,15 +18,15 @@ def _run(code: str, **env: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-CODE = """
+CODE = f"""
 import json, sys, time
 t = time.perf_counter()
 import kerasmgpu
 kerasmgpu.Route, kerasmgpu.KerasLine, kerasmgpu.environment()
 elapsed = time.perf_counter() - t
-print(json.dumps({"seconds": elapsed,
-                  "imported": [m for m in %r if m in sys.modules]}))
-""" % (FRAMEWORKS,)
+imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
+print(json.dumps(dict(seconds=elapsed, imported=imported)))
+"""
 
 
 def test_import_and_environment_import_no_framework() -> None:

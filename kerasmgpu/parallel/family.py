@@ -71,7 +71,8 @@ class Family:
     # --- Keras objects --------------------------------------------------------------------
     @property
     def Model(self) -> type:
-        return self.keras.Model  # type: ignore[no-any-return]
+        model_class: type = self.keras.Model
+        return model_class
 
     def is_model(self, obj: Any) -> bool:
         return isinstance(obj, self.keras.Model)

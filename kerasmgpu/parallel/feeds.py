@@ -229,7 +229,8 @@ class _ArraySource:
 def _python_dataset_type(family: Family) -> type:
     """`keras.utils.PyDataset` on Keras 3, `Sequence` on Keras 2."""
     utils = family.keras.utils
-    return getattr(utils, "PyDataset", None) or utils.Sequence  # type: ignore[no-any-return]
+    base: type = getattr(utils, "PyDataset", None) or utils.Sequence
+    return base
 
 
 def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> Feed:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.parallel import family as family_module
@@ -30,7 +30,7 @@ STATE_ATTR = "_kerasmgpu"
 @dataclass
 class ParallelState:
     template: Any
-    route: "BaseRoute"
+    route: BaseRoute
     family: Family
     all_weighted: bool = False
     user_compile: Optional[Dict[str, Any]] = None
@@ -260,7 +260,7 @@ def _get_compile_config(self: Any) -> Any:
         return template.get_compile_config()
     if state.user_compile is None:
         return None
-    config_type = type(getattr(self, "_compile_config", None))
+    config_type: Any = type(getattr(self, "_compile_config", None))
     return config_type(**state.user_compile).serialize()
 
 
@@ -276,7 +276,7 @@ def _sync_callback(state: ParallelState, replica: Any) -> Any:
     return SyncTemplate()
 
 
-_REPLACED = {
+_REPLACED: Dict[str, Callable[..., Any]] = {
     "fit": _fit,
     "evaluate": _evaluate,
     "predict": _predict,
@@ -288,7 +288,7 @@ _REPLACED = {
 }
 
 
-def attach(replica: Any, template: Any, route: "BaseRoute", fam: Family) -> Any:
+def attach(replica: Any, template: Any, route: BaseRoute, fam: Family) -> Any:
     """Make `replica` the parallel model for `template` on `route`; returns `replica`."""
     if is_parallel(replica):
         raise bad_value(
@@ -319,7 +319,7 @@ def attach(replica: Any, template: Any, route: "BaseRoute", fam: Family) -> Any:
     return replica
 
 
-def parallel_copy(route: "BaseRoute", fam: Family, template: Any) -> Any:
+def parallel_copy(route: BaseRoute, fam: Family, template: Any) -> Any:
     """Clone `template` into the route's scope, copy weights, compile like it."""
     with route.scope():
         replica = family_module.clone_model(fam, template)
@@ -331,7 +331,7 @@ def parallel_copy(route: "BaseRoute", fam: Family, template: Any) -> Any:
     return replica
 
 
-def adopt(route: "BaseRoute", fam: Family, model: Any) -> Any:
+def adopt(route: BaseRoute, fam: Family, model: Any) -> Any:
     """A model built in the route's scope trains as it is: no copy, weights shared."""
     attach(model, model, route, fam)
     if family_module.is_compiled(model):

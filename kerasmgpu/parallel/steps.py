@@ -75,13 +75,13 @@ def _reduction_name(loss: Any) -> str:
     return str(getattr(loss, "reduction", "sum_over_batch_size") or "none").lower()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def packed_loss_type(family: Family) -> type:
     """`PackedLoss` for this Keras: a `Loss` that reads the packed sample weights."""
     losses = family.keras.losses
     base = losses.Loss
     root = family.keras.__name__.split(".")[0]
-    wrapper = getattr(losses, "LossFunctionWrapper", None)
+    wrapper: Any = getattr(losses, "LossFunctionWrapper", None)
     if wrapper is None:  # tf.keras 2.x does not export it
         wrapper = importlib.import_module(
             ("keras" if root == "tensorflow" else root) + ".src.losses"
@@ -282,14 +282,14 @@ def make_predict_step(family: Family, original: Callable[..., Any]) -> Callable[
 
         return predict_step
 
-    def predict_step(self: Any, data: Any) -> Any:  # type: ignore[misc]
+    def predict_step_one(self: Any, data: Any) -> Any:
         x, packed = split_predict_data(data)
         if packed is None:
             return original(self, data)
         outputs = original(self, (x,))
         return {PRED_KEY: outputs, MASK_KEY: packed[:, MASK]}
 
-    return predict_step
+    return predict_step_one
 
 
 def strip_padding(outputs: Any) -> Any:

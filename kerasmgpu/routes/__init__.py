@@ -105,9 +105,10 @@ def check_route_fits(route: Route, line: KerasLine, backend: str) -> None:
     )
 
 
-def load_route(route: Route) -> "Type[BaseRoute]":
+def load_route(route: Route) -> Type[BaseRoute]:
     module_name, _, class_name = _REGISTRY[route].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)  # type: ignore[no-any-return]
+    route_class: Type[BaseRoute] = getattr(importlib.import_module(module_name), class_name)
+    return route_class
 
 
 __all__ = ["Route", "choose_route", "parse_route", "load_route", "check_route_fits"]

@@ -64,7 +64,7 @@ class BaseRoute(abc.ABC):
     def describe(self) -> Dict[str, str]:
         return {"route": self.route.value, "replicas": str(self.replicas)}
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, most routes hold nothing
         """Release what the engine holds; the default has nothing to release."""
 
 

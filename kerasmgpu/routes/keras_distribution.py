@@ -40,7 +40,8 @@ class KerasDistributionRoute(BaseRoute):
         return int(mesh.shape[mesh.axis_names.index(self.distribution.batch_dim_name)])
 
     def scope(self) -> ContextManager[Any]:
-        return self.distribution.scope()  # type: ignore[no-any-return]
+        scope: ContextManager[Any] = self.distribution.scope()
+        return scope
 
     def owns(self, model: Any) -> bool:
         wanted = set(self.jax_devices)

@@ -51,7 +51,8 @@ class MirroredRoute(BaseRoute):
         return int(self.strategy.num_replicas_in_sync)
 
     def scope(self) -> ContextManager[Any]:
-        return self.strategy.scope()  # type: ignore[no-any-return]
+        scope: ContextManager[Any] = self.strategy.scope()
+        return scope
 
     def owns(self, model: Any) -> bool:
         strategy = getattr(model, "_distribution_strategy", None) or getattr(
@@ -60,7 +61,7 @@ class MirroredRoute(BaseRoute):
         return strategy is self.strategy
 
     def describe(self) -> Dict[str, str]:
-        ops = type(self.strategy.extended._cross_device_ops).__name__  # noqa: SLF001
+        ops = type(self.strategy.extended._cross_device_ops).__name__
         return {
             "route": self.route.value,
             "engine": "tf.distribute.MirroredStrategy",
