@@ -24,8 +24,10 @@ global rank = node_rank * N + local_rank, P = the coordinator port):
     MASTER_ADDR, MASTER_PORT (= P+1), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
     KERASMGPU_TORCH_BACKEND        "nccl" when the worker can see a GPU, else "gloo"
 
-  JAX (jax.distributed.initialize()):
+  JAX (jax.distributed.initialize):
     JAX_COORDINATOR_ADDRESS ("host:P"), JAX_NUM_PROCESSES, JAX_PROCESS_ID
+    jax (checked on 0.10.2) reads only JAX_COORDINATOR_ADDRESS by itself; the caller passes
+    num_processes and process_id from the other two.
 
   TensorFlow (MultiWorkerMirroredStrategy):
     TF_CONFIG  {"cluster": {"worker": [one "host:port" per global rank]},
@@ -34,7 +36,7 @@ global rank = node_rank * N + local_rank, P = the coordinator port):
     several nodes TensorFlow needs every worker's address, which only the user knows:
     pass `--worker-hosts host0,host1,...` (one per node, in node-rank order); without it
     TF_CONFIG is not set (an inherited one is removed, as it could not be right for N
-    local workers) and a note says so.
+    local workers) and a note says so (unless --backend is jax or torch).
 
   Optional:
     CUDA_VISIBLE_DEVICES   with `--gpus-per-proc K`, local rank i gets devices
@@ -61,7 +63,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any, Callable, Mapping, Optional, Sequence, TextIO, Union
+from typing import IO, Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO, Union
 
 from kerasmgpu._errors import explain
 
@@ -154,9 +156,10 @@ def _validate(
         raise _error("--coordinator", coordinator,
                      "HOST:PORT of node 0, required when --nnodes > 1",
                      "pass the same --coordinator HOST:PORT on every node")
+    # A host with exactly one colon is "host:port"; ports are derived, not given per host.
     if worker_hosts is not None and (
-        len(worker_hosts) != nnodes or not all(h and ":" not in h.strip("[]") or
-                                               h.startswith("[") for h in worker_hosts)
+        len(worker_hosts) != nnodes
+        or not all(h.strip("[]") and h.strip("[]").count(":") != 1 for h in worker_hosts)
     ):
         raise _error("--worker-hosts", ",".join(worker_hosts),
                      f"{nnodes} comma-separated host names or addresses, one per node, "
@@ -469,7 +472,7 @@ def _install_handlers(handler: _Interrupt) -> dict[int, Any]:
     # signal.signal works only in the main thread; elsewhere the caller handles signals.
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {}
+    previous: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, handler)
     return previous
@@ -505,6 +508,10 @@ def launch(
     added to. Output goes to `stdout`/`stderr` (default: sys.stdout/sys.stderr at the time
     of each line) prefixed with `[rank R] `; the launcher's notes and final line go to
     `stderr`. Raises LaunchError for invalid arguments and OSError when `cmd` cannot start.
+
+    With `handle_signals` (and when called from the main thread) SIGINT/SIGTERM to this
+    process are caught while the workers run, the workers are stopped, and the result's
+    returncode is 130/143; the previous handlers are restored before returning.
     """
     cmd = list(cmd)
     if not cmd:
@@ -564,10 +571,12 @@ def launch(
                     )
                     thread.start()
                     worker.threads.append(thread)
+            result = _supervise(workers, timeout, grace, interrupt, start)
         except BaseException:
-            _stop(workers, 0.0, interrupt)
+            # A start that failed half-way, or KeyboardInterrupt when handle_signals=False:
+            # never return or raise with workers left running.
+            _stop(workers, grace if workers else 0.0, interrupt)
             raise
-        result = _supervise(workers, timeout, grace, interrupt, start)
     finally:
         _restore_handlers(previous)
 
@@ -604,10 +613,12 @@ def _supervise(
             break
         time.sleep(_POLL)
 
+    # Fixed now: a Ctrl-C while a failure is being cleaned up only hurries the stop.
+    signum = interrupt.signum if failed is None and not timed_out else None
     still_running = [w for w in workers if w.running]
     pgids = {w.proc.pid for w in workers}
     message: Optional[str] = None
-    if interrupt.signum is None and failed is None and not timed_out:
+    if signum is None and failed is None and not timed_out:
         # Every worker exited 0; anything left in their groups was started by them and
         # would otherwise outlive the run (and hold its pipes open).
         leftover = _live_groups(pgids)
@@ -618,9 +629,9 @@ def _supervise(
     if still_running or _live_groups(pgids):
         _stop(workers, grace, interrupt)
 
-    if interrupt.signum is not None:
-        returncode = 128 + interrupt.signum
-        message = (f"{PROG}: received {_signal_name(interrupt.signum)}; "
+    if signum is not None:
+        returncode = 128 + signum
+        message = (f"{PROG}: received {_signal_name(signum)}; "
                    f"stopped {len(still_running)} worker(s)")
     elif failed is not None:
         code = failed.proc.returncode
@@ -645,7 +656,7 @@ def _supervise(
                    for w in workers},
         returncodes={w.rank: w.proc.returncode for w in workers},
         pids={w.rank: w.proc.pid for w in workers},
-        interrupted_by=None if interrupt.signum is None else _signal_name(interrupt.signum),
+        interrupted_by=None if signum is None else _signal_name(signum),
         message=message,
     )
 
@@ -659,7 +670,7 @@ _VALUE_OPTIONS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own errors, in our three-part form
+    def error(self, message: str) -> NoReturn:  # argparse's own errors, in our form
         raise LaunchError(
             f"Invalid arguments. Received: {message}. Allowed: the options of "
             f"`{PROG} --help`, then a script or -m module. Fix: correct the option above."
@@ -672,8 +683,8 @@ def _parser() -> argparse.ArgumentParser:
         usage=f"{PROG} --nproc N [options] (script.py | -m module) [args ...]",
         description="Start N workers of a Python script on this node, with the environment "
                     "that TensorFlow, JAX and PyTorch multi-process training read.",
-        epilog=__doc__.split("Environment contract", 1)[1].join(
-            ("Environment contract", "")) if __doc__ else None,
+        epilog="Environment contract" + __doc__.split("Environment contract", 1)[1]
+        if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
