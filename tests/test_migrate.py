@@ -1,0 +1,853 @@
+"""`kerasmgpu migrate`: the codemod's rewrites, its advice, and the command around them.
+
+Pure source-to-source tests: they need libcst (the `test` extra) and no ML framework.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from kerasmgpu.migrate import Advice, MigrationError, MigrationResult, main, migrate_source
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def migrate(text: str) -> str:
+    return migrate_source(src(text)).new_source
+
+
+def advice_of(text: str) -> List[Tuple[int, str]]:
+    return [(a.line, a.message) for a in migrate_source(src(text), "f.py").advice]
+
+
+def lines_advised(text: str, needle: str) -> List[int]:
+    return [line for line, message in advice_of(text) if needle in message]
+
+
+# --------------------------------------------------------------------------------------
+# Imports of multi_gpu_model
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "keras.utils",
+        "keras.utils.multi_gpu_utils",
+        "keras.utils.training_utils",
+        "tensorflow.keras.utils",
+        "tensorflow.python.keras.utils",
+        "tensorflow.python.keras.utils.multi_gpu_utils",
+    ],
+)
+def test_each_import_form_is_rewritten(module: str) -> None:
+    before = f"from {module} import multi_gpu_model\n\npmodel = multi_gpu_model(model, gpus=2)\n"
+    result = migrate_source(before)
+    assert result.changed
+    assert result.new_source == (
+        "from kerasmgpu.legacy import multi_gpu_model\n\npmodel = multi_gpu_model(model, gpus=2)\n"
+    )
+
+
+def test_multi_name_import_is_split_and_keeps_its_comment() -> None:
+    before = """
+        from keras.utils import to_categorical, multi_gpu_model  # both from keras
+        import numpy as np
+    """
+    assert migrate(before) == src(
+        """
+        from keras.utils import to_categorical  # both from keras
+        from kerasmgpu.legacy import multi_gpu_model
+        import numpy as np
+        """
+    )
+
+
+def test_multi_name_import_split_when_multi_gpu_model_is_first_or_middle() -> None:
+    assert migrate("from keras.utils import multi_gpu_model, to_categorical\n") == (
+        "from keras.utils import to_categorical\nfrom kerasmgpu.legacy import multi_gpu_model\n"
+    )
+    assert migrate("from keras.utils import a, multi_gpu_model, b\n") == (
+        "from keras.utils import a, b\nfrom kerasmgpu.legacy import multi_gpu_model\n"
+    )
+
+
+def test_parenthesized_multi_name_import_keeps_its_layout() -> None:
+    before = """
+        from keras.utils import (
+            plot_model,
+            to_categorical,
+            multi_gpu_model,
+        )
+    """
+    assert migrate(before) == src(
+        """
+        from keras.utils import (
+            plot_model,
+            to_categorical,
+        )
+        from kerasmgpu.legacy import multi_gpu_model
+        """
+    )
+
+
+def test_alias_is_kept_both_alone_and_when_split() -> None:
+    assert migrate("from keras.utils import multi_gpu_model as mgm\n") == (
+        "from kerasmgpu.legacy import multi_gpu_model as mgm\n"
+    )
+    assert migrate("from keras.utils import to_categorical, multi_gpu_model as mgm\n") == (
+        "from keras.utils import to_categorical\n"
+        "from kerasmgpu.legacy import multi_gpu_model as mgm\n"
+    )
+
+
+def test_import_fallback_in_try_block_is_rewritten_with_its_indentation() -> None:
+    before = """
+        try:
+            from keras.utils import np_utils, multi_gpu_model
+        except ImportError:  # tf.keras only
+            from tensorflow.keras.utils import multi_gpu_model
+    """
+    assert migrate(before) == src(
+        """
+        try:
+            from keras.utils import np_utils
+            from kerasmgpu.legacy import multi_gpu_model
+        except ImportError:  # tf.keras only
+            from kerasmgpu.legacy import multi_gpu_model
+        """
+    )
+
+
+def test_one_line_suite_gets_the_new_import_after_a_semicolon() -> None:
+    before = "if USE_KERAS: from keras.utils import to_categorical, multi_gpu_model\n"
+    assert migrate(before) == (
+        "if USE_KERAS: from keras.utils import to_categorical; "
+        "from kerasmgpu.legacy import multi_gpu_model\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from mypkg.utils import multi_gpu_model\n",  # someone's own helper
+        "from .utils import multi_gpu_model\n",
+        "from keras.utils import to_categorical\n",
+        "from kerasmgpu.legacy import multi_gpu_model\n",
+    ],
+)
+def test_other_imports_are_left_alone(line: str) -> None:
+    result = migrate_source(line)
+    assert not result.changed
+    assert result.new_source == line
+
+
+# --------------------------------------------------------------------------------------
+# multi_gpu_model reached through a module
+
+
+@pytest.mark.parametrize(
+    ("imports", "call"),
+    [
+        ("import tensorflow as tf", "tf.keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("import tensorflow", "tensorflow.keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("import keras", "keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("from tensorflow import keras", "keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("import keras", "keras.utils.multi_gpu_utils.multi_gpu_model(model, gpus=2)"),
+        ("import keras", "keras.utils.training_utils.multi_gpu_model(model, gpus=2)"),
+        ("import keras.utils", "keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("from keras import utils", "utils.multi_gpu_model(model, gpus=2)"),
+        ("import keras as K", "K.utils.multi_gpu_model(model, gpus=2)"),
+    ],
+)
+def test_attribute_calls_are_rewritten_and_import_added(imports: str, call: str) -> None:
+    before = f"import os\n{imports}\n\n# two GPUs\npmodel = {call}\n"
+    assert migrate_source(before).new_source == (
+        f"import os\n{imports}\nimport kerasmgpu.legacy\n\n# two GPUs\n"
+        "pmodel = kerasmgpu.legacy.multi_gpu_model(model, gpus=2)\n"
+    )
+
+
+def test_import_added_once_for_many_calls_and_not_when_present() -> None:
+    before = """
+        import keras
+        import tensorflow as tf
+        a = keras.utils.multi_gpu_model(m, 2)
+        b = tf.keras.utils.multi_gpu_model(m, 2)
+    """
+    after = migrate(before)
+    assert after.count("import kerasmgpu.legacy\n") == 1
+    assert after.count("kerasmgpu.legacy.multi_gpu_model(m, 2)") == 2
+
+    present = """
+        import keras
+        import kerasmgpu.legacy
+        a = keras.utils.multi_gpu_model(m, 2)
+    """
+    assert migrate(present).count("import kerasmgpu.legacy\n") == 1
+
+
+def test_import_lands_after_the_imports_that_precede_first_use() -> None:
+    # CUDA_VISIBLE_DEVICES must be set before the framework starts: the new import goes
+    # with the keras import below it, never above the environment line.
+    before = '''
+        """Train."""
+        import os
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+        import keras
+
+        def build():
+            return keras.utils.multi_gpu_model(make(), 2)
+
+        import matplotlib  # late import, after the first use
+    '''
+    assert migrate(before) == src(
+        '''
+        """Train."""
+        import os
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+        import keras
+        import kerasmgpu.legacy
+
+        def build():
+            return keras.utils.multi_gpu_model(make(), 2)
+
+        import matplotlib  # late import, after the first use
+        '''
+    ).replace("keras.utils.multi_gpu_model", "kerasmgpu.legacy.multi_gpu_model")
+
+
+def test_import_after_docstring_when_keras_is_imported_locally() -> None:
+    before = '''
+        """Only local imports."""
+
+        def build(m):
+            import keras
+            return keras.utils.multi_gpu_model(m, 2)
+    '''
+    assert migrate(before) == src(
+        '''
+        """Only local imports."""
+        import kerasmgpu.legacy
+
+        def build(m):
+            import keras
+            return kerasmgpu.legacy.multi_gpu_model(m, 2)
+        '''
+    )
+
+
+def test_import_after_a_try_except_import_block() -> None:
+    before = """
+        try:
+            import keras
+        except ImportError:
+            from tensorflow import keras
+        p = keras.utils.multi_gpu_model(m, 2)
+    """
+    assert migrate(before) == src(
+        """
+        try:
+            import keras
+        except ImportError:
+            from tensorflow import keras
+        import kerasmgpu.legacy
+        p = kerasmgpu.legacy.multi_gpu_model(m, 2)
+        """
+    )
+
+
+def test_untraceable_attribute_is_left_alone_with_advice() -> None:
+    before = """
+        import keras
+        p = helpers.multi_gpu_model(m, 2)
+        q = keras.utils.multi_gpu_model
+        keras.utils.multi_gpu_model = patched
+    """
+    result = migrate_source(src(before), "t.py")
+    assert "p = helpers.multi_gpu_model(m, 2)\n" in result.new_source
+    # A load is moved; an assignment to Keras' attribute (a monkeypatch) is not.
+    assert "q = kerasmgpu.legacy.multi_gpu_model\n" in result.new_source
+    assert "keras.utils.multi_gpu_model = patched\n" in result.new_source
+    assert [(a.line, "helpers.multi_gpu_model" in a.message) for a in result.advice] == [(2, True)]
+
+
+def test_parenthesized_reference_keeps_its_parentheses() -> None:
+    before = "import keras\np = (keras.utils.multi_gpu_model)(m, 2)\n"
+    assert "p = (kerasmgpu.legacy.multi_gpu_model)(m, 2)\n" in migrate(before)
+
+
+def test_crlf_newlines_are_kept() -> None:
+    before = "import keras\r\n\r\np = keras.utils.multi_gpu_model(m, 2)\r\n"
+    assert migrate_source(before).new_source == (
+        "import keras\r\nimport kerasmgpu.legacy\r\n\r\n"
+        "p = kerasmgpu.legacy.multi_gpu_model(m, 2)\r\n"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Comments, formatting, idempotence
+
+LEGACY_SCRIPT = src(
+    '''
+    #!/usr/bin/env python
+    # -*- coding: utf-8 -*-
+    """Keras 2.3 training script, 2 GPUs."""
+    from __future__ import print_function
+
+    import argparse   # odd   spacing kept
+    import tensorflow as tf
+    from keras.utils import to_categorical, multi_gpu_model
+    from keras.models import Sequential
+
+
+    G = 2
+
+
+    def make_parallel(model, gpu_count):
+        """keras-extras."""
+
+        def get_slice(data, idx, parts):
+            return data
+
+        return model
+
+
+    # The template lives on the CPU.
+    with tf.device("/cpu:0"):
+        model = Sequential()   # template
+
+
+    batch_size = 64 * G
+    parallel = multi_gpu_model(model, gpus=G)  # keep me
+    other = make_parallel(model, G)
+    again = tf.keras.utils.multi_gpu_model(  model,   gpus = G )
+    parallel.fit_generator(gen(), steps_per_epoch=10)
+    '''
+)
+
+LEGACY_SCRIPT_MIGRATED = src(
+    '''
+    #!/usr/bin/env python
+    # -*- coding: utf-8 -*-
+    """Keras 2.3 training script, 2 GPUs."""
+    from __future__ import print_function
+
+    import argparse   # odd   spacing kept
+    import tensorflow as tf
+    from keras.utils import to_categorical
+    from kerasmgpu.legacy import multi_gpu_model
+    from keras.models import Sequential
+    import kerasmgpu.legacy
+
+
+    G = 2
+
+
+    def make_parallel(model, gpu_count):
+        """keras-extras."""
+
+        def get_slice(data, idx, parts):
+            return data
+
+        return model
+
+
+    # The template lives on the CPU.
+    with tf.device("/cpu:0"):
+        model = Sequential()   # template
+
+
+    batch_size = 64 * G
+    parallel = multi_gpu_model(model, gpus=G)  # keep me
+    other = kerasmgpu.legacy.make_parallel(model, G)
+    again = kerasmgpu.legacy.multi_gpu_model(  model,   gpus = G )
+    parallel.fit_generator(gen(), steps_per_epoch=10)
+    '''
+)
+
+
+def test_comments_blank_lines_and_spacing_survive_exactly() -> None:
+    result = migrate_source(LEGACY_SCRIPT)
+    assert result.changed
+    assert result.new_source == LEGACY_SCRIPT_MIGRATED
+
+
+SAMPLES = [
+    LEGACY_SCRIPT,
+    "from keras.utils import to_categorical, multi_gpu_model as mgm\n",
+    "import tensorflow as tf\nx = tf.keras.utils.multi_gpu_model(m, 2)\n",
+    '"""Doc."""\n\ndef f(m):\n    import keras\n    return keras.utils.multi_gpu_model(m, 2)\n',
+    "def make_parallel(model, gpu_count):\n    return model\n\n\np = make_parallel(m, 2)\n",
+    "if x: from keras.utils import a, multi_gpu_model\n",
+]
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_idempotent(sample: str) -> None:
+    once = migrate_source(sample)
+    twice = migrate_source(once.new_source)
+    assert once.changed
+    assert not twice.changed
+    assert twice.new_source == once.new_source
+    # The advice is about the code, not about the run: a second run says the same things
+    # (on lines shifted by any import the first run added).
+    assert [a.message for a in twice.advice] == [a.message for a in once.advice]
+
+
+def test_unchanged_source_reports_unchanged() -> None:
+    text = "import keras\n\nmodel = keras.Sequential()  # nothing to do\n"
+    assert migrate_source(text) == MigrationResult(new_source=text, changed=False, advice=[])
+
+
+def test_unparsable_source_raises_migration_error() -> None:
+    with pytest.raises(MigrationError) as info:
+        migrate_source('print "python 2"\n', "old.py")
+    assert isinstance(info.value, ValueError)
+    assert info.value.filename == "old.py"
+    assert "line 1" in info.value.reason
+    message = str(info.value)
+    assert "old.py" in message and "cannot parse" in message and "2to3" in message
+
+
+# --------------------------------------------------------------------------------------
+# make_parallel
+
+
+def test_make_parallel_call_sites_move_and_definition_stays() -> None:
+    before = """
+        def make_parallel(model, gpu_count):
+            def get_slice(data, idx, parts):
+                return data
+            return model
+
+        def build(m):
+            return make_parallel(m, gpu_count=4)
+
+        p = make_parallel(model, 2)
+    """
+    result = migrate_source(src(before), "mp.py")
+    assert result.new_source == src(
+        """
+        import kerasmgpu.legacy
+        def make_parallel(model, gpu_count):
+            def get_slice(data, idx, parts):
+                return data
+            return model
+
+        def build(m):
+            return kerasmgpu.legacy.make_parallel(m, gpu_count=4)
+
+        p = kerasmgpu.legacy.make_parallel(model, 2)
+        """
+    )
+    assert [(a.line, a.message.split(";")[0]) for a in result.advice] == [
+        (1, "this local make_parallel is no longer used by this file"),
+        (2, "get_slice is keras-extras' batch splitter for make_parallel"),
+    ]
+    assert "dropped the batch remainder and reduced gradients on one device" in (
+        result.advice[0].message
+    )
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        # Not keras-extras' signature: a third parameter.
+        "def make_parallel(model, gpu_count, batch):\n    return model\n\n"
+        "p = make_parallel(m, 2, 8)\n",
+        # A call that passes something else than (model, gpu_count).
+        "def make_parallel(model, gpu_count):\n    return model\n\np = make_parallel(m, 2, x=1)\n",
+        "def make_parallel(model, gpu_count):\n    return model\n\np = make_parallel(*args)\n",
+    ],
+)
+def test_make_parallel_with_other_shape_is_left_alone_with_advice(before: str) -> None:
+    result = migrate_source(before)
+    assert not result.changed
+    assert [a.line for a in result.advice] == [1]
+    assert "calls were left alone" in result.advice[0].message
+
+
+def test_make_parallel_method_is_not_rewritten() -> None:
+    before = (
+        "class Trainer:\n"
+        "    def make_parallel(self, model):\n"
+        "        return model\n\n"
+        "    def run(self):\n"
+        "        return self.make_parallel(m)\n"
+    )
+    result = migrate_source(before)
+    assert not result.changed
+    assert "it is a method" in result.advice[0].message
+
+
+def test_make_parallel_imported_from_elsewhere_is_advised() -> None:
+    assert lines_advised(
+        "import os\nfrom utils.multi_gpu import make_parallel\n", "import it from kerasmgpu"
+    ) == [2]
+    assert advice_of("from kerasmgpu.legacy import make_parallel\n") == []
+
+
+def test_get_slice_alone_in_an_unrelated_file_is_not_advised() -> None:
+    assert advice_of("def get_slice(a, i):\n    return a[i]\n") == []
+
+
+# --------------------------------------------------------------------------------------
+# Advice-only patterns and their line numbers
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["'/cpu:0'", '"/cpu:0"', "'/CPU:0'", '"cpu:0"', "'/device:CPU:0'"],
+)
+def test_cpu_template_scope_is_advised(device: str) -> None:
+    text = f"import tensorflow as tf\n\nwith tf.device({device}):\n    model = build()\n"
+    assert lines_advised(text, "the template no longer needs to live on the CPU") == [3]
+    assert not migrate_source(text).changed
+
+
+def test_cpu_scope_through_tensorflow_alias_and_gpu_scope() -> None:
+    assert lines_advised(
+        "from tensorflow import device\nwith device('/cpu:0'):\n    m = build()\n",
+        "live on the CPU",
+    ) == [2]
+    assert advice_of("import tensorflow as tf\nwith tf.device('/gpu:0'):\n    m = b()\n") == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "batch_size = 64 * gpus",
+        "batch_size = 64 * gpu_count",
+        "batch_size = per_gpu * n_gpus",
+        "batch_size = 32 * num_gpus",
+        "batch_size = 64 * G",
+        "BATCH_SIZE = 64 * NUM_GPUS",
+        "batch_size = 64 * len(gpu_ids)",
+        "batch_size = args.batch_size * args.gpus",
+        "batch_size = 64 * int(args['gpus'])",
+        "batch_size *= gpus",
+        "batch_size: int = 16 * gpus",
+        "model.fit(x, y, batch_size=32 * gpus)",
+    ],
+)
+def test_batch_size_times_gpu_count_is_advised(line: str) -> None:
+    text = f"import keras\n\n{line}\n"
+    assert lines_advised(text, "batch_size is the global batch in kerasmgpu") == [3]
+
+
+def test_batch_size_times_a_gpu_count_alias_is_advised() -> None:
+    text = "n = len(gpu_list)\nbatch_size = 64 * n\n"
+    assert lines_advised(text, "global batch") == [2]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "batch_size = 64 * epochs",
+        "batch_size = 64",
+        "steps = n // (batch * gpus)",
+        "lr = 0.1 * gpus",
+    ],
+)
+def test_unrelated_products_are_not_advised(line: str) -> None:
+    assert lines_advised(f"{line}\n", "global batch") == []
+
+
+@pytest.mark.parametrize(
+    ("method", "base"),
+    [
+        ("fit_generator", "fit"),
+        ("evaluate_generator", "evaluate"),
+        ("predict_generator", "predict"),
+    ],
+)
+def test_generator_methods_are_advised(method: str, base: str) -> None:
+    text = f"model.compile('sgd')\nout = (model\n    .{method}(gen, steps=3))\n"
+    advised = advice_of(text)
+    assert [line for line, _ in advised] == [3]
+    assert f"{method} is deprecated" in advised[0][1]
+    assert f"{base}() accepts generators" in advised[0][1]
+
+
+def test_advice_for_the_whole_legacy_script_with_line_numbers() -> None:
+    advised = migrate_source(LEGACY_SCRIPT, "train.py").advice
+    assert all(isinstance(a, Advice) and a.filename == "train.py" for a in advised)
+    assert [(a.line, a.message.split(" ")[0]) for a in advised] == [
+        (15, "this"),  # def make_parallel
+        (18, "get_slice"),  # def get_slice
+        (25, "with"),  # with tf.device("/cpu:0")
+        (29, "batch_size"),  # batch_size = 64 * G
+        (33, "fit_generator"),
+    ]
+    assert str(advised[3]).startswith("train.py:29: advice: batch_size is multiplied")
+
+
+def test_star_import_with_bare_use_is_advised() -> None:
+    text = "from keras.utils import *\n\np = multi_gpu_model(m, 2)\n"
+    assert lines_advised(text, "star import") == [1]
+    assert lines_advised("from keras.utils import *\n", "star import") == []
+
+
+# --------------------------------------------------------------------------------------
+# The command
+
+
+OLD = "import keras\n\n# keep\np = keras.utils.multi_gpu_model(m, 2)\n"
+NEW = (
+    "import keras\nimport kerasmgpu.legacy\n\n# keep\np = kerasmgpu.legacy.multi_gpu_model(m, 2)\n"
+)
+
+
+def write(path: Path, text: str, mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode())
+    path.chmod(mode)
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    return path
+
+
+def snapshot(path: Path) -> Tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+def test_dry_run_prints_diff_and_touches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "train.py", OLD)
+    before = snapshot(target)
+    assert main([str(target)]) == 0
+    out = capsys.readouterr().out
+    shown = str(target).lstrip("/")
+    assert f"--- a/{shown}\n+++ b/{shown}\n" in out
+    assert "-p = keras.utils.multi_gpu_model(m, 2)\n" in out
+    assert "+p = kerasmgpu.legacy.multi_gpu_model(m, 2)\n" in out
+    assert "+import kerasmgpu.legacy\n" in out
+    assert snapshot(target) == before
+
+
+def test_check_exits_1_when_a_file_would_change_then_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "train.py", OLD)
+    before = snapshot(target)
+    assert main(["--check", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert f"would migrate: {target}\n" in out
+    assert "+p = kerasmgpu.legacy.multi_gpu_model(m, 2)\n" in out
+    assert snapshot(target) == before
+
+    target.write_text(NEW)
+    assert main(["--check", str(target)]) == 0
+    assert "would migrate" not in capsys.readouterr().out
+
+
+def test_write_rewrites_and_a_second_write_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "train.py", OLD)
+    assert main(["--write", str(target)]) == 0
+    assert f"rewrote {target}\n" in capsys.readouterr().out
+    assert target.read_text() == NEW
+    assert [p.name for p in tmp_path.iterdir()] == ["train.py"]  # no temp file left behind
+
+    os.utime(target, ns=(10**18, 10**18))
+    before = snapshot(target)
+    assert main(["--write", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "rewrote" not in out
+    assert "0 file(s) rewritten, 1 unchanged" in out
+    assert snapshot(target) == before
+
+
+def test_write_preserves_file_mode(tmp_path: Path) -> None:
+    target = write(tmp_path / "run.py", OLD, mode=0o751)
+    assert main(["--write", str(target)]) == 0
+    assert target.read_text() == NEW
+    assert target.stat().st_mode & 0o7777 == 0o751
+
+
+def test_write_keeps_the_encoding(tmp_path: Path) -> None:
+    text = (
+        "# -*- coding: latin-1 -*-\nimport keras\n# café\np = keras.utils.multi_gpu_model(m, 2)\n"
+    )
+    target = tmp_path / "latin.py"
+    target.write_bytes(text.encode("latin-1"))
+    assert main(["--write", str(target)]) == 0
+    assert target.read_bytes().decode("latin-1") == (
+        "# -*- coding: latin-1 -*-\nimport keras\nimport kerasmgpu.legacy\n# café\n"
+        "p = kerasmgpu.legacy.multi_gpu_model(m, 2)\n"
+    )
+
+
+def test_directory_walk_skips_tool_and_cache_dirs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    walked = [write(tmp_path / "a.py", OLD), write(tmp_path / "pkg" / "sub" / "b.py", OLD)]
+    skipped = [
+        write(tmp_path / d / "c.py", OLD)
+        for d in (".tox", "__pycache__", ".venv", "venv", "build", "dist", "node_modules", ".git")
+    ]
+    not_python = write(tmp_path / "notes.txt", OLD)
+    before = {p: snapshot(p) for p in [*skipped, not_python]}
+
+    assert main(["--write", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for path in walked:
+        assert path.read_text() == NEW
+        assert f"rewrote {path}\n" in out
+    assert {p: snapshot(p) for p in before} == before
+    assert "2 file(s) rewritten, 0 unchanged" in out
+
+
+def test_unparsable_file_is_reported_and_left_while_others_are_rewritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write(tmp_path / "bad.py", 'import keras\nprint "python 2"\n')
+    good = write(tmp_path / "good.py", OLD)
+    before = snapshot(bad)
+    assert main(["--write", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert f"{bad}: cannot parse: " in captured.err
+    assert "line 2" in captured.err
+    assert snapshot(bad) == before
+    assert good.read_text() == NEW
+    assert f"rewrote {good}" in captured.out
+
+
+def test_missing_path_exits_2_before_touching_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write(tmp_path / "good.py", OLD)
+    before = snapshot(good)
+    missing = tmp_path / "nope.py"
+    assert main(["--write", str(good), str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "no such file or directory" in err and str(missing) in err
+    assert snapshot(good) == before
+
+
+def test_write_and_check_together_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "t.py", OLD)
+    with pytest.raises(SystemExit) as info:
+        main(["--write", "--check", str(target)])
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [[], ["--check"], ["--write"]])
+def test_advice_lines_are_printed_in_every_mode(
+    flags: List[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "t.py", "import keras\nbatch_size = 64 * G\nm.fit_generator(g)\n")
+    assert main([*flags, str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"{target}:2: advice: batch_size is multiplied" in out
+    assert f"{target}:3: advice: fit_generator is deprecated" in out
+
+
+def test_missing_libcst_names_the_extra(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = write(tmp_path / "t.py", OLD)
+    monkeypatch.setitem(sys.modules, "libcst", None)  # makes `import libcst` fail
+    assert main([str(target)]) == 2
+    assert 'pip install "kerasmgpu[tools]"' in capsys.readouterr().err
+    with pytest.raises(ImportError, match=r"kerasmgpu\[tools\]"):
+        migrate_source(OLD)
+
+
+def test_python_dash_m_check_in_a_subprocess(tmp_path: Path) -> None:
+    target = write(tmp_path / "t.py", OLD)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerasmgpu.migrate", "--check", str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert f"would migrate: {target}" in proc.stdout
+    assert target.read_text() == OLD
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import keras.utils.multi_gpu_utils as mgu",
+        "from keras.utils import multi_gpu_utils",
+        "from keras.utils.multi_gpu_utils import get_slice, multi_gpu_model",
+        "import tensorflow.python.keras.utils.multi_gpu_utils",
+    ],
+)
+def test_imports_of_removed_modules_are_advised(line: str) -> None:
+    assert lines_advised(f"import os\n{line}\n", "does not exist in TF >= 2.4") == [2]
+
+
+def test_symlinked_files_are_not_followed_by_the_walk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = write(tmp_path / "outside" / "lib.py", OLD)
+    tree = tmp_path / "tree"
+    write(tree / "own.py", OLD)
+    (tree / "link.py").symlink_to(outside)
+    before = snapshot(outside)
+    assert main(["--write", str(tree)]) == 0
+    assert snapshot(outside) == before
+    assert "1 file(s) rewritten" in capsys.readouterr().out
+
+
+KERAS_EXTRAS = src(
+    """
+    from keras.layers.core import Lambda
+    from keras.models import Model
+    import tensorflow as tf
+
+    def make_parallel(model, gpu_count):
+        def get_slice(data, idx, parts):
+            shape = tf.shape(data)
+            return tf.slice(data, shape[:1] // parts * idx, shape[:1] // parts)
+
+        outputs_all = [[] for _ in model.outputs]
+        for i in range(gpu_count):
+            with tf.device('/gpu:%d' % i):
+                pass
+        # merge outputs on CPU
+        with tf.device('/cpu:0'):
+            return Model(input=model.inputs, output=outputs_all)
+    """
+)
+
+
+def test_keras_extras_module_gets_def_advice_but_no_template_advice() -> None:
+    result = migrate_source(KERAS_EXTRAS, "multi_gpu.py")
+    assert not result.changed
+    assert [(a.line, a.message.split(" ")[0]) for a in result.advice] == [
+        (5, "this"),
+        (6, "get_slice"),
+    ]
+
+
+def test_vendored_multi_gpu_model_definition_is_advised() -> None:
+    text = (
+        "import tensorflow as tf\n\n"
+        "def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):\n"
+        "    with tf.device('/cpu:0'):\n"
+        "        return model\n"
+    )
+    assert [line for line, _ in advice_of(text)] == [3]
+    assert "copy of Keras'" in advice_of(text)[0][1]
