@@ -76,7 +76,7 @@ class KerasLine(str, enum.Enum):
         return self.value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dist_version(name: str) -> Optional[Version]:
     """The installed version of a distribution, or None; never imports it."""
     try:

@@ -12,10 +12,10 @@ import os
 os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "3")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import pytest  # noqa: E402
+import pytest
+from helpers import ENV
 
-import kerasmgpu  # noqa: E402,F401  (applies the virtual device request)
-from helpers import ENV  # noqa: E402
+import kerasmgpu  # noqa: F401  (applies the virtual device request)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

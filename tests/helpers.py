@@ -71,7 +71,20 @@ def keras_module() -> Any:
 
 
 def seed_all(keras: Any, seed: int) -> None:
-    keras.utils.set_random_seed(seed)
+    setter = getattr(keras.utils, "set_random_seed", None)
+    if setter is not None:
+        setter(seed)
+    np.random.seed(seed)
+
+
+def deterministic_weights(model: Any, seed: int) -> Any:
+    """Same initial weights on every Keras line (Keras 2.3 has no global seed)."""
+    rng = np.random.default_rng(seed)
+    model.set_weights([
+        (rng.normal(scale=0.3, size=w.shape) if w.ndim > 1 else np.zeros(w.shape)).astype(w.dtype)
+        for w in model.get_weights()
+    ])
+    return model
 
 
 def mlp(keras: Any, *, seed: int = 1, features: int = 20, classes: int = 3,
@@ -82,7 +95,7 @@ def mlp(keras: Any, *, seed: int = 1, features: int = 20, classes: int = 3,
     inputs = keras.Input((features,))
     hidden = keras.layers.Dense(16, activation="relu")(inputs)
     outputs = keras.layers.Dense(classes, activation="softmax")(hidden)
-    model = keras.Model(inputs, outputs)
+    model = deterministic_weights(keras.Model(inputs, outputs), seed)
     if compile:
         model.compile(
             optimizer=optimizer or keras.optimizers.SGD(learning_rate=0.1),

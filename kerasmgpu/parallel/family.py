@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
@@ -86,7 +87,11 @@ def load(line: KerasLine, backend: str) -> Family:
     elif line is KerasLine.TF_KERAS:
         module = importlib.import_module("tensorflow").keras
     elif line is KerasLine.LEGACY:
-        module = importlib.import_module("keras")
+        # Standalone Keras 2.3, or tf.keras itself on TF < 2.4 (no `keras` package).
+        if importlib.util.find_spec("keras") is not None:
+            module = importlib.import_module("keras")
+        else:
+            module = importlib.import_module("tensorflow").keras
     else:
         raise bad_value(
             "keras",

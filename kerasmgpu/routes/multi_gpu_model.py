@@ -1,12 +1,25 @@
-"""`multi_gpu_model`: Keras <= 2.3 through its own multi_gpu_model."""
+"""`multi_gpu_model`: standalone Keras <= 2.3 (and tf.keras on TF < 2.4), Keras's own way.
+
+`keras.utils.multi_gpu_model` builds one graph: the batch is sliced over the replicas
+(the last one takes the remainder, so nothing is dropped), each replica is the
+template applied to its slice, and the outputs are concatenated before the loss - so
+the loss, gradients and metrics are those of the whole batch, and the replicas share
+the template's variables (the template always holds the trained weights).
+
+On a machine without GPUs, Keras's device check only accepts "/gpu:N" names. With
+virtual devices we show it that many GPU names while it builds the graph; the
+session's soft placement (on in Keras 2.3's default session config) runs those ops on
+the CPU, so the slicing and merging still run for real.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, List, Sequence
+import contextlib
+from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu import devices as devices_module
-from kerasmgpu._errors import NotYetSupportedError
 from kerasmgpu.detection import Device
+from kerasmgpu.parallel import family as family_module
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
 from kerasmgpu.routes.base import BaseRoute, nothing
@@ -15,9 +28,11 @@ from kerasmgpu.routes.base import BaseRoute, nothing
 class MultiGpuModelRoute(BaseRoute):
     route = Route.MULTI_GPU_MODEL
 
-    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
+    def __init__(self, family: Family, devices: Sequence[Device],
+                 cpu_merge: bool = True, cpu_relocation: bool = False) -> None:
         super().__init__(family, devices)
-        raise NotYetSupportedError("multi_gpu_model is not implemented yet")
+        self.cpu_merge = cpu_merge
+        self.cpu_relocation = cpu_relocation
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:
@@ -28,7 +43,68 @@ class MultiGpuModelRoute(BaseRoute):
         return len(self.devices)
 
     def scope(self) -> ContextManager[Any]:
+        # Keras 2.3 has no strategy scope: models are built anywhere.
         return nothing()
 
     def owns(self, model: Any) -> bool:
         return False
+
+    @contextlib.contextmanager
+    def _gpu_names_for_virtual_devices(self) -> Iterator[None]:
+        if all(d.kind == "gpu" for d in self.devices):
+            yield
+            return
+        utils = _multi_gpu_utils(self.family)
+        original = utils._get_available_devices
+        names = ["/cpu:0"] + [f"/gpu:{i}" for i in range(len(self.available_devices(self.family)))]
+        utils._get_available_devices = lambda: names
+        try:
+            yield
+        finally:
+            utils._get_available_devices = original
+
+    def parallelize(self, model: Any) -> Any:
+        from kerasmgpu.parallel.model import ParallelState, STATE_ATTR
+
+        ids = [d.index for d in self.devices]
+        with self._gpu_names_for_virtual_devices():
+            parallel = _multi_gpu_utils(self.family).multi_gpu_model(
+                model, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=self.cpu_relocation
+            )
+        if getattr(model, "_is_compiled", False):
+            parallel.compile(**legacy_compile_args(self.family, model))
+        parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
+                                                      family=self.family)
+        return parallel
+
+    def describe(self) -> Dict[str, str]:
+        return {
+            "route": self.route.value,
+            "engine": "keras.utils.multi_gpu_model (Keras <= 2.3)",
+            "replicas": str(self.replicas),
+            "devices": ", ".join(d.name for d in self.devices),
+            "all_reduce": "none: outputs concatenated on "
+            + ("the CPU" if self.cpu_merge else "the first GPU")
+            + ", one loss and one gradient over the whole batch",
+        }
+
+
+def _multi_gpu_utils(family: Family) -> Any:
+    import importlib
+
+    root = family.keras.__name__  # "keras", or "tensorflow.keras" on TF < 2.4
+    return importlib.import_module(f"{root}.utils.multi_gpu_utils")
+
+
+def legacy_compile_args(family: Family, model: Any) -> Dict[str, Any]:
+    """Keras 2.3 keeps its compile arguments on the model; a fresh optimizer each."""
+    optimizer = family_module.fresh_optimizer(family, model.optimizer)
+    args = {
+        "optimizer": optimizer,
+        "loss": model.loss,
+        "metrics": list(model._compile_metrics or []),
+        "loss_weights": model.loss_weights,
+        "sample_weight_mode": model.sample_weight_mode,
+        "weighted_metrics": model._compile_weighted_metrics,
+    }
+    return args
