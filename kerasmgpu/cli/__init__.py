@@ -1,9 +1,58 @@
-"""The `kerasmgpu` command."""
+"""The `kerasmgpu` command (also `python -m kerasmgpu`).
+
+    kerasmgpu demo      train a small model on every device, beside one device
+    kerasmgpu doctor    what kerasmgpu sees, the route it would take, and what to fix
+    kerasmgpu bench     samples/s and scaling efficiency for 1, 2, 4... replicas
+    kerasmgpu migrate   rewrite Keras 2.3 multi_gpu_model code to kerasmgpu
+    kerasmgpu launch    start N worker processes (several machines: --nnodes)
+
+Each subcommand lives in its own module and is imported only when used, so the
+command starts fast and `kerasmgpu doctor` works even when a framework is broken.
+"""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import importlib
+import sys
+from typing import Callable, Dict, List, Optional
+
+from kerasmgpu._version import __version__
+
+# name -> (module, one-line help)
+COMMANDS: Dict[str, tuple] = {
+    "demo": ("kerasmgpu.cli.demo", "train a small model on every device, beside one device"),
+    "doctor": ("kerasmgpu.cli.doctor", "show Keras line, devices and route; advise; exit 1 "
+               "when multi-device training cannot run"),
+    "bench": ("kerasmgpu.cli.bench", "measure samples/s and scaling efficiency per replica "
+              "count; write bench.json and scaling.png"),
+    "migrate": ("kerasmgpu.migrate", "rewrite Keras 2.3 multi_gpu_model code (diff by default)"),
+    "launch": ("kerasmgpu.launch", "start N worker processes with their rank and coordinator"),
+}
+
+
+def _usage() -> str:
+    lines = [f"usage: kerasmgpu <command> [options]   (kerasmgpu {__version__})", "", "commands:"]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`kerasmgpu <command> --help` shows a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    raise SystemExit("not yet")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        print(f"kerasmgpu {__version__}")
+        return 0
+    name = args[0]
+    if name not in COMMANDS:
+        print(
+            f"kerasmgpu: unknown command {name!r}. Allowed: {', '.join(COMMANDS)}. "
+            "Fix: run `kerasmgpu --help`.",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    run: Callable[[List[str]], int] = module.main
+    return int(run(args[1:]) or 0)
