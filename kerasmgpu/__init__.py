@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from kerasmgpu._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from kerasmgpu.api import environment, parallelize, route_for, scope, virtual_devices
+    from kerasmgpu.api import (
+        describe,
+        environment,
+        parallelize,
+        route_for,
+        scope,
+        virtual_devices,
+    )
     from kerasmgpu.detection import Device, Environment, KerasLine
     from kerasmgpu.distributed import is_chief, process_count, process_index
     from kerasmgpu.routes import Route
@@ -26,6 +33,7 @@ _LAZY = {
     "scope": "kerasmgpu.api",
     "virtual_devices": "kerasmgpu.api",
     "environment": "kerasmgpu.api",
+    "describe": "kerasmgpu.api",
     "route_for": "kerasmgpu.api",
     "Environment": "kerasmgpu.detection",
     "KerasLine": "kerasmgpu.detection",
@@ -43,6 +51,7 @@ __all__ = [
     "KerasLine",
     "Route",
     "__version__",
+    "describe",
     "environment",
     "is_chief",
     "parallelize",

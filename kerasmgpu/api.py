@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
 from kerasmgpu import detection as env_module
 from kerasmgpu import devices as devices_module
@@ -139,3 +139,24 @@ def route_for(model: Any) -> Optional[Route]:
 
     state = parallel_model.state_of(model)
     return state.route.route if state is not None else None
+
+
+def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[str, str]:
+    """The route parallelize() would take (or took, for a parallel `model`), in words.
+
+    Keys: route, engine, replicas, devices, all_reduce (and `error` instead when no
+    route can be built here, e.g. torch outside `kerasmgpu launch`).
+    """
+    from kerasmgpu.parallel import model as parallel_model
+
+    state = parallel_model.state_of(model) if model is not None else None
+    if state is not None:
+        return dict(state.route.describe())
+    try:
+        fam, cls, selected = _prepare(gpus, None)
+        if len(selected) <= 1 and cls.single_device_passthrough(fam):
+            return {"route": "none (one device: the model trains as it is)",
+                    "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
+        return dict(cls(fam, selected).describe())
+    except Exception as exc:  # doctor reports it; nothing else should see this path fail
+        return {"error": f"{type(exc).__name__}: {exc}"}
