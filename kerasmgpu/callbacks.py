@@ -19,6 +19,7 @@ needs no Keras at all.
 from __future__ import annotations
 
 import atexit
+import copy
 import importlib
 import math
 import threading
@@ -103,13 +104,16 @@ class MonitorCore:
         reader: Optional[Reader] = None,
         verbose: bool = True,
     ) -> None:
-        if not (isinstance(interval, (int, float)) and math.isfinite(interval) and interval > 0):
+        seconds = _number(interval)
+        if seconds is None or not math.isfinite(seconds) or seconds <= 0:
             raise bad_value("interval", interval, "seconds > 0", "e.g. interval=1.0")
-        if not (isinstance(imbalance, (int, float)) and 0 < imbalance <= 1):
+        spread = _number(imbalance)
+        if spread is None or not 0 < spread <= 1:
             raise bad_value(
                 "imbalance", imbalance, "a fraction in (0, 1]", "e.g. imbalance=0.2 for 20 points"
             )
-        if not (isinstance(low_utilization, (int, float)) and 0 <= low_utilization <= 1):
+        low = _number(low_utilization)
+        if low is None or not 0 <= low <= 1:
             raise bad_value(
                 "low_utilization",
                 low_utilization,
@@ -120,9 +124,9 @@ class MonitorCore:
             raise bad_value(
                 "reader", reader, "a callable returning GpuReadings, or None", "pass a function"
             )
-        self.interval = float(interval)
-        self.imbalance = float(imbalance)
-        self.low_utilization = float(low_utilization)
+        self.interval = seconds
+        self.imbalance = spread
+        self.low_utilization = low
         self.reader: Reader = reader if reader is not None else read_gpus
         self.verbose = bool(verbose)
 
@@ -229,7 +233,7 @@ class MonitorCore:
             empty = self._samples == 0
         if empty and not self._disabled:
             # An epoch shorter than `interval` still gets one figure per GPU.
-            self._sample_once()
+            self.sample()
         with self._lock:
             stats = sorted(self._stats.items())
             samples = self._samples
@@ -276,10 +280,16 @@ class MonitorCore:
         while not stop.wait(self.interval):
             if self._disabled:
                 return
-            self._sample_once()
+            try:
+                self.sample()
+            except Exception:  # only the warning itself can get here (-W error)
+                return
 
-    def _sample_once(self) -> bool:
-        """One reading of every GPU; any failure is counted, never raised."""
+    def sample(self) -> bool:
+        """Read every GPU now into the current epoch (what the thread does each interval).
+
+        Returns False when the read failed; failures are counted, never raised.
+        """
         try:
             readings = list(self.reader())
             if not readings:
@@ -373,6 +383,17 @@ class MonitorCore:
             warnings.warn(text, KerasMGPUWarning, stacklevel=3)
         if self.verbose:
             print(text, flush=True)
+
+
+def _number(value: Any) -> Optional[float]:
+    """A numeric argument as a float (numpy scalars included); None for anything else."""
+    # bool is an int and "0.5" converts, but neither is a threshold anyone meant.
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _label(index: int, stats: _GpuStats) -> str:
@@ -475,7 +496,19 @@ class _DeviceMonitorMixin:
         if core is not None:
             core.stop(wait=False)
 
-    # Locks and threads do not copy; KerasTuner deep-copies callbacks for every trial.
+    # Locks and threads do not copy, and KerasTuner deep-copies callbacks for every
+    # trial: a copy is a fresh, idle monitor with the same settings and the same reader
+    # (a reader is a handle on the hardware, not state to duplicate).
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        cls = type(self)
+        twin = cls.__new__(cls)
+        memo[id(self)] = twin
+        for key, value in self.__dict__.items():
+            if key != "_core":
+                twin.__dict__[key] = copy.deepcopy(value, memo)
+        twin._core = MonitorCore(**self._core.config())
+        return twin
+
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         core = state.pop("_core")
