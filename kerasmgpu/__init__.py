@@ -83,3 +83,9 @@ if os.environ.get("KERASMGPU_VIRTUAL_DEVICES"):
     from kerasmgpu.devices import apply_environment_request as _apply
 
     _apply()
+# In a `kerasmgpu launch` worker, the multi-process engines must start before their
+# frameworks' runtimes do: register that now, again without importing a framework.
+if int(os.environ.get("KERASMGPU_PROCESS_COUNT", "1") or 1) > 1:
+    from kerasmgpu.distributed import setup_at_import as _setup
+
+    _setup()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar,
 
 from kerasmgpu import detection as env_module
 from kerasmgpu import devices as devices_module
+from kerasmgpu import distributed
 from kerasmgpu.detection import Device
 from kerasmgpu.routes import Route, check_route_fits, choose_route, load_route, parse_route
 
@@ -103,7 +104,21 @@ def parallelize(
             _warn_single_device(selected)
         return model
     parallel: ModelT = cls(fam, selected).parallelize(model)
+    if distributed.launched() and not distributed.is_chief() and parallel is not model:
+        _chief_writes_the_template(model)
     return parallel
+
+
+def _chief_writes_the_template(model: Any) -> None:
+    """Workers other than rank 0 skip `template.save()` - every worker holds the same
+    weights, and N processes writing one file would corrupt it."""
+    import types
+
+    def skip(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    for name in ("save", "save_weights"):
+        model.__dict__[name] = types.MethodType(skip, model)
 
 
 @contextlib.contextmanager

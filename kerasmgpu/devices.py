@@ -10,16 +10,13 @@ started raises `TooLateError` instead of silently training on one device.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import re
-import sys
 import threading
-import types
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from kerasmgpu import _hooks
 from kerasmgpu import detection as env_module
 from kerasmgpu._errors import TooLateError, bad_type, bad_value
 from kerasmgpu.detection import VIRTUAL_DEVICES_ENV, Device, KerasLine
@@ -177,59 +174,25 @@ def _too_late(framework: str, n: int, detail: Any) -> TooLateError:
     )
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs a callback right after `tensorflow` finishes importing, before any op runs."""
-
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(
-        self, fullname: str, path: Any, target: Optional[types.ModuleType] = None
-    ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                loader = spec.loader
-
-                def exec_module(
-                    module: types.ModuleType,
-                    original: Callable[[types.ModuleType], None] = loader.exec_module,
-                    callback: Callable[[], None] = self.callback,
-                ) -> None:
-                    original(module)
-                    callback()
-
-                loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
-
-
-_hook: Optional[_PostImportFinder] = None
+_hook_installed = False
 
 
 def _install_tf_hook() -> None:
-    global _hook
-    if _hook is not None:
+    global _hook_installed
+    if _hook_installed:
         return
+    _hook_installed = True
 
     def on_import() -> None:
+        global _tf_error
         n = requested()
         if n is not None:
             try:
                 _apply_tf(n, strict=False)
             except Exception as exc:  # never break the user's `import tensorflow`
-                global _tf_error
                 _tf_error = exc
-        if _hook in sys.meta_path:
-            sys.meta_path.remove(_hook)
 
-    _hook = _PostImportFinder("tensorflow", on_import)
-    sys.meta_path.insert(0, _hook)
+    _hooks.after_import("tensorflow", on_import)
 
 
 # --- Listing and choosing ----------------------------------------------------------------

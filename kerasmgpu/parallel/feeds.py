@@ -32,6 +32,8 @@ class Feed:
     # Keras shuffles the batch order of an indexable Python source itself when fit()
     # gets shuffle=True; such feeds pass the user's `shuffle` on to Keras.
     keras_shuffles: bool = False
+    # Keras cannot count the batches of this data (a distributed dataset): pass `steps`.
+    needs_steps: bool = False
 
 
 # --- structure helpers -------------------------------------------------------------------
@@ -157,29 +159,56 @@ def _user_weights(
     return sample_weight
 
 
-def _packed_for(plan: batching.BatchPlan, weights: Any) -> Any:
-    """Packed array (or one per output when weights are per output)."""
+def _packed_for(plan: batching.BatchPlan, weights: Any, rows: slice = slice(None)) -> Any:
+    """Packed array (or one per output when weights are per output), for fed `rows`."""
     if weights is None or not isinstance(weights, (list, tuple, Mapping)):
-        return batching.pack_weights(plan, None if weights is None else np.asarray(weights))
-    return _map(lambda w: batching.pack_weights(plan, np.asarray(w)), weights)
+        packed = batching.pack_weights(plan, None if weights is None else np.asarray(weights))
+        return packed[rows]
+    return _map(lambda w: batching.pack_weights(plan, np.asarray(w))[rows], weights)
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Plans every batch: over all replicas, then this process's slice (if several)."""
+
+    replicas: int  # replicas in the whole run
+    process_index: int = 0
+    process_count: int = 1
+
+    def plan(self, real: int) -> Tuple[batching.BatchPlan, slice]:
+        if self.process_count == 1:
+            plan = batching.plan_batch(real, self.replicas)
+            return plan, slice(None)
+        if self.replicas % self.process_count:
+            raise ValueError(
+                f"{self.replicas} replicas cannot be split evenly over {self.process_count} "
+                "processes; give every process the same number of devices."
+            )
+        shard = batching.shard(real, self.replicas // self.process_count,
+                               self.process_index, self.process_count)
+        return shard.plan, shard.rows
+
+    def rows(self, real: int) -> Tuple[np.ndarray, np.ndarray, batching.BatchPlan, slice]:
+        """(source rows fed by this process, packed weights without user weights, ...)."""
+        plan, rows = self.plan(real)
+        return plan.source_rows()[rows], batching.pack_weights(plan)[rows], plan, rows
 
 
 # --- arrays: one batch ---------------------------------------------------------------------
 
 
 def pad_batch(
-    x: Any, y: Any, sample_weight: Any, class_weight: Any, replicas: int
+    x: Any, y: Any, sample_weight: Any, class_weight: Any, planner: Planner
 ) -> Tuple[Any, Any, Any]:
     """One in-memory batch, padded and packed (for the *_on_batch calls)."""
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
     weights = _user_weights(y, sample_weight, class_weight)
-    rows = _num_rows([s for s in (x, y) if s is not None])
-    plan = batching.plan_batch(rows, replicas)
-    take = plan.source_rows()
+    real = _num_rows([s for s in (x, y) if s is not None])
+    take, _, plan, rows = planner.rows(real)
     return (
         _map(lambda a: a[take], x),
         _map(lambda a: a[take], y),
-        _packed_for(plan, weights),
+        _packed_for(plan, weights, rows),
     )
 
 
@@ -196,14 +225,14 @@ class _ArraySource:
         weights: Any,
         batch_size: int,
         shuffle: bool,
-        replicas: int,
+        planner: Planner,
         seed: Optional[int] = None,
     ) -> None:
         self.x, self.y, self.weights = x, y, weights
         self.rows = _num_rows([s for s in (x, y, weights) if s is not None])
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.replicas = replicas
+        self.planner = planner
         self.rng = np.random.default_rng(seed)
         self.order = np.arange(self.rows)
         self.sizes = batching.batch_sizes(self.rows, batch_size)
@@ -217,13 +246,13 @@ class _ArraySource:
     def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
         start = index * self.batch_size
         ids = self.order[start : start + self.batch_size]
-        plan = batching.plan_batch(len(ids), self.replicas)
-        take = ids[plan.source_rows()]
+        source, packed, plan, rows = self.planner.rows(len(ids))
+        take = ids[source]
         x = _map(lambda a: a[take], self.x)
         if predict:
-            return (x, batching.pack_weights(plan))
+            return (x, packed)
         weights = None if self.weights is None else _map(lambda w: np.asarray(w)[ids], self.weights)
-        return (x, _map(lambda a: a[take], self.y), _packed_for(plan, weights))
+        return (x, _map(lambda a: a[take], self.y), _packed_for(plan, weights, rows))
 
 
 def _python_dataset_type(family: Family) -> type:
@@ -253,16 +282,15 @@ def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> F
     return Feed(ArrayBatches(), steps=len(source.sizes), batch_rows=list(source.sizes))
 
 
-def _plan_arrays(real: Any, replicas: Any) -> Tuple[np.ndarray, np.ndarray]:
-    # numpy_function hands over numpy scalars.
-    plan = batching.plan_batch(int(real), int(replicas))
-    return plan.source_rows(), batching.pack_weights(plan)
-
-
-def _tf_pad(tf: Any, real: Any, replicas: int) -> Tuple[Any, Any]:
+def _tf_pad(tf: Any, real: Any, planner: Planner) -> Tuple[Any, Any]:
     """(source rows, packed) for a batch of `real` rows, planned by kerasmgpu.batching."""
+
+    def plan_rows(count: Any) -> Tuple[np.ndarray, np.ndarray]:
+        source, packed, _, _ = planner.rows(int(count))  # numpy scalars come in
+        return source, packed
+
     rows, packed = tf.numpy_function(
-        _plan_arrays, [real, replicas], [tf.int64, tf.float32], stateful=False
+        plan_rows, [real], [tf.int64, tf.float32], stateful=False
     )
     rows.set_shape([None])
     packed.set_shape([None, batching.PACKED_COLUMNS])
@@ -283,14 +311,14 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
     x = _map(tf.convert_to_tensor, _tuples(source.x))
     y = None if predict else _map(tf.convert_to_tensor, _tuples(source.y))
     weights = None if predict else _map(tf.convert_to_tensor, _tuples(source.weights))
-    replicas = source.replicas
+    planner = source.planner
     indices = tf.data.Dataset.range(source.rows)
     if source.shuffle:
         indices = indices.shuffle(source.rows, seed=seed, reshuffle_each_iteration=True)
     indices = indices.batch(source.batch_size)
 
     def fetch(ids: Any) -> Any:
-        rows, packed = _tf_pad(tf, tf.size(ids), replicas)
+        rows, packed = _tf_pad(tf, tf.size(ids), planner)
         take = tf.gather(ids, rows)
         xb = _map(lambda t: tf.gather(t, take), x)
         if predict:
@@ -318,7 +346,7 @@ def _no_autoshard(tf: Any, dataset: Any) -> Any:
 # --- tf.data.Dataset input --------------------------------------------------------------------
 
 
-def _dataset_tf_feed(dataset: Any, class_weight: Any, replicas: int, predict: bool) -> Feed:
+def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: Planner, predict: bool) -> Feed:
     import tensorflow as tf
 
     table = None
@@ -331,7 +359,7 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, replicas: int, predict: bo
         data = element if len(element) > 1 else element[0]
         x, y, sw = _unpack(data)
         real = tf.shape(_leaves(x)[0])[0]
-        rows, packed = _tf_pad(tf, real, replicas)
+        rows, packed = _tf_pad(tf, real, planner)
         xb = tf.nest.map_structure(lambda t: tf.gather(t, rows), x)
         if predict:
             return xb, packed
@@ -368,26 +396,25 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, replicas: int, predict: bo
 # --- Python sources: PyDataset, Sequence, generators -----------------------------------------
 
 
-def _pad_element(element: Any, class_weight: Any, replicas: int, predict: bool) -> Any:
+def _pad_element(element: Any, class_weight: Any, planner: Planner, predict: bool) -> Any:
     x, y, sw = _unpack(element)
     x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
     weights = None if predict else _user_weights(y, sw, class_weight)
-    rows = _num_rows([s for s in (x,) if s is not None])
-    plan = batching.plan_batch(rows, replicas)
-    take = plan.source_rows()
+    real = _num_rows([s for s in (x,) if s is not None])
+    take, packed, plan, rows = planner.rows(real)
     xb = _map(lambda a: a[take], x)
     if predict:
-        return xb, batching.pack_weights(plan)
+        return xb, packed
     if y is None:
         raise bad_value(
             "x", "batches without targets", "batches of (x, y) or (x, y, sample_weight)",
             "return targets with the inputs",
         )
-    return xb, _map(lambda a: a[take], y), _packed_for(plan, weights)
+    return xb, _map(lambda a: a[take], y), _packed_for(plan, weights, rows)
 
 
 def _python_feed(
-    family: Family, source: Any, class_weight: Any, replicas: int, predict: bool
+    family: Family, source: Any, class_weight: Any, planner: Planner, predict: bool
 ) -> Feed:
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         base = _python_dataset_type(family)
@@ -405,7 +432,7 @@ def _python_feed(
                 return len(source)
 
             def __getitem__(self, index: int) -> Any:
-                return _pad_element(source[index], class_weight, replicas, predict)
+                return _pad_element(source[index], class_weight, planner, predict)
 
             def on_epoch_end(self) -> None:
                 if hasattr(source, "on_epoch_end"):
@@ -415,7 +442,7 @@ def _python_feed(
 
     def generate() -> Iterator[Any]:
         for element in source:
-            yield _pad_element(element, class_weight, replicas, predict)
+            yield _pad_element(element, class_weight, planner, predict)
 
     return Feed(generate())
 
@@ -475,13 +502,13 @@ class _Replay:
 
 
 def _generator_tf_feed(
-    family: Family, source: Iterator[Any], class_weight: Any, replicas: int, predict: bool
+    family: Family, source: Iterator[Any], class_weight: Any, planner: Planner, predict: bool
 ) -> Feed:
     import tensorflow as tf
 
     def padded() -> Iterator[Any]:
         for element in source:
-            yield _tuples(_pad_element(element, class_weight, replicas, predict))
+            yield _tuples(_pad_element(element, class_weight, planner, predict))
 
     replay = _Replay(padded(), first_pass_is_peek=family.peeks_before_each_run and not predict)
     first = replay.peek()
@@ -493,7 +520,7 @@ def _generator_tf_feed(
 
 
 def _dataset_python_feed(
-    family: Family, dataset: Any, class_weight: Any, replicas: int, predict: bool
+    family: Family, dataset: Any, class_weight: Any, planner: Planner, predict: bool
 ) -> Feed:
     """A tf.data.Dataset on a non-TF backend: iterate it as numpy, once per epoch."""
     steps = int(dataset.cardinality())
@@ -514,10 +541,10 @@ def _dataset_python_feed(
                 self._next_index = 0
             element = next(itertools.islice(self._iterator, index - self._next_index, None))
             self._next_index = index + 1
-            return _pad_element(element, class_weight, replicas, predict)
+            return _pad_element(element, class_weight, planner, predict)
 
     if steps < 0:
-        return _python_feed(family, dataset.as_numpy_iterator(), class_weight, replicas, predict)
+        return _python_feed(family, dataset.as_numpy_iterator(), class_weight, planner, predict)
     return Feed(DatasetBatches(), steps=steps)
 
 
@@ -527,7 +554,7 @@ def _dataset_python_feed(
 def build(
     family: Family,
     kind: str,
-    replicas: int,
+    planner: Planner,
     x: Any,
     y: Any = None,
     sample_weight: Any = None,
@@ -556,11 +583,11 @@ def build(
             )
         if _is_dataset(x):
             if kind == "tf":
-                return _dataset_tf_feed(x, class_weight, replicas, predict)
-            return _dataset_python_feed(family, x, class_weight, replicas, predict)
+                return _dataset_tf_feed(x, class_weight, planner, predict)
+            return _dataset_python_feed(family, x, class_weight, planner, predict)
         if kind == "tf" and not hasattr(x, "__getitem__"):
-            return _generator_tf_feed(family, iter(x), class_weight, replicas, predict)
-        return _python_feed(family, x, class_weight, replicas, predict)
+            return _generator_tf_feed(family, iter(x), class_weight, planner, predict)
+        return _python_feed(family, x, class_weight, planner, predict)
     if not _is_array_like(x):
         raise bad_type(
             "x", f"an object of type {type(x).__qualname__}",
@@ -575,7 +602,7 @@ def build(
         raise bad_value("y", None, "targets for every input row", "pass `y`")
     size = 32 if batch_size is None else batch_size
     shuffle_rows = bool(shuffle) and not predict
-    source = _ArraySource(x, y, weights, size, shuffle_rows, replicas, seed)
+    source = _ArraySource(x, y, weights, size, shuffle_rows, planner, seed)
     if kind == "tf":
         return _array_tf_feed(source, predict, seed)
     return _array_python_feed(family, source, predict)

@@ -15,6 +15,7 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
+from kerasmgpu import distributed
 from kerasmgpu._errors import bad_value
 from kerasmgpu.parallel import family as family_module
 from kerasmgpu.parallel import feeds
@@ -36,10 +37,12 @@ class ParallelState:
     user_compile: Optional[Dict[str, Any]] = None
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
 
-    def feed(self, x: Any, **kwargs: Any) -> feeds.Feed:
-        return feeds.build(
-            self.family, self.route.feed_kind, self.route.replicas, x, **kwargs
-        )
+    def feed(self, x: Any, *, training: bool = True, **kwargs: Any) -> feeds.Feed:
+        if distributed.launched() and kwargs.get("shuffle"):
+            # Every worker must shuffle the same way, or shards would overlap.
+            kwargs.setdefault("seed", distributed.shared_seed())
+        feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x, **kwargs)
+        return self.route.distribute_feed(feed, training=training)
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
@@ -123,6 +126,7 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
             compiled["metrics"], compiled["weighted_metrics"] = metrics, weighted
         compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
         state.originals["compile"](replica, **compiled)
+    state.route.prepare_compiled(replica)
 
 
 def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any, **kw: Any) -> Dict[str, Any]:
@@ -153,14 +157,19 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         x, y=y, sample_weight=sample_weight, class_weight=class_weight,
         batch_size=batch_size, shuffle=shuffle,
     )
+    if steps_per_epoch is None and train_feed.needs_steps:
+        steps_per_epoch = train_feed.steps
     val_data = None
     if validation_data is not None:
         vx, vy, vsw = feeds._unpack(validation_data)
-        val_data = state.feed(
-            vx, y=vy, sample_weight=vsw,
-            batch_size=validation_batch_size or batch_size,
-        ).data
-    callbacks = list(callbacks or []) + [_sync_callback(state, self)]
+        val_feed = state.feed(
+            vx, y=vy, sample_weight=vsw, batch_size=validation_batch_size or batch_size,
+            training=False,
+        )
+        val_data = val_feed.data
+        if validation_steps is None and val_feed.needs_steps:
+            validation_steps = val_feed.steps
+    callbacks = state.route.worker_callbacks(list(callbacks or [])) + [_sync_callback(state, self)]
     with state.route.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
@@ -184,7 +193,10 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
             self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
-    feed = state.feed(x, y=y, sample_weight=sample_weight, batch_size=batch_size)
+    feed = state.feed(x, y=y, sample_weight=sample_weight, batch_size=batch_size,
+                      training=False)
+    if steps is None and feed.needs_steps:
+        steps = feed.steps
     with state.route.scope():
         return state.originals["evaluate"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks,
@@ -196,7 +208,14 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
     state = state_of(self)
     assert state is not None
-    feed = state.feed(x, batch_size=batch_size, predict=True)
+    if distributed.launched():
+        # Each worker would only see its own rows; every worker holds all the weights,
+        # so each predicts everything on its own (on the template, one device).
+        sync_template(self)
+        template = state.template
+        return type(template).predict(template, x, batch_size=batch_size, verbose=verbose,
+                                      steps=steps, callbacks=callbacks, **kwargs)
+    feed = state.feed(x, batch_size=batch_size, predict=True, training=False)
     with state.route.scope():
         outputs = state.originals["predict"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks, **kwargs
@@ -208,7 +227,7 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     state = state_of(self)
     assert state is not None
-    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.replicas)
+    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
     with state.route.scope():
         logs = state.originals["train_on_batch"](self, xb, yb, sample_weight=packed, **kwargs)
     sync_template(self)
@@ -219,7 +238,7 @@ def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     state = state_of(self)
     assert state is not None
-    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.replicas)
+    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
     with state.route.scope():
         return state.originals["test_on_batch"](self, xb, yb, sample_weight=packed, **kwargs)
 
@@ -271,6 +290,7 @@ def _sync_callback(state: ParallelState, replica: Any) -> Any:
         """Keeps the template holding the trained weights after every epoch."""
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            state.route.epoch_end(replica)
             sync_template(replica)
 
     return SyncTemplate()
@@ -316,6 +336,7 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Family) -> Any:
     replica.__dict__["predict_step"] = types.MethodType(
         overrides.make_predict_step(fam, state.originals["predict_step"]), replica
     )
+    route.prepare_replica(replica)
     return replica
 
 

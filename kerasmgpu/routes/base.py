@@ -17,8 +17,10 @@ import abc
 import contextlib
 from typing import Any, ClassVar, ContextManager, Dict, Iterator, List, Sequence
 
+from kerasmgpu import distributed
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
+from kerasmgpu.parallel.feeds import Feed, Planner
 from kerasmgpu.routes import Route
 
 
@@ -51,8 +53,48 @@ class BaseRoute(abc.ABC):
 
     @classmethod
     def single_device_passthrough(cls, family: Family) -> bool:
-        """Whether one device means "return the model unchanged" (true for most)."""
-        return True
+        """Whether one local device means "return the model unchanged".
+
+        Not in a `kerasmgpu launch` worker: its one device is one of several replicas.
+        """
+        return not distributed.launched()
+
+    @property
+    def planner(self) -> Planner:
+        """How batches are planned: over every replica, then this process's share."""
+        if distributed.launched():
+            return Planner(self.replicas, distributed.process_index(),
+                           distributed.process_count())
+        return Planner(self.replicas)
+
+    def distribute_feed(self, feed: Feed, *, training: bool) -> Feed:
+        """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
+        return feed
+
+    def prepare_replica(self, replica: Any) -> None:  # noqa: B027 - optional hook
+        """Called once a replica is attached (torch: broadcast the initial weights)."""
+
+    def prepare_compiled(self, replica: Any) -> None:  # noqa: B027 - optional hook
+        """Called after every compile of a replica (torch: all-reduce the gradients)."""
+
+    def epoch_end(self, replica: Any) -> None:  # noqa: B027 - optional hook
+        """Called at every epoch end (torch: re-broadcast non-trainable state)."""
+
+    def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
+        """Only the chief writes: other workers keep no ModelCheckpoint, and restore
+        from - but never write - a BackupAndRestore backup."""
+        if not distributed.launched() or distributed.is_chief():
+            return callbacks
+        kept = []
+        for callback in callbacks:
+            kind = type(callback).__name__
+            if kind == "ModelCheckpoint":
+                continue
+            if kind == "BackupAndRestore":
+                kept.append(_restore_only(self.family, callback))
+                continue
+            kept.append(callback)
+        return kept
 
     def parallelize(self, model: Any) -> Any:
         from kerasmgpu.parallel import model as parallel_model
@@ -71,3 +113,22 @@ class BaseRoute(abc.ABC):
 @contextlib.contextmanager
 def nothing() -> Iterator[None]:
     yield
+
+
+def _restore_only(family: Family, backup: Any) -> Any:
+    """A non-chief worker's BackupAndRestore: restores at train begin, writes nothing."""
+    base = family.keras.callbacks.Callback
+
+    class RestoreOnly(base):  # type: ignore[misc, valid-type]
+        def set_model(self, model: Any) -> None:
+            super().set_model(model)
+            backup.set_model(model)
+
+        def set_params(self, params: Any) -> None:
+            super().set_params(params)
+            backup.set_params(params)
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            backup.on_train_begin(logs)
+
+    return RestoreOnly()

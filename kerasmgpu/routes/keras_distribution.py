@@ -7,13 +7,26 @@ processes use `jax.distributed` (see `kerasmgpu.distributed`).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, ContextManager, Dict, List, Sequence
 
 from kerasmgpu import devices as devices_module
+from kerasmgpu import distributed
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
 from kerasmgpu.routes.base import BaseRoute
+
+
+def _same_seed_everywhere(keras: Any) -> None:
+    """Variables created under a multi-process layout must start equal everywhere.
+
+    `keras.distribution.initialize()` agrees on a seed across processes unless one was
+    set; we start JAX ourselves (before Keras is imported), so we do the same here.
+    """
+    rng_utils = importlib.import_module("keras.src.utils.rng_utils")
+    if rng_utils.get_random_seed() is None:
+        keras.utils.set_random_seed(distributed.shared_seed() % (2**31))
 
 
 class KerasDistributionRoute(BaseRoute):
@@ -25,10 +38,19 @@ class KerasDistributionRoute(BaseRoute):
         import jax
 
         keras = family.keras
-        gpus = [d for d in jax.devices() if d.platform == "gpu"]
-        pool = gpus if gpus else jax.devices("cpu")
-        self.jax_devices = [pool[d.index] for d in self.devices]
+        if distributed.launched():
+            # Every process's devices, in process order: process p feeds the p-th
+            # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
+            distributed.ensure_jax()
+            self.jax_devices = list(jax.devices())
+            _same_seed_everywhere(keras)
+        else:
+            gpus = [d for d in jax.devices() if d.platform == "gpu"]
+            pool = gpus if gpus else jax.devices("cpu")
+            self.jax_devices = [pool[d.index] for d in self.devices]
         self.distribution = keras.distribution.DataParallel(devices=self.jax_devices)
+        # kerasmgpu shards the data itself; Keras must not shard it again.
+        self.distribution.auto_shard_dataset = False
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:

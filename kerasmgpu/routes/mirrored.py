@@ -12,8 +12,11 @@ import itertools
 from typing import Any, ContextManager, Dict, List, Sequence
 
 from kerasmgpu import devices as devices_module
+from kerasmgpu import distributed
+from kerasmgpu._errors import NotYetSupportedError
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
+from kerasmgpu.parallel.feeds import Feed
 from kerasmgpu.routes import Route
 from kerasmgpu.routes.base import BaseRoute
 
@@ -32,6 +35,33 @@ def _new_strategy(tf: Any, devices: List[str]) -> Any:
     return strategy
 
 
+MULTI_WORKER_KERAS3 = (
+    "Keras 3 with the TensorFlow backend cannot train under "
+    "tf.distribute.MultiWorkerMirroredStrategy (keras-team/keras#20585: fit() fails with "
+    "'Attempt to convert a value (PerReplica...)'). Allowed on several processes: tf_keras "
+    "(TF_USE_LEGACY_KERAS=1 with tf-keras installed), tf.keras <= 2.15, or Keras 3 on "
+    "JAX (KERAS_BACKEND=jax) or PyTorch (KERAS_BACKEND=torch). Fix: switch to one of those "
+    "lines for multi-process runs, or train in one process on all local GPUs."
+)
+
+
+def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
+    """A worker's rows of each step become `local_replicas` per-replica batches."""
+    if local_replicas == 1:
+        return dataset
+
+    def split(*element: Any) -> Any:
+        def pieces(t: Any) -> Any:
+            shape = tf.shape(t)
+            return tf.reshape(t, tf.concat([[local_replicas, shape[0] // local_replicas],
+                                            shape[1:]], 0))
+
+        structure = element if len(element) > 1 else element[0]
+        return tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(pieces, structure))
+
+    return dataset.flat_map(split)
+
+
 class MirroredRoute(BaseRoute):
     route = Route.MIRRORED
     feed_kind = "tf"
@@ -40,7 +70,13 @@ class MirroredRoute(BaseRoute):
         super().__init__(family, devices)
         import tensorflow as tf
 
-        self.strategy = _new_strategy(tf, [d.name for d in self.devices])
+        self.multi_worker = distributed.launched()
+        if self.multi_worker:
+            if family.keras3:
+                raise NotYetSupportedError(MULTI_WORKER_KERAS3)
+            self.strategy = distributed.tf_strategy()
+        else:
+            self.strategy = _new_strategy(tf, [d.name for d in self.devices])
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:
@@ -60,13 +96,51 @@ class MirroredRoute(BaseRoute):
         )
         return strategy is self.strategy
 
+    def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
+        # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
+        # only, and every worker must take part in their (collective) saves.
+        return callbacks
+
+    def distribute_feed(self, feed: Feed, *, training: bool) -> Feed:
+        """Several workers: each feeds its own rows through distribute_datasets_from_function.
+
+        The feed already holds only this worker's rows of every padded global batch
+        (`Planner`); tf.data's auto-sharding and re-batching must not touch them again.
+        """
+        if not self.multi_worker:
+            return feed
+        import tensorflow as tf
+
+        if feed.steps is None:
+            raise ValueError(
+                "Invalid input for several workers: the number of batches is unknown. "
+                "Allowed: arrays, a tf.data.Dataset of known size, or a generator with "
+                "`steps_per_epoch`. Fix: pass steps_per_epoch= (and validation_steps=)."
+            )
+        dataset = feed.data
+        if not isinstance(dataset, tf.data.Dataset):
+            raise ValueError(
+                "Invalid input for several workers on TensorFlow: a Python "
+                "PyDataset/Sequence. Allowed: arrays, a tf.data.Dataset or a generator. "
+                "Fix: wrap it with tf.data.Dataset.from_generator."
+            )
+        local = self.replicas // distributed.process_count()
+        per_worker = _split_per_replica(tf, dataset, max(1, local))
+        if training:
+            per_worker = per_worker.repeat()  # epochs continue on the same iterator
+        distributed_data = self.strategy.distribute_datasets_from_function(
+            lambda _context: per_worker
+        )
+        return Feed(distributed_data, steps=feed.steps, batch_rows=feed.batch_rows,
+                    needs_steps=True)
+
     def describe(self) -> Dict[str, str]:
-        ops = type(self.strategy.extended._cross_device_ops).__name__
+        ops = type(getattr(self.strategy.extended, "_cross_device_ops", None)
+                   or getattr(self.strategy.extended, "_collective_ops", None)).__name__
         return {
             "route": self.route.value,
-            "engine": "tf.distribute.MirroredStrategy",
+            "engine": "tf.distribute." + type(self.strategy).__name__,
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
             "all_reduce": ops,
         }
-

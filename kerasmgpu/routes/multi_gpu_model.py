@@ -64,7 +64,7 @@ class MultiGpuModelRoute(BaseRoute):
             utils._get_available_devices = original
 
     def parallelize(self, model: Any) -> Any:
-        from kerasmgpu.parallel.model import ParallelState, STATE_ATTR
+        from kerasmgpu.parallel.model import STATE_ATTR, ParallelState
 
         ids = [d.index for d in self.devices]
         with self._gpu_names_for_virtual_devices():

@@ -1,34 +1,176 @@
-"""`torch_ddp`: Keras 3 on PyTorch, one process per device, gradients all-reduced."""
+"""`torch_ddp`: Keras 3 on PyTorch - one process per device, DDP-style.
+
+`keras.distribution` is silently ignored on the torch backend, so data parallelism
+there means `torch.distributed`: `kerasmgpu launch --nproc N script.py` starts one
+process per device and, in each, `parallelize(model)`:
+
+* joins the process group (gloo on CPU, nccl on GPUs) and broadcasts rank 0's
+  weights (and optimizer state), so every replica starts identical;
+* makes `fit` feed each process its own slice of every padded global batch
+  (`kerasmgpu.batching.shard`: same number of steps everywhere, nothing dropped);
+* averages the gradients over the processes (one flat all-reduce per step) before the
+  optimizer applies them - with the packed weights each process's loss is its share
+  of the global mean, so the average is the single-device gradient;
+* sums the metric states (totals, counts, confusion matrices) over the processes when
+  an epoch's results are read, so History and `evaluate` report the global figures
+  (the per-step progress bar shows this process's running values);
+* keeps non-trainable state (e.g. BatchNorm statistics) equal by broadcasting rank 0's
+  at every epoch end.
+
+Outside `kerasmgpu launch`, asking for more than one device is an error that says how
+to launch; one device is the model as it is.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, List, Sequence
+import contextlib
+import threading
+import types
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu import devices as devices_module
-from kerasmgpu._errors import NotYetSupportedError
+from kerasmgpu import distributed
+from kerasmgpu._errors import explain
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
 from kerasmgpu.routes.base import BaseRoute, nothing
 
+_local = threading.local()
+
+
+def _launch_hint(devices: Sequence[Device]) -> str:
+    return explain(
+        "gpus",
+        f"{len(devices)} devices in one process on the torch backend",
+        "one device per process: on PyTorch, data parallelism runs one process per "
+        "device (keras.distribution is ignored there)",
+        f"run the script with `kerasmgpu launch --nproc {len(devices)} script.py` "
+        "(each process then calls parallelize(model)), or pass gpus=1",
+        raw=True,
+    )
+
 
 class TorchDDPRoute(BaseRoute):
     route = Route.TORCH_DDP
+    feed_kind = "python"
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)
-        raise NotYetSupportedError("torch_ddp is not implemented yet")
+        if not distributed.launched():
+            raise ValueError(_launch_hint(devices))
+        self.dist = distributed.torch_process_group()
+        self.world = int(self.dist.get_world_size())
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:
-        return devices_module.list_devices(family.line, "torch")
+        if not distributed.launched():
+            return devices_module.list_devices(family.line, "torch")
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            index = torch.cuda.current_device()
+            return [Device("gpu", index, f"cuda:{index}")]
+        return [Device("cpu", 0, "cpu")]
 
     @property
     def replicas(self) -> int:
-        return len(self.devices)
+        return self.world
 
     def scope(self) -> ContextManager[Any]:
         return nothing()
 
     def owns(self, model: Any) -> bool:
-        return False
+        # No scope on torch: every process trains the model it built, in place.
+        return True
+
+    # --- the DDP pieces ---------------------------------------------------------------
+
+    def _broadcast(self, variables: Sequence[Any]) -> None:
+        for variable in variables:
+            self.dist.broadcast(variable.value.data, src=0)
+
+    def prepare_replica(self, replica: Any) -> None:
+        self._broadcast(replica.weights)
+        if getattr(replica, "optimizer", None) is not None and replica.optimizer.built:
+            self._broadcast(replica.optimizer.variables)
+        original = replica.get_metrics_result
+        compute_metrics = replica.compute_metrics
+
+        def get_metrics_result(model: Any) -> Dict[str, Any]:
+            if getattr(_local, "in_step", False):
+                return original()  # the per-step logs: this process's running values
+            with self._summed_metric_states(model):
+                return original()
+
+        def compute_metrics_local(model: Any, *args: Any, **kwargs: Any) -> Any:
+            _local.in_step = True
+            try:
+                return compute_metrics(*args, **kwargs)
+            finally:
+                _local.in_step = False
+
+        replica.__dict__["get_metrics_result"] = types.MethodType(get_metrics_result, replica)
+        replica.__dict__["compute_metrics"] = types.MethodType(compute_metrics_local, replica)
+
+    def prepare_compiled(self, replica: Any) -> None:
+        optimizer = replica.optimizer
+        if optimizer is None or getattr(optimizer, "_kerasmgpu_all_reduce", False):
+            return
+        original: Callable[..., Any] = optimizer.apply
+        world = self.world
+        dist = self.dist
+
+        def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
+            import torch
+
+            present = [g for g in grads if g is not None]
+            if present:
+                # One flat all-reduce per step instead of one per weight.
+                flat = torch.cat([g.reshape(-1) for g in present])
+                dist.all_reduce(flat)
+                flat /= world
+                offset = 0
+                for g in present:
+                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            return original(grads, trainable_variables)
+
+        optimizer.apply = apply
+        optimizer._kerasmgpu_all_reduce = True
+
+    @contextlib.contextmanager
+    def _summed_metric_states(self, model: Any) -> Iterator[None]:
+        """Metric states summed over the processes while the results are read."""
+        import torch
+
+        variables = [v for metric in model.metrics for v in metric.variables]
+        if not variables:
+            yield
+            return
+        saved = [v.value.detach().clone() for v in variables]
+        flat = torch.cat([s.reshape(-1).to(torch.float64) for s in saved])
+        self.dist.all_reduce(flat)
+        offset = 0
+        for variable, value in zip(variables, saved):
+            piece = flat[offset: offset + value.numel()].view_as(value).to(value.dtype)
+            variable.assign(piece)
+            offset += value.numel()
+        try:
+            yield
+        finally:
+            for variable, value in zip(variables, saved):
+                variable.assign(value)
+
+    def epoch_end(self, replica: Any) -> None:
+        self._broadcast(replica.non_trainable_weights)
+
+    def describe(self) -> Dict[str, str]:
+        backend = self.dist.get_backend() if self.dist.is_initialized() else "-"
+        return {
+            "route": self.route.value,
+            "engine": "torch.distributed (one process per device, gradients all-reduced)",
+            "replicas": str(self.replicas),
+            "devices": ", ".join(d.name for d in self.devices),
+            "all_reduce": f"{backend} all_reduce of one flat gradient buffer per step",
+        }
