@@ -7,8 +7,9 @@ processes use `jax.distributed` (see `kerasmgpu.distributed`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Any, ContextManager, Dict, List, Sequence
+from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu import devices as devices_module
 from kerasmgpu import distributed
@@ -27,6 +28,31 @@ def _same_seed_everywhere(keras: Any) -> None:
     rng_utils = importlib.import_module("keras.src.utils.rng_utils")
     if rng_utils.get_random_seed() is None:
         keras.utils.set_random_seed(distributed.shared_seed() % (2**31))
+
+
+@contextlib.contextmanager
+def _no_distribution() -> Iterator[None]:
+    distribution_lib = importlib.import_module("keras.src.distribution.distribution_lib")
+    active = distribution_lib.distribution()
+    distribution_lib.set_distribution(None)
+    try:
+        yield
+    finally:
+        distribution_lib.set_distribution(active)
+
+
+def _save_outside_the_layout(callback: Any) -> None:
+    """Only the chief saves; Keras's saving creates throw-away variables (an optimizer
+    to compare attributes against), which under a multi-process layout every process
+    would have to create together. Saving runs on local arrays instead."""
+    for name in ("on_epoch_end", "on_train_batch_end", "on_train_end"):
+        hook = getattr(callback, name)
+
+        def local(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
+            with _no_distribution():
+                return _hook(*args, **kwargs)
+
+        setattr(callback, name, local)
 
 
 class KerasDistributionRoute(BaseRoute):
@@ -75,6 +101,14 @@ class KerasDistributionRoute(BaseRoute):
             if sharding is None or set(sharding.device_set) != wanted:
                 return False
         return True
+
+    def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
+        callbacks = super().worker_callbacks(callbacks)
+        if distributed.launched():
+            for callback in callbacks:
+                if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
+                    _save_outside_the_layout(callback)
+        return callbacks
 
     def describe(self) -> Dict[str, str]:
         return {

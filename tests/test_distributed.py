@@ -1,0 +1,151 @@
+"""Several processes on 127.0.0.1, through `kerasmgpu launch`, for real.
+
+Two workers train `tests/workers/train.py` (101 samples, global batch 10: the last
+batch has 1 row for 2 workers) and must end with identical weights equal to one
+process on the same global batches. A worker that dies makes the run fail fast naming
+it; a run killed mid-way resumes from BackupAndRestore. Every test is bounded in time,
+and the launcher stops every worker it started (SIGTERM, then SIGKILL by process group).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import numpy as np
+import pytest
+from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires
+
+import kerasmgpu
+from kerasmgpu.detection import KerasLine
+
+WORKER = str(Path(__file__).parent / "workers" / "train.py")
+# Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).
+MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
+trains_in_processes = pytest.mark.skipif(
+    not (ON_JAX or ON_TORCH or LINE in MULTI_WORKER_LINES),
+    reason=f"needs a line with a multi-process route (tf.keras 2.x, tf_keras, Keras 3 on JAX "
+    f"or torch); this env: {LINE.value}",
+)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+
+
+# On JAX each worker also splits its CPU in two: 2 processes x 2 devices = 4 replicas,
+# so the multi-process layout is exercised with several devices per process too.
+LOCAL_DEVICES = 2 if ON_JAX else 1
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
+    if LOCAL_DEVICES > 1:
+        env["KERASMGPU_VIRTUAL_DEVICES"] = str(LOCAL_DEVICES)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p
+    )
+    return env
+
+
+def _single(out: Path, *args: str) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, WORKER, str(out), *args], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240
+            ) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    command: List[str] = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
+                          "--timeout", str(timeout), "--grace", "3", WORKER, str(out), *args]
+    return subprocess.run(command, env=_env(), capture_output=True, text=True,
+                          timeout=timeout + 60)
+
+
+def _weights(path: Path) -> List[np.ndarray]:
+    data = np.load(path, allow_pickle=True)
+    return [data[k] for k in sorted((k for k in data.files if k.startswith("arr_")),
+                                    key=lambda k: int(k[4:]))]
+
+
+def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "prediction")
+                 ) -> None:
+    for u, v in zip(_weights(a), _weights(b)):
+        np.testing.assert_allclose(u, v, atol=1e-5, rtol=1e-5)
+    da, db = np.load(a, allow_pickle=True), np.load(b, allow_pickle=True)
+    for key in keys:
+        np.testing.assert_allclose(da[key], db[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@trains_in_processes
+def test_two_workers_equal_one_process(tmp_path: Path) -> None:
+    single = _single(tmp_path / "one")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "[rank 0]" in run.stdout and "[rank 1]" in run.stdout  # rank-prefixed output
+    rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
+    # Identical on both workers (to the bit, up to all-reduce order) ...
+    for u, v in zip(_weights(rank0), _weights(rank1)):
+        np.testing.assert_allclose(u, v, atol=1e-6)
+    # ... and equal to one process on the same global batches.
+    _assert_same(tmp_path / "one" / "rank0.npz", rank0)
+    assert str(np.load(rank0, allow_pickle=True)["replicas"]) == str(2 * LOCAL_DEVICES)
+
+
+@trains_in_processes
+def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> None:
+    out, backup = tmp_path / "run", tmp_path / "backup"
+    started = time.monotonic()
+    crashed = _launch(out, "--epochs", "4", "--crash-rank", "1", "--crash-epoch", "1",
+                      "--backup", str(backup))
+    elapsed = time.monotonic() - started
+    assert crashed.returncode == 3, (crashed.stdout + crashed.stderr)[-4000:]
+    assert "rank 1 exited with code 3" in crashed.stderr
+    assert elapsed < 200  # fails fast: the surviving worker is stopped, not waited for
+    assert not (out / "rank0.npz").exists()
+    # Relaunch: training resumes from the last backup and ends where an uninterrupted
+    # run ends (at most one epoch is redone).
+    resumed = _launch(out, "--epochs", "4", "--backup", str(backup))
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    history = np.load(out / "rank0.npz", allow_pickle=True)["loss"]
+    assert 1 <= len(history) < 4  # resumed, not restarted
+    reference = _single(tmp_path / "ref", "--epochs", "4")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    _assert_same(tmp_path / "ref" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
+
+
+@requires(lines=[KerasLine.KERAS_3])
+@pytest.mark.skipif(ON_JAX or ON_TORCH, reason="the TF backend's multi-worker message")
+def test_keras3_on_tensorflow_explains_before_training(tmp_path: Path) -> None:
+    run = _launch(tmp_path / "out", "--epochs", "1")
+    assert run.returncode != 0
+    text = run.stdout + run.stderr
+    assert "keras-team/keras#20585" in text and "KERAS_BACKEND=jax" in text
+    assert "rank 0 of 2: done" not in text
+
+
+@requires(torch=True)
+def test_torch_outside_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError) as info:
+        kerasmgpu.parallelize(model, gpus=2)
+    assert "kerasmgpu launch --nproc 2" in str(info.value)
+    with pytest.raises(ValueError, match="kerasmgpu launch --nproc 3"):
+        kerasmgpu.parallelize(model)  # all 3 virtual devices
+    assert kerasmgpu.parallelize(model, gpus=1) is model
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3 trains in one process only")
+def test_process_helpers_outside_launch() -> None:
+    assert kerasmgpu.process_index() == 0
+    assert kerasmgpu.process_count() == 1
+    assert kerasmgpu.is_chief()
