@@ -1,0 +1,80 @@
+"""Shared by the benchmarks: the active Keras, a model, data, and side-by-side timing.
+
+The machine these run on is shared and noisy, so every benchmark times its two
+contenders alternately in one process, repeats, and reports the median of the ratios.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def keras_module() -> Any:
+    from kerasmgpu.detection import KerasLine, detect_keras_line
+
+    line, _ = detect_keras_line()
+    if line is KerasLine.TF_KERAS_LEGACY:
+        return importlib.import_module("tf_keras")
+    if line is KerasLine.TF_KERAS:
+        return importlib.import_module("tensorflow").keras
+    return importlib.import_module("keras")
+
+
+def mlp(keras: Any, features: int = 64, width: int = 256, classes: int = 10,
+        seed: int = 0) -> Any:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((features,))
+    hidden = keras.layers.Dense(width, activation="relu")(inputs)
+    hidden = keras.layers.Dense(width, activation="relu")(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def compile_model(keras: Any, model: Any) -> Any:
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def data(rows: int, features: int = 64, classes: int = 10) -> Tuple[Any, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    y = rng.integers(0, classes, size=rows)
+    return x, y
+
+
+def alternate(contenders: Dict[str, Callable[[], None]], repeats: int) -> Dict[str, List[float]]:
+    """Run each contender once per round, alternating order, and record seconds."""
+    times: Dict[str, List[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(repeats):
+        order = names if round_ % 2 == 0 else names[::-1]
+        for name in order:
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(times: Dict[str, List[float]], ours: str, baseline: str) -> float:
+    return statistics.median(a / b for a, b in zip(times[ours], times[baseline]))
+
+
+def report(title: str, times: Dict[str, List[float]], ours: str, baseline: str,
+           target: float) -> float:
+    value = ratio(times, ours, baseline)
+    print(f"\n{title}")
+    for name, values in times.items():
+        print(f"  {name:<34} median {statistics.median(values) * 1000:9.1f} ms "
+              f"(n={len(values)})")
+    verdict = "ok" if value <= target else "ABOVE TARGET"
+    print(f"  ratio {ours} / {baseline} = {value:.3f}x (target <= {target:.2f}x): {verdict}")
+    return value

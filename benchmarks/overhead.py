@@ -1,0 +1,74 @@
+"""N replicas through kerasmgpu against the same native engine written by hand.
+
+    KERASMGPU_VIRTUAL_DEVICES=2 python benchmarks/overhead.py [--replicas 2] [--repeats 7]
+
+The hand-written baseline is what a user writes without kerasmgpu: the model built and
+compiled inside `tf.distribute.MirroredStrategy().scope()` (TensorFlow lines) or under
+`keras.distribution.DataParallel` (Keras 3 on JAX), with a global batch divisible by the
+replica count (native Keras 3 fails otherwise). Both run the same model, data and batch
+size in one process, alternately. Target: <= 1.05x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "2")
+
+from _common import alternate, compile_model, data, keras_module, mlp, report  # noqa: E402
+
+import kerasmgpu  # noqa: E402
+
+
+def native(keras: os.PathLike, replicas: int) -> object:
+    env = kerasmgpu.environment()
+    if env.backend == "jax":
+        import jax
+
+        dist = keras.distribution.DataParallel(devices=jax.devices()[:replicas])
+        with dist.scope():
+            model = compile_model(keras, mlp(keras))
+
+        class InScope:
+            def fit(self, *args: object, **kwargs: object) -> object:
+                with dist.scope():
+                    return model.fit(*args, **kwargs)
+
+        return InScope()
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        return compile_model(keras, mlp(keras))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rows", type=int, default=20480)
+    parser.add_argument("--batch-size", type=int, default=512)
+    args = parser.parse_args()
+    keras = keras_module()
+    x, y = data(args.rows)
+    hand = native(keras, args.replicas)
+    ours = kerasmgpu.parallelize(compile_model(keras, mlp(keras)), gpus=args.replicas)
+    fit = dict(batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False)
+    hand.fit(x, y, **fit)
+    ours.fit(x, y, **fit)
+    times = alternate(
+        {"native strategy by hand": lambda: hand.fit(x, y, **fit),
+         "kerasmgpu.parallelize": lambda: ours.fit(x, y, **fit)},
+        args.repeats,
+    )
+    env = kerasmgpu.environment()
+    report(f"{args.replicas} virtual devices, {args.rows} rows, batch {args.batch_size}, "
+           f"{env.keras_line.value} ({env.backend})",
+           times, "kerasmgpu.parallelize", "native strategy by hand", 1.05)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
