@@ -260,10 +260,7 @@ def test_multi_output_regularized_model() -> None:
     h1 = single.fit(X, [Y, target], batch_size=50, epochs=2, shuffle=False, verbose=0)
     h2 = pmodel.fit(X, [Y, target], batch_size=50, epochs=2, shuffle=False, verbose=0)
     assert_weights_close(single, template)
-    np.testing.assert_allclose(h1.history["loss"], h2.history["loss"], rtol=1e-5)
-    for key in h1.history:
-        if key.endswith("accuracy") or key.endswith("mae"):
-            np.testing.assert_allclose(h1.history[key], h2.history[key], rtol=1e-5, err_msg=key)
+    assert_history_close(h1, h2)  # total, per-output losses, and every metric
     out = pmodel.predict(X, batch_size=50, verbose=0)
     assert [o.shape[0] for o in out] == [1001, 1001]
 

@@ -109,7 +109,7 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
             compiled["optimizer"] = args.get("optimizer")
         else:
             compiled["optimizer"] = family_module.fresh_optimizer(fam, args.get("optimizer"))
-        compiled["loss"] = overrides.wrap_losses(fam, args.get("loss"))
+        compiled["loss"] = overrides.wrap_losses(fam, args.get("loss"), replica)
         metrics = family_module.map_leaves(
             lambda m: family_module.fresh_metric(fam, m), args.get("metrics")
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from kerasmgpu.batching import MASK, PACKED_COLUMNS, SCALE, WEIGHT
@@ -92,6 +93,7 @@ def packed_loss_type(family: Family) -> type:
 
         def __init__(self, identifier: Any) -> None:
             self.identifier = identifier
+            self.owner: Any = None  # weakref to the replica, for its per-output tracker
             self._inner: Any = None
             if not (isinstance(identifier, str) and identifier.lower() in ("crossentropy", "ce")):
                 self._inner = self._resolve(identifier)
@@ -134,7 +136,33 @@ def packed_loss_type(family: Family) -> type:
             weight = packed[:, MASK] * packed[:, WEIGHT]
             if _reduction_name(inner) in _MEAN_REDUCTIONS:
                 weight = weight * packed[:, SCALE]
-            return inner(y_true, y_pred, sample_weight=weight)
+            value = inner(y_true, y_pred, sample_weight=weight)
+            self._correct_output_tracker(value, packed, y_pred)
+            return value
+
+        def _correct_output_tracker(self, value: Any, packed: Any, y_pred: Any) -> None:
+            """Multi-output models track each output's loss too, weighted by fed rows."""
+            model = self.owner() if self.owner is not None else None
+            tracker = _output_loss_tracker(family, model, self) if model is not None else None
+            if tracker is None:
+                return
+            if family.keras3:
+                # Keras 3 weights this tracker by the *static* batch size; when that is
+                # unknown (TF graphs) every step counts once, padded or not: nothing to
+                # correct.
+                if _flatten(y_pred)[0].shape[0] is None:
+                    return
+                value = value * _traced_replicas(family)  # what the tracker receives
+            elif _reduction_name(self.inner_loss) == "sum":
+                value = value * _traced_replicas(family)
+            rows = family.cast(family.rows(packed), "float32")
+            weight = rows * (1.0 / packed[0, SCALE] - 1.0)
+            tracked = family.stop_gradient(value)
+            tracker.update_state(tracked, sample_weight=family.cast(weight, tracked.dtype))
+
+        @property
+        def inner_loss(self) -> Any:
+            return self._inner
 
         def call(self, y_true: Any, y_pred: Any) -> Any:  # pragma: no cover - unused
             return self._inner.call(y_true, y_pred)
@@ -147,15 +175,43 @@ def packed_loss_type(family: Family) -> type:
     return PackedLoss
 
 
-def wrap_losses(family: Family, loss: Any) -> Any:
+def wrap_losses(family: Family, loss: Any, model: Any = None) -> Any:
+    """Every loss leaf in a `PackedLoss`; one object per output, owned by `model`."""
     cls = packed_loss_type(family)
+    outputs = len(getattr(model, "outputs", None) or []) if model is not None else 0
+    if outputs > 1 and loss is not None and not isinstance(loss, (list, tuple, dict)):
+        # One loss for every output: Keras would share one object between outputs;
+        # separate objects let each find its own per-output tracker.
+        loss = [loss] * outputs
 
     def wrap(leaf: Any) -> Any:
-        if leaf is None or isinstance(leaf, cls):
+        if leaf is None:
             return leaf
-        return cls(leaf)
+        wrapped = cls(leaf.identifier if isinstance(leaf, cls) else leaf)
+        if model is not None:
+            wrapped.owner = weakref.ref(model)
+        return wrapped
 
     return _map(wrap, loss)
+
+
+def _output_loss_tracker(family: Family, model: Any, loss: Any) -> Any:
+    """The per-output loss `Mean` Keras updates for `loss`, if the model has several."""
+    if family.keras3:
+        container = getattr(model, "_compile_loss", None)
+        flat = getattr(container, "_flat_losses", None) or []
+        trackers = list(getattr(container, "metrics", None) or [])
+        owners = [getattr(entry, "loss", None) for entry in flat]
+    else:
+        container = getattr(model, "compiled_loss", None)
+        trackers = list(getattr(container, "_per_output_metrics", None) or [])
+        owners = list(getattr(container, "_losses", None) or [])
+    if len(trackers) != len(owners) or len(trackers) < 2:
+        return None
+    for owner, tracker in zip(owners, trackers):
+        if owner is loss:
+            return tracker
+    return None
 
 
 # --- the overrides --------------------------------------------------------------------------
