@@ -93,7 +93,8 @@ class BatchPlan:
 
     def describe(self) -> str:
         sizes = self.real_rows_per_replica()
-        text = f"global batch {self.real} -> {self.replicas} replicas x {self.per_replica} rows"
+        replicas = "1 replica" if self.replicas == 1 else f"{self.replicas} replicas"
+        text = f"global batch {self.real} -> {replicas} x {self.per_replica} rows"
         if self.pad:
             text += f" (real rows per replica {sizes}; {self.pad} padding row(s), masked)"
         return text

@@ -187,7 +187,8 @@ def wrap_losses(family: Family, loss: Any, model: Any = None) -> Any:
     def wrap(leaf: Any) -> Any:
         if leaf is None:
             return leaf
-        wrapped = cls(leaf.identifier if isinstance(leaf, cls) else leaf)
+        identifier: Any = getattr(leaf, "identifier", leaf) if isinstance(leaf, cls) else leaf
+        wrapped = cls(identifier)
         if model is not None:
             wrapped.owner = weakref.ref(model)
         return wrapped
