@@ -1,0 +1,319 @@
+"""Helpers shared by `kerasmgpu demo`, `doctor` and `bench`; nothing here imports a framework.
+
+The subcommands follow three rules kept here in one place:
+
+* Virtual devices are requested before any framework starts (`request_devices`), and
+  never after: a late request would leave `kerasmgpu.devices` expecting a device count
+  the running framework cannot show.
+* With `--json`, standard output carries exactly one JSON object and the readable report
+  goes to standard error (`Report`), so `kerasmgpu demo --json > demo.json` just works.
+* Argument errors read like the library's own: what was received, what is allowed, the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+
+from kerasmgpu._errors import explain
+from kerasmgpu.detection import (
+    VIRTUAL_DEVICES_ENV,
+    Device,
+    Environment,
+    KerasLine,
+    process_count,
+)
+
+LAUNCHED_ENV = "KERASMGPU_LAUNCHED"
+# Frameworks whose runtime fixes the device count once it has started.
+_RUNTIMES = ("tensorflow", "jax", "torch")
+
+SHARED_CORES_NOTE = (
+    "these replicas are virtual CPU devices: they share this machine's {cores} CPU "
+    "core(s), so samples/s measures the cost of splitting batches and all-reducing "
+    "gradients, not a speed-up. On GPUs each replica has a device of its own."
+)
+
+
+class UsageError(Exception):
+    """A bad command line or a request this machine cannot meet; exit code 2."""
+
+
+def quiet_tensorflow() -> None:
+    """Hide TensorFlow's C++ info and warning lines unless the user chose a level."""
+    # Errors (level 2) still show; TF_CPP_MIN_LOG_LEVEL=0 brings everything back.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def positive_int(flag: str, example: str) -> Any:
+    """An argparse `type=` that accepts integers >= 1 and explains anything else."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                explain(flag, text, "an integer >= 1", f"pass e.g. {flag} {example}")
+            )
+        return value
+
+    parse.__name__ = flag  # argparse names the type in its own messages
+    return parse
+
+
+def parse_counts(text: str, flag: str = "--replicas") -> List[int]:
+    """"1,2,4" -> [1, 2, 4]: positive, no repeats, ascending; UsageError otherwise."""
+    parts = [p.strip() for p in str(text).split(",")]
+    values: List[int] = []
+    for part in parts:
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(explain(
+                flag, text, "a comma-separated list of replica counts >= 1",
+                f"pass e.g. {flag} 1,2,4",
+            ))
+        values.append(int(part))
+    if len(set(values)) != len(values):
+        raise UsageError(explain(
+            flag, text, "each replica count once", f"pass e.g. {flag} {','.join(map(str, sorted(set(values))))}",
+        ))
+    return sorted(values)
+
+
+def launched() -> bool:
+    """True in a worker started by `kerasmgpu launch`."""
+    return os.environ.get(LAUNCHED_ENV) == "1" or process_count() > 1
+
+
+def framework_started() -> bool:
+    """Whether a framework that fixes its device count at start-up is imported."""
+    return any(name in sys.modules for name in _RUNTIMES)
+
+
+def requested_virtual() -> Optional[int]:
+    """The virtual device count already asked for (call or environment), or None."""
+    from kerasmgpu import devices
+
+    try:
+        return devices.requested()
+    except (TypeError, ValueError):  # a malformed variable: `doctor` reports it
+        return None
+
+
+def request_devices(n: int) -> Optional[int]:
+    """Ask for `n` virtual CPU devices in case there is no GPU; returns what was asked.
+
+    Does nothing when at least `n` are already requested, in a `kerasmgpu launch`
+    worker (the launcher owns the devices), or once a framework is imported (it is too
+    late then; the caller compares the devices it gets with what it needs and says so).
+    With GPUs visible the request is ignored by `kerasmgpu.devices` and GPUs are used.
+    """
+    current = requested_virtual()
+    if launched() or (current is not None and current >= n) or framework_started():
+        return current
+    from kerasmgpu import api
+
+    api.virtual_devices(n)
+    return n
+
+
+@contextlib.contextmanager
+def _virtual_request_quiet() -> Iterator[None]:
+    # "N virtual devices requested but GPUs are visible" fires when the framework starts
+    # (importing Keras or listing devices); the commands print the device list, which
+    # says the same thing more plainly.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"kerasmgpu: \d+ virtual devices requested")
+        yield
+
+
+def list_devices() -> Tuple[Device, ...]:
+    """The devices replicas can use, as the framework lists them (starts it)."""
+    from kerasmgpu import api
+
+    with _virtual_request_quiet():
+        env = api.environment(devices=True)
+    return tuple(env.devices or ())
+
+
+def keras_module(env: Environment) -> Any:
+    """The active Keras namespace (`keras`, `tf.keras`, `tf_keras`); imports it."""
+    from kerasmgpu.parallel import family
+
+    with _virtual_request_quiet():
+        return family.load(env.keras_line, env.backend).keras
+
+
+def has_gpu(devices: Sequence[Device]) -> bool:
+    return any(d.kind == "gpu" for d in devices)
+
+
+def all_virtual(devices: Sequence[Device]) -> bool:
+    return bool(devices) and all(d.virtual for d in devices)
+
+
+def device_kind(devices: Sequence[Device]) -> str:
+    """"gpu", "virtual cpu" or "cpu": what a throughput figure was measured on."""
+    if has_gpu(devices):
+        return "gpu"
+    return "virtual cpu" if all_virtual(devices) else "cpu"
+
+
+def gpu_names() -> List[str]:
+    """Names of the visible NVIDIA GPUs (NVML), [] where NVML has none."""
+    from kerasmgpu import nvml
+
+    return [str(d.get("name")) for d in nvml.summary().get("devices", [])]
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def shared_cores_note() -> str:
+    return SHARED_CORES_NOTE.format(cores=cpu_cores())
+
+
+def environment_summary(env: Environment, devices: Sequence[Device]) -> Dict[str, Any]:
+    """The facts a result depends on: Keras line, versions, device kind and names."""
+    names = gpu_names() if has_gpu(devices) else []
+    return {
+        "keras_line": env.keras_line.value,
+        "keras_version": env.keras_version,
+        "backend": env.backend,
+        "tensorflow_version": env.tensorflow_version,
+        "jax_version": env.jax_version,
+        "torch_version": env.torch_version,
+        "python_version": env.python_version,
+        "route": env.route,
+        "device_kind": device_kind(devices),
+        "devices": [str(d) for d in devices],
+        "gpu_name": names[0] if names else None,
+        "cpu_cores": cpu_cores(),
+        "virtual_devices": env.virtual_devices,
+    }
+
+
+def line_label(env: Environment) -> str:
+    """"keras 3 3.15.1 (backend jax)" - one phrase for titles and headers."""
+    version = f" {env.keras_version}" if env.keras_version else ""
+    backend = f" (backend {env.backend})" if env.backend else ""
+    return f"{env.keras_line.value}{version}{backend}"
+
+
+def no_keras_message() -> str:
+    return explain(
+        "keras", "no Keras installed", "tf.keras 2.x, tf_keras, Keras 3 or Keras <= 2.3",
+        'install one, e.g. `pip install "kerasmgpu[tensorflow]"` or '
+        '`pip install "kerasmgpu[jax]"`', raw=True,
+    )
+
+
+def keras_missing(env: Environment) -> bool:
+    return env.keras_line is KerasLine.NONE
+
+
+def virtual_hint() -> str:
+    return f"set {VIRTUAL_DEVICES_ENV}=N (or call kerasmgpu.virtual_devices(N)) to test"
+
+
+def seeded_weights(model: Any, seed: int) -> None:
+    """Give `model` the same initial weights on every Keras line (Glorot-uniform-like).
+
+    Keras 2.3 has no global seed and each line draws initial weights differently; a
+    numpy draw makes the demo's numbers the same everywhere.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = []
+    for w in model.get_weights():
+        if w.ndim >= 2:
+            fan_in = int(np.prod(w.shape[:-1]))
+            limit = math.sqrt(6.0 / (fan_in + w.shape[-1]))
+            weights.append(rng.uniform(-limit, limit, size=w.shape).astype(w.dtype))
+        else:
+            weights.append(np.zeros(w.shape, dtype=w.dtype))
+    model.set_weights(weights)
+
+
+def max_weight_difference(a: Any, b: Any) -> float:
+    """The largest absolute difference between two models' weights."""
+    import numpy as np
+
+    wa, wb = a.get_weights(), b.get_weights()
+    if len(wa) != len(wb):
+        return math.inf
+    return max((float(np.max(np.abs(u - v))) if u.size else 0.0 for u, v in zip(wa, wb)),
+               default=0.0)
+
+
+def evaluate(model: Any, x: Any, y: Any, batch_size: int) -> Tuple[float, float]:
+    """(loss, accuracy) of a model compiled with one accuracy metric."""
+    result = model.evaluate(x, y, batch_size=batch_size, verbose=0)
+    if isinstance(result, dict):  # return_dict or a subclass that returns one
+        return float(result["loss"]), float(result.get("accuracy", math.nan))
+    values = list(result) if isinstance(result, (list, tuple)) else [result]
+    return float(values[0]), float(values[1]) if len(values) > 1 else math.nan
+
+
+def to_json(value: Any) -> str:
+    """JSON text with NaN and infinity written as null (strict parsers reject them)."""
+    return json.dumps(_finite(value), indent=2, sort_keys=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+class Report:
+    """Where the readable report goes: stdout, or stderr when stdout carries JSON.
+
+    `silent=True` (workers other than rank 0 under `kerasmgpu launch`) drops it.
+    """
+
+    def __init__(self, json_mode: bool, silent: bool = False) -> None:
+        self.stream: TextIO = io.StringIO() if silent else (sys.stderr if json_mode else sys.stdout)
+        self.silent = silent
+        self._shown = 0  # length of the progress line on screen, to blank it out
+
+    def line(self, text: str = "") -> None:
+        self.end_progress()
+        print(text, file=self.stream, flush=True)
+
+    def progress(self, text: str) -> None:
+        """A line on stderr that the next one overwrites (plain `\\r`, no terminal codes)."""
+        if self.silent:
+            return
+        print("\r" + text.ljust(self._shown), end="", file=sys.stderr, flush=True)
+        self._shown = len(text)
+
+    def end_progress(self) -> None:
+        if self._shown:
+            print("\r" + " " * self._shown + "\r", end="", file=sys.stderr, flush=True)
+            self._shown = 0
+
+
+def table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> Iterator[str]:
+    """Rows of cells as aligned text lines; `right[i]` right-aligns column i."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)]
+        yield "  ".join(cells).rstrip()

@@ -1,0 +1,562 @@
+"""The `kerasmgpu` command: demo, doctor, bench, and benchmarks/gpu_check.py.
+
+Real code paths throughout. The commands that must start a fresh framework (the demo's
+own `virtual_devices(2)` request, the doctor without virtual devices) run as
+subprocesses, once each; the rest run in this process on the test env's 3 virtual
+devices, which the framework already shows. The doctor's findings are a pure function
+of a `Facts` record, so every finding is tested with made-up facts, no framework needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Sequence
+
+import pytest
+from helpers import BACKEND, requires
+
+from kerasmgpu import cli
+from kerasmgpu.cli import _common, bench, doctor
+from kerasmgpu.cli.doctor import BLOCKING, INFO, WARNING, Facts
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPROCESS_TIMEOUT = 300  # a TensorFlow import alone takes 10-25 s on a 2-core CI machine
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+DOCTOR_KEYS = {"kerasmgpu", "environment", "devices", "nvml", "route", "findings", "ok"}
+ENVIRONMENT_KEYS = {"keras_line", "keras_version", "backend", "python", "keras", "tensorflow",
+                    "tf_keras", "jax", "torch", "platform", "variables", "launched",
+                    "process_index", "process_count"}
+ROUTE_KEYS = {"route", "engine", "replicas", "devices", "all_reduce", "why", "error"}
+FINDING_KEYS = {"severity", "code", "message", "advice"}
+RESULT_KEYS = {"replicas", "global_batch", "per_replica_batch", "padding_rows", "steps",
+               "seconds", "samples_per_s", "speedup", "efficiency"}
+
+
+def fresh_env(**extra: str) -> Dict[str, str]:
+    """This process's environment without its virtual device request.
+
+    `import kerasmgpu` in conftest also wrote XLA_FLAGS for JAX; both go, so a child
+    starts as a user's first run would.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KERASMGPU_VIRTUAL_DEVICES", "XLA_FLAGS")}
+    env.update(extra)
+    return env
+
+
+def run_kerasmgpu(args: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kerasmgpu", *args], capture_output=True, text=True,
+        timeout=SUBPROCESS_TIMEOUT, env=dict(env), cwd=str(ROOT),
+    )
+
+
+def codes(found: Sequence[doctor.Finding]) -> Dict[str, str]:
+    return {f.code: f.severity for f in found}
+
+
+def gpu(index: int, name: str = "NVIDIA H100") -> Dict[str, Any]:
+    return {"name": f"/gpu:{index}", "kind": "gpu", "index": index, "virtual": False,
+            "memory_mb": None, "gpu_name": name}
+
+
+def cpu(index: int, virtual: bool = True) -> Dict[str, Any]:
+    return {"name": f"/cpu:{index}", "kind": "cpu", "index": index, "virtual": virtual,
+            "memory_mb": None}
+
+
+def keras3_tf(**overrides: Any) -> Facts:
+    base: Dict[str, Any] = dict(
+        keras_line="keras 3", keras_version="3.15.1", backend="tensorflow", keras="3.15.1",
+        tensorflow="2.21.0", route="mirrored", devices=(cpu(0), cpu(1), cpu(2)),
+        variables={"KERASMGPU_VIRTUAL_DEVICES": "3"},
+    )
+    base.update(overrides)
+    return Facts(**base)
+
+
+# --- the dispatcher -----------------------------------------------------------------------
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("demo", "doctor", "bench", "migrate", "launch"):
+        assert f"  {name}" in out
+
+
+def test_unknown_command_exits_2_and_lists_the_allowed_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'bogus'" in err and "Allowed: demo, doctor, bench" in err
+
+
+def test_the_console_entry_point_answers_help() -> None:
+    done = subprocess.run([sys.executable, "-m", "kerasmgpu", "--help"], capture_output=True,
+                          text=True, timeout=60, cwd=str(ROOT))
+    assert done.returncode == 0 and "kerasmgpu doctor" not in done.stderr
+    assert "demo" in done.stdout and "bench" in done.stdout
+
+
+@pytest.mark.parametrize("command,option", [("demo", "--replicas"), ("doctor", "--json"),
+                                            ("bench", "--batch-policy")])
+def test_subcommand_help(command: str, option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert option in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["demo", "--epochs", "0"], "--epochs"),
+    (["demo", "--replicas", "two"], "--replicas"),
+    (["bench", "--steps", "-3"], "--steps"),
+])
+def test_bad_numbers_say_received_allowed_fix(argv: List[str], flag: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"Received: {flag}=" in err and "Allowed: an integer >= 1" in err and "Fix:" in err
+
+
+# --- doctor: findings from made-up facts ---------------------------------------------------
+
+
+def test_virtual_devices_are_enough_to_train() -> None:
+    facts = keras3_tf()
+    found = doctor.findings(facts)
+    assert codes(found) == {"no_gpu": INFO}
+    assert doctor.can_train(facts, found)
+
+
+def test_tf_keras_without_the_legacy_switch_is_an_info() -> None:
+    facts = keras3_tf(tf_keras="2.21.0")
+    found = codes(doctor.findings(facts))
+    assert found["tf_keras_not_selected"] == INFO
+    message = next(f for f in doctor.findings(facts) if f.code == "tf_keras_not_selected")
+    assert "TF_USE_LEGACY_KERAS=1" in message.advice
+    # With the switch on there is nothing to say.
+    legacy = keras3_tf(keras_line="tf_keras", keras_version="2.21.0", tf_keras="2.21.0",
+                       variables={"TF_USE_LEGACY_KERAS": "1", "KERASMGPU_VIRTUAL_DEVICES": "3"})
+    assert "tf_keras_not_selected" not in codes(doctor.findings(legacy))
+
+
+def test_keras3_with_tensorflow_215_is_blocking() -> None:
+    facts = keras3_tf(tensorflow="2.15.1")
+    found = doctor.findings(facts)
+    assert codes(found)["keras3_with_old_tensorflow"] == BLOCKING
+    assert found[0].code == "keras3_with_old_tensorflow"  # blocking findings come first
+    assert "tensorflow>=2.16" in found[0].advice
+    assert not doctor.can_train(facts, found)
+    # On JAX it only breaks tf.keras: a warning.
+    on_jax = keras3_tf(tensorflow="2.15.1", backend="jax", route="keras_distribution")
+    assert codes(doctor.findings(on_jax))["keras3_with_old_tensorflow"] == WARNING
+
+
+def test_tf_keras_must_match_tensorflow_major_minor() -> None:
+    facts = keras3_tf(keras_line="tf_keras", keras_version="2.15.0", tf_keras="2.15.0",
+                      tensorflow="2.16.1", variables={"TF_USE_LEGACY_KERAS": "1"})
+    found = doctor.findings(facts)
+    mismatch = next(f for f in found if f.code == "tf_keras_mismatch")
+    assert mismatch.severity == BLOCKING and 'tf_keras==2.16.*' in mismatch.advice
+
+
+def test_tf_keras_version_must_match_tensorflow() -> None:
+    facts = keras3_tf(keras_line="tf.keras 2.x", keras_version="2.14.0", keras="2.14.0",
+                      tensorflow="2.15.1")
+    assert codes(doctor.findings(facts))["keras_tensorflow_mismatch"] == BLOCKING
+
+
+def test_torch_outside_launch_is_a_warning_and_inside_it_is_not() -> None:
+    outside = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None)
+    found = doctor.findings(outside)
+    warning = next(f for f in found if f.code == "torch_outside_launch")
+    assert warning.severity == WARNING
+    assert "kerasmgpu launch --nproc N" in warning.advice
+    inside = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None,
+                       launched=True, process_count=2, devices=(cpu(0, virtual=False),))
+    found_inside = codes(doctor.findings(inside))
+    assert "torch_outside_launch" not in found_inside and found_inside["launched"] == INFO
+    assert doctor.device_count(inside) == 2
+
+
+def test_no_gpu_and_no_virtual_devices_cannot_train() -> None:
+    facts = keras3_tf(devices=(cpu(0, virtual=False),), variables={})
+    found = doctor.findings(facts)
+    no_gpu = next(f for f in found if f.code == "no_gpu")
+    assert no_gpu.severity == WARNING and "KERASMGPU_VIRTUAL_DEVICES=N" in no_gpu.advice
+    assert not doctor.can_train(facts, found)
+
+
+def test_one_gpu_is_a_warning_naming_cuda_visible_devices() -> None:
+    facts = keras3_tf(devices=(gpu(0),), variables={"CUDA_VISIBLE_DEVICES": "0"},
+                      nvml={"available": True, "devices": [{"name": "H100"}, {"name": "H100"}]})
+    found = doctor.findings(facts)
+    one = next(f for f in found if f.code == "one_gpu")
+    assert one.severity == WARNING
+    assert "CUDA_VISIBLE_DEVICES='0'" in one.advice and "NVML sees 2" in one.advice
+    assert not doctor.can_train(facts, found)
+
+
+def test_gpus_seen_by_nvml_but_not_by_the_framework() -> None:
+    facts = keras3_tf(backend="jax", route="keras_distribution",
+                      nvml={"available": True, "devices": [{"name": "NVIDIA A100"}] * 2})
+    found = next(f for f in doctor.findings(facts) if f.code == "gpus_invisible_to_framework")
+    assert found.severity == WARNING and "jax[cuda12]" in found.advice
+
+
+def test_blocking_failures() -> None:
+    assert codes(doctor.findings(Facts()))["no_keras"] == BLOCKING
+    broken = keras3_tf(devices=None, devices_error="ImportError: libcudart.so.12",
+                       devices_error_is_import=True)
+    found = codes(doctor.findings(broken))
+    assert found["framework_import_failed"] == BLOCKING
+    internal = codes(doctor.findings(keras3_tf(internal_errors=("KeyError: 'x'",))))
+    assert internal["internal_error"] == BLOCKING
+    unbuildable = keras3_tf(description={"error": "RuntimeError: boom"})
+    assert codes(doctor.findings(unbuildable))["route_unavailable"] == BLOCKING
+
+
+@pytest.mark.parametrize("facts,expected", [
+    (keras3_tf(devices=(gpu(0), gpu(1)), platform="linux"), "NCCL"),
+    (keras3_tf(devices=(gpu(0), gpu(1)), platform="win32"), "HierarchicalCopy"),
+    (keras3_tf(), "CPU"),
+    (keras3_tf(backend="jax", route="keras_distribution"), "XLA collectives"),
+    (keras3_tf(backend="torch", route="torch_ddp"), "gloo"),
+    (keras3_tf(backend="torch", route="torch_ddp", devices=(gpu(0), gpu(1))), "nccl"),
+    (keras3_tf(keras_line="keras<=2.3", keras_version="2.3.1", route="multi_gpu_model"),
+     "merged on the CPU"),
+])
+def test_route_names_the_all_reduce_and_why(facts: Facts, expected: str) -> None:
+    info = doctor.route_info(facts)
+    assert set(info) == ROUTE_KEYS
+    assert expected in info["all_reduce"] and info["why"]
+
+
+def test_report_schema_and_rendering_from_made_up_facts() -> None:
+    for facts in (Facts(), keras3_tf(), keras3_tf(devices=(gpu(0),), tf_keras="2.15.0"),
+                  keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0")):
+        report = doctor.build_report(facts)
+        assert set(report) == DOCTOR_KEYS
+        assert set(report["environment"]) == ENVIRONMENT_KEYS
+        assert set(report["route"]) == ROUTE_KEYS
+        for finding in report["findings"]:
+            assert set(finding) == FINDING_KEYS and finding["severity"] in doctor.SEVERITIES
+        json.loads(json.dumps(report))
+        text = doctor.render(report)
+        assert ("OK:" in text) == report["ok"] and "Findings" in text
+
+
+def test_doctor_turns_a_crash_into_a_blocking_finding(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    def explode() -> Facts:
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(doctor, "collect", explode)
+    assert doctor.main(["--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["findings"][0]["code"] == "internal_error"
+    assert "RuntimeError: unexpected" in report["findings"][0]["message"]
+
+
+# --- doctor on this machine ----------------------------------------------------------------
+
+
+@requires(in_process=True)
+def test_doctor_json_here_sees_the_three_virtual_devices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = doctor.main(["--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == DOCTOR_KEYS and set(report["environment"]) == ENVIRONMENT_KEYS
+    assert report["environment"]["backend"] == BACKEND
+    assert len(report["devices"]) == 3 and all(d["virtual"] for d in report["devices"])
+    assert report["route"]["replicas"] == 3 and report["route"]["all_reduce"]
+    assert status == 0 and report["ok"] is True
+    assert "no_gpu" in {f["code"] for f in report["findings"]}
+
+
+@requires(in_process=True)
+def test_doctor_text_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out
+    for heading in ("Environment", "Devices", "NVIDIA GPUs (NVML)",
+                    "Route parallelize() would take", "Findings", "OK: multi-device"):
+        assert heading in out
+    assert "KERASMGPU_VIRTUAL_DEVICES = 3" in out
+
+
+@pytest.mark.slow
+def test_doctor_without_gpu_or_virtual_devices_exits_1() -> None:
+    from kerasmgpu import nvml
+
+    if nvml.available():
+        pytest.skip("this machine has NVIDIA GPUs")
+    done = run_kerasmgpu(["doctor", "--json"], fresh_env())
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
+    assert no_gpu["severity"] == WARNING and "KERASMGPU_VIRTUAL_DEVICES" in no_gpu["advice"]
+    assert report["ok"] is False
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@requires(in_process=True)
+def test_demo_trains_two_replicas_like_one_device() -> None:
+    # A fresh process, as a first-time user runs it: the demo asks for 2 virtual
+    # devices itself, before the framework starts.
+    done = run_kerasmgpu(["demo", "--replicas", "2", "--epochs", "2", "--json"], fresh_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)  # stdout is the JSON object alone
+    assert result["replicas"] == 2 and result["virtual"] is True
+    assert result["agree"] is True
+    assert result["max_weight_difference"] <= result["tolerance"]
+    assert result["parallel"]["val_accuracy"] == pytest.approx(
+        result["single"]["val_accuracy"], abs=0.01)
+    assert result["single"]["val_accuracy"] > 0.5  # 2 epochs already learn the digits
+    assert result["route"]["replicas"] == "2"
+    assert result["batch_split"]["last"].startswith("global batch 37 -> 2 replicas x 19 rows")
+    # The readable report went to stderr.
+    for text in ("validation accuracy", "max weight difference", "verdict: OK",
+                 "share this machine's", "batch split"):
+        assert text in done.stderr
+
+
+@requires(in_process=True)
+def test_demo_asks_for_more_devices_than_started_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _common.list_devices()  # the framework runs with 3 devices from here on
+    assert cli.main(["demo", "--replicas", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "Received: --replicas=5" in err and "at most 3" in err and "Fix:" in err
+
+
+@requires(torch=True)
+def test_demo_on_torch_outside_launch_trains_one_device(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["demo", "--epochs", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["parallel"] is None and result["agree"] is None
+    assert "kerasmgpu launch --nproc 2 -m kerasmgpu demo" in captured.err
+
+
+def test_demo_without_scikit_learn_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sklearn" else real(name, *a))
+    assert cli.main(["demo"]) == 2
+    assert "pip install scikit-learn" in capsys.readouterr().err
+
+
+# --- bench ----------------------------------------------------------------------------------
+
+
+def test_bench_pure_helpers() -> None:
+    assert bench.default_counts(1) == [1]
+    assert bench.default_counts(3) == [1, 2, 3]
+    assert bench.default_counts(8) == [1, 2, 4, 8]
+    assert bench.global_batch(64, "per-replica", 4) == 256
+    assert bench.global_batch(64, "global", 4) == 64
+    rows = bench.scaling([(1, 100.0), (2, 150.0), (4, 200.0)])
+    assert [r["speedup"] for r in rows] == [1.0, 1.5, 2.0]
+    assert [r["efficiency"] for r in rows] == [1.0, 0.75, 0.5]
+    assert _common.parse_counts("4, 1,2") == [1, 2, 4]
+
+
+@pytest.mark.parametrize("text", ["0,2", "1,1", "a,b", ""])
+def test_bench_rejects_bad_replica_lists_before_training(
+    text: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    assert cli.main(["bench", "--replicas", text, "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Received: --replicas=" in err and "Fix:" in err
+    assert not list(tmp_path.iterdir())
+
+
+@requires(in_process=True)
+def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "bench-out"
+    status = cli.main(["bench", "--replicas", "1,2", "--steps", "5", "--warmup", "2",
+                       "--batch-size", "32", "--output", str(out_dir), "--json"])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err[-2000:]
+    printed = json.loads(captured.out)
+    saved = json.loads((out_dir / "bench.json").read_text())
+    assert printed == saved
+    assert set(saved) == {"kerasmgpu", "config", "environment", "route", "results", "plot",
+                          "notes"}
+    assert saved["config"] == {"replicas": [1, 2], "model": "mlp", "batch_size": 32,
+                               "batch_policy": "per-replica", "steps": 5, "warmup": 2,
+                               "output": str(out_dir)}
+    assert saved["environment"]["device_kind"] == "virtual cpu"
+    assert [r["replicas"] for r in saved["results"]] == [1, 2]
+    assert [r["global_batch"] for r in saved["results"]] == [32, 64]
+    for row in saved["results"]:
+        assert set(row) == RESULT_KEYS
+        assert row["samples_per_s"] > 0 and row["seconds"] > 0
+    assert saved["results"][0]["speedup"] == 1.0
+    assert any("share this machine's" in note for note in saved["notes"])
+    png = out_dir / "scaling.png"
+    assert saved["plot"] == str(png)
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000  # two drawn panels, not a stub
+    assert "samples/s" in captured.err and "efficiency" in captured.err
+    assert "replicas=2 step" in captured.err  # the progress line
+
+
+@requires(in_process=True)
+def test_bench_without_matplotlib_writes_json_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    status = cli.main(["bench", "--replicas", "2", "--steps", "2", "--warmup", "1",
+                       "--batch-size", "16", "--batch-policy", "global",
+                       "--output", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["plot"] is None and not (tmp_path / "scaling.png").exists()
+    assert [r["global_batch"] for r in saved["results"]] == [16, 16]  # 1 was added
+    assert "pip install matplotlib" in out
+
+
+@requires(in_process=True)
+def test_bench_more_replicas_than_devices_exits_2_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _common.list_devices()  # the framework runs with 3 devices from here on
+    assert cli.main(["bench", "--replicas", "1,4", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Received: --replicas=1,4" in err
+    assert "Allowed: counts up to 3" in err and "Fix: pass --replicas 1" in err
+    assert not list(tmp_path.iterdir())
+
+
+# --- benchmarks/gpu_check.py -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> Any:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_help(gpu_check: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--output", "--timeout", "--gpus", "--steps", "--allow-no-gpu"):
+        assert option in out
+
+
+def test_gpu_check_arguments(gpu_check: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    args = gpu_check.parse_args([])
+    assert args.output == "gpu-check.json" and args.steps == list(gpu_check.STEPS)
+    assert gpu_check.parse_args(["--steps", "bench, doctor"]).steps == ["bench", "doctor"]
+    for bad in (["--steps", "bench,lunch"], ["--timeout", "0"], ["--gpus", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            gpu_check.parse_args(bad)
+        assert exit_info.value.code == 2
+        assert "Received:" in capsys.readouterr().err
+
+
+def test_gpu_check_builds_the_commands(gpu_check: Any) -> None:
+    commands = gpu_check.build_commands("/py", 4, "out-dir", "/x/gpu_check.py", 3, 50)
+    assert commands["doctor"] == ["/py", "-m", "kerasmgpu", "doctor", "--json"]
+    assert commands["demo"] == ["/py", "-m", "kerasmgpu", "demo", "--json"]
+    assert commands["bench"] == ["/py", "-m", "kerasmgpu", "bench", "--replicas", "1,2,3,4",
+                                 "--output", "out-dir", "--json"]
+    assert commands["monitor"] == ["/py", "/x/gpu_check.py", "--monitor-run",
+                                   "--monitor-epochs", "3", "--monitor-steps", "50"]
+    assert gpu_check.replica_counts(1) == [1]
+
+
+def test_gpu_check_reads_json_output(gpu_check: Any) -> None:
+    assert gpu_check.parse_json_output('{"a": 1}\n') == {"a": 1}
+    assert gpu_check.parse_json_output('Using TensorFlow backend.\n{\n  "a": [1, 2]\n}\n') == {
+        "a": [1, 2]}
+    assert gpu_check.parse_json_output("Traceback ...\nValueError: x") is None
+    assert gpu_check.parse_json_output("") is None
+
+
+def test_gpu_check_runs_every_step_into_one_file(
+    gpu_check: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(gpu_check, "detect_gpus", lambda: {
+        "count": 2, "names": ["NVIDIA H100", "NVIDIA H100"], "source": "nvml",
+        "nvml": {"available": True}})
+    seen: List[List[str]] = []
+    canned = {
+        "doctor": {"route": {"route": "mirrored", "all_reduce": "NCCL"}, "devices": [1, 2]},
+        "demo": {"max_weight_difference": 1e-7, "single": {"samples_per_s": 10.0,
+                 "val_accuracy": 0.9}, "parallel": {"samples_per_s": 19.0, "val_accuracy": 0.9}},
+        "bench": {"results": [{"replicas": 1, "samples_per_s": 10.0, "efficiency": 1.0},
+                              {"replicas": 2, "samples_per_s": 19.0, "efficiency": 0.95}]},
+        "monitor": {"summary": [{"epoch": 0, "gpu0_util": 91.0, "gpu1_util": 89.0,
+                                 "gpu_util_mean": 90.0}]},
+    }
+
+    def runner(name: str, command: Sequence[str], timeout: float,
+               env: Mapping[str, str]) -> Dict[str, Any]:
+        seen.append(list(command))
+        return {"command": list(command), "returncode": 0, "timed_out": False,
+                "seconds": 1.0, "json": canned[name], "stdout_tail": "", "stderr_tail": ""}
+
+    output = tmp_path / "check.json"
+    assert gpu_check.main(["--output", str(output), "--bench-dir", "b"], runner=runner) == 0
+    report = json.loads(output.read_text())
+    assert list(report["steps"]) == ["doctor", "demo", "bench", "monitor"]
+    assert report["ok"] is True and report["gpus"] == 2
+    assert seen[2][-4:] == ["1,2", "--output", "b", "--json"]
+    out = capsys.readouterr().out
+    assert "2: 19/s (95%)" in out and "gpu0 91%" in out and "max weight difference" in out
+
+
+def test_gpu_check_without_gpu_stops_unless_allowed(
+    gpu_check: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(gpu_check, "detect_gpus", lambda: {
+        "count": 0, "names": [], "source": None, "nvml": {"reason": "no NVIDIA driver"}})
+    output = tmp_path / "check.json"
+    assert gpu_check.main(["--output", str(output)]) == 2
+    assert "--allow-no-gpu" in capsys.readouterr().err and not output.exists()
+    envs: List[Mapping[str, str]] = []
+
+    def failing(name: str, command: Sequence[str], timeout: float,
+                env: Mapping[str, str]) -> Dict[str, Any]:
+        envs.append(env)
+        return {"command": list(command), "returncode": None, "timed_out": True,
+                "seconds": timeout, "json": None, "stdout_tail": "", "stderr_tail": "hung"}
+
+    argv = ["--output", str(output), "--allow-no-gpu", "--steps", "doctor", "--timeout", "5"]
+    assert gpu_check.main(argv, runner=failing) == 1
+    assert envs[0]["KERASMGPU_VIRTUAL_DEVICES"]
+    report = json.loads(output.read_text())
+    assert report["ok"] is False and report["steps"]["doctor"]["timed_out"] is True
+    assert "timed out" in capsys.readouterr().out
