@@ -16,9 +16,9 @@ import os
 
 os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "2")
 
-from _common import alternate, compile_model, data, keras_module, mlp, report  # noqa: E402
+from _common import alternate, compile_model, data, keras_module, mlp, report
 
-import kerasmgpu  # noqa: E402
+import kerasmgpu
 
 
 def native(keras: os.PathLike, replicas: int) -> object:

@@ -48,7 +48,7 @@ def _tensorflow() -> None:
     # (circular import). Keras 2.3 only wants TF's own Keras classes (e.g.
     # `tf.keras.metrics.MeanIoU`), which TF still ships as `tensorflow.python.keras`.
     import tensorflow.python.keras as tf_internal_keras
-    import tensorflow.python.keras.metrics  # noqa: F401 - load the submodules Keras uses
+    import tensorflow.python.keras.metrics
 
     tf.keras = tf_internal_keras
 

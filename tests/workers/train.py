@@ -14,9 +14,9 @@ import argparse
 import os
 import sys
 
-import kerasmgpu  # before TensorFlow/JAX/Keras: it sets up the multi-process engine
+import numpy as np
 
-import numpy as np  # noqa: E402
+import kerasmgpu  # before TensorFlow/JAX/Keras: it sets up the multi-process engine
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
