@@ -69,6 +69,10 @@ def _check_flag(name: str, value: Any) -> bool:
 def _legacy_gpu_ids(gpus: _GpusArg, available: Sequence[Any]) -> List[int]:
     """Keras 2.3's rules for `gpus`, with messages that say what to do."""
     names = [str(d) for d in available]
+    if gpus is not None and not isinstance(gpus, bool) and (
+        gpus == 0 or (isinstance(gpus, (list, tuple, range)) and len(gpus) == 0)
+    ):
+        gpus = None  # Keras 2.3 reads `if not gpus:` as "every visible GPU"
     if gpus is None:
         count = len(available)
         if count < 2:
@@ -122,7 +126,12 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     _check_flag("cpu_relocation", cpu_relocation)
     line, _ = detection.detect_keras_line()
     fam = family_module.load(line, detection.backend_for(line))
-    family_module.check_model(model, fam)
+    try:
+        family_module.check_model(model, fam)
+    except ValueError as exc:
+        # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
+        # another Keras must not be silently trained on one device that way.
+        raise TypeError(str(exc)) from exc
     ids = _legacy_gpu_ids(gpus, _available(line))
     _migration_hint()
     if line is detection.KerasLine.LEGACY:
@@ -160,8 +169,20 @@ def _shim(name: str) -> types.ModuleType:
     return module
 
 
+# Where install() keeps Keras's own function, so the multi_gpu_model route (on real
+# Keras <= 2.3) still calls Keras's, not the drop-in that now stands in its place.
+KERAS_OWN = "_kerasmgpu_keras_multi_gpu_model"
+
+
+def _point_at_drop_in(module: types.ModuleType) -> None:
+    current = getattr(module, "multi_gpu_model", None)
+    if current is not None and current is not multi_gpu_model and not hasattr(module, KERAS_OWN):
+        setattr(module, KERAS_OWN, current)
+    module.multi_gpu_model = multi_gpu_model  # type: ignore[attr-defined]
+
+
 def _patch_utils(utils: types.ModuleType, dotted: str) -> None:
-    utils.multi_gpu_model = multi_gpu_model  # type: ignore[attr-defined]
+    _point_at_drop_in(utils)
     _installed.append(f"{dotted}.multi_gpu_model")
     for sub in _LEGACY_MODULES:
         full = f"{dotted}.{sub}"
@@ -172,7 +193,7 @@ def _patch_utils(utils: types.ModuleType, dotted: str) -> None:
             except ImportError:
                 existing = _shim(full)
                 sys.modules[full] = existing
-        existing.multi_gpu_model = multi_gpu_model  # type: ignore[attr-defined]
+        _point_at_drop_in(existing)
         setattr(utils, sub, existing)
         _installed.append(f"{full}.multi_gpu_model")
 

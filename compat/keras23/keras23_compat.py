@@ -86,6 +86,24 @@ def _keras_graph_mode() -> None:
     K.get_value = tfb.get_value = tf_keras_backend.get_value
 
 
+def _h5py3_strings() -> None:
+    # Why: h5py >= 3 returns scalar string attributes as `str` where h5py 2 returned
+    # bytes; Keras 2.3.1's `load_model` calls `.decode('utf-8')` on them
+    # (model_config, training_config, keras_version, backend). h5py 2 has no Python
+    # 3.11 wheels, so give Keras the bytes it expects.
+    from keras.utils import io_utils
+
+    original = io_utils.H5Dict.__getitem__
+
+    def __getitem__(self: Any, attr: Any) -> Any:
+        val = original(self, attr)
+        if isinstance(val, str) and not isinstance(self.data, dict):
+            return val.encode("utf-8")
+        return val
+
+    io_utils.H5Dict.__getitem__ = __getitem__
+
+
 def apply() -> None:
     """The patches TF and Python need before Keras 2.3 is imported."""
     global _applied
@@ -102,6 +120,11 @@ class _AroundKeras(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Optional[Any]:
         if fullname != "keras":
             return None
+        tf = sys.modules.get("tensorflow")
+        if tf is not None and getattr(getattr(tf, "__spec__", None), "_initializing", False):
+            # TensorFlow probing for `keras` while it imports (`import tensorflow` before
+            # `import keras`): patch on Keras's own import, once TF is complete.
+            return None
         sys.meta_path.remove(self)
         apply()
         spec = importlib.util.find_spec("keras")
@@ -112,6 +135,7 @@ class _AroundKeras(importlib.abc.MetaPathFinder):
         def exec_module(module: Any) -> None:
             original(module)
             _keras_graph_mode()
+            _h5py3_strings()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

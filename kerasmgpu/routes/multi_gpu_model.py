@@ -15,6 +15,7 @@ the CPU, so the slicing and merging still run for real.
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu import devices as devices_module
@@ -64,17 +65,33 @@ class MultiGpuModelRoute(BaseRoute):
             utils._get_available_devices = original
 
     def parallelize(self, model: Any) -> Any:
+        from kerasmgpu.legacy import KERAS_OWN
         from kerasmgpu.parallel.model import STATE_ATTR, ParallelState
 
         ids = [d.index for d in self.devices]
+        utils = _multi_gpu_utils(self.family)
+        # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
+        keras_multi_gpu_model = getattr(utils, KERAS_OWN, utils.multi_gpu_model)
+        inner = model
+        if self.cpu_relocation:
+            # Keras's own relocation clones the template with fresh weights and trains
+            # the clone, so "save the template" saved untrained weights. Relocate here
+            # with the template's weights, and give them back after training.
+            import tensorflow as tf
+
+            with tf.device("/cpu:0"):
+                inner = self.family.keras.models.clone_model(model)
+            inner.set_weights(model.get_weights())
         with self._gpu_names_for_virtual_devices():
-            parallel = _multi_gpu_utils(self.family).multi_gpu_model(
-                model, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=self.cpu_relocation
+            parallel = keras_multi_gpu_model(
+                inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
             )
         if getattr(model, "_is_compiled", False):
             parallel.compile(**legacy_compile_args(self.family, model))
         parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                       family=self.family)
+        if inner is not model:
+            _give_weights_back(parallel, inner, model)
         return parallel
 
     def describe(self) -> Dict[str, str]:
@@ -87,6 +104,22 @@ class MultiGpuModelRoute(BaseRoute):
             + ("the CPU" if self.cpu_merge else "the first GPU")
             + ", one loss and one gradient over the whole batch",
         }
+
+
+def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
+    """After each training call, the relocated copy's weights go to the template."""
+    klass = type(parallel)
+    for name in ("fit", "fit_generator", "train_on_batch"):
+        original = getattr(klass, name, None)
+        if original is None:
+            continue
+
+        def synced(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            result = _original(self, *args, **kwargs)
+            template.set_weights(inner.get_weights())
+            return result
+
+        parallel.__dict__[name] = types.MethodType(synced, parallel)
 
 
 def _multi_gpu_utils(family: Family) -> Any:
