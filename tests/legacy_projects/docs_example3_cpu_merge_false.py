@@ -1,0 +1,53 @@
+"""Keras 2.3 docs, `multi_gpu_model` Example 3: weights merged on the first GPU
+(`cpu_merge=False`, "recommended for NV-link"), with the docs' bare `except:` fallback.
+
+Written against `import keras` (`keras.utils.multi_gpu_model`), the other way Keras 2.3
+code reached the function; a tiny Sequential MLP stands in for Xception.
+Run by tests/test_legacy_projects.py; LEGACY_OUT names the folder it writes to.
+"""
+import os
+
+import keras
+import numpy as np
+
+num_samples = 163  # 5 batches of 32, then a last batch of 3
+num_features = 8
+num_classes = 3
+out_dir = os.environ.get('LEGACY_OUT', '.')
+
+# Not needed to change the device scope for model definition:
+model = keras.models.Sequential([
+    keras.layers.Dense(32, activation='relu', input_shape=(num_features,)),
+    keras.layers.Dense(num_classes, activation='softmax'),
+])
+initial_weights = model.get_weights()
+
+try:
+    parallel_model = keras.utils.multi_gpu_model(model, cpu_merge=False)
+    print("Training using multiple GPUs..")
+except:
+    parallel_model = model
+    print("Training using single GPU or CPU..")
+
+parallel_model.compile(loss='categorical_crossentropy', optimizer='rmsprop')
+
+# The last feature is 0 everywhere but in the very last sample, so its weights
+# only move if that sample (the batch remainder) reaches the gradient.
+np.random.seed(2)
+x = np.random.random((num_samples, num_features))
+x[:, -1] = 0.
+x[-1, -1] = 1.
+y = keras.utils.to_categorical(np.random.randint(num_classes, size=num_samples), num_classes)
+
+parallel_model.fit(x, y, epochs=2, batch_size=32, shuffle=False)
+trained_weights = model.get_weights()
+
+# Save model via the template model (which shares the same weights):
+model.save(os.path.join(out_dir, 'my_model.h5'))
+
+arrays = {'parallel': parallel_model is not model, 'marker_feature': num_features - 1}
+for i, w in enumerate(initial_weights):
+    arrays['initial_%d' % i] = w
+for i, w in enumerate(trained_weights):
+    arrays['trained_%d' % i] = w
+np.savez(os.path.join(out_dir, 'weights.npz'), **arrays)
