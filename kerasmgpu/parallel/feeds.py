@@ -335,6 +335,14 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
     return Feed(_no_autoshard(tf, data), steps=len(source.sizes), batch_rows=list(source.sizes))
 
 
+def repeated(feed: Feed) -> Feed:
+    """A tf.data feed of known length read as one endless stream (pass `steps`)."""
+    if feed.steps is None or not _is_dataset(feed.data):
+        return feed
+    return Feed(feed.data.repeat(), steps=feed.steps, batch_rows=feed.batch_rows,
+                keras_shuffles=feed.keras_shuffles, needs_steps=True)
+
+
 def _no_autoshard(tf: Any, dataset: Any) -> Any:
     # We shard between workers ourselves (kerasmgpu.batching.shard); tf.data must not
     # shard again, or each worker would drop rows.

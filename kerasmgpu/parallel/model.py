@@ -38,10 +38,16 @@ class ParallelState:
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
 
     def feed(self, x: Any, *, training: bool = True, **kwargs: Any) -> feeds.Feed:
+        """`training`: a feed of fit() (train or validation), read epoch after epoch."""
         if distributed.launched() and kwargs.get("shuffle"):
             # Every worker must shuffle the same way, or shards would overlap.
             kwargs.setdefault("seed", distributed.shared_seed())
         feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x, **kwargs)
+        if training:
+            # Keras re-creates a dataset's iterator every epoch unless it is told the
+            # steps (for a distributed dataset that costs as much as half an epoch of a
+            # small model); one repeated iterator reads the epochs back to back.
+            feed = feeds.repeated(feed)
         return self.route.distribute_feed(feed, training=training)
 
 

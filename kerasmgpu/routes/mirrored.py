@@ -126,8 +126,6 @@ class MirroredRoute(BaseRoute):
             )
         local = self.replicas // distributed.process_count()
         per_worker = _split_per_replica(tf, dataset, max(1, local))
-        if training:
-            per_worker = per_worker.repeat()  # epochs continue on the same iterator
         distributed_data = self.strategy.distribute_datasets_from_function(
             lambda _context: per_worker
         )
