@@ -56,7 +56,14 @@ def _prepare(
     from kerasmgpu.parallel import model as parallel_model
 
     chosen = parse_route(route)
-    line, _ = env_module.detect_keras_line()
+    line, version = env_module.detect_keras_line()
+    too_old = env_module.unsupported_version(line, version)
+    if too_old is not None:
+        raise bad_value(
+            "keras", too_old, f"tf.keras >= {env_module.TF_KERAS_MIN} or Keras >= "
+            f"{env_module.KERAS3_MIN} (older: Keras <= 2.3's multi_gpu_model route)",
+            'upgrade, e.g. `pip install -U "tensorflow>=2.9"` or `pip install -U keras`',
+        )
     backend = env_module.backend_for(line)
     natural = choose_route(line, backend)
     if chosen is not None:

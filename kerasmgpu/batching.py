@@ -165,17 +165,6 @@ def real_positions(plans: Sequence[BatchPlan]) -> np.ndarray:
     return np.concatenate(chunks)
 
 
-def unpad_rows(fed_rows: int, batch_rows: Sequence[int], replicas: int) -> np.ndarray:
-    """Positions of real rows among `fed_rows` outputs of batches with `batch_rows` rows."""
-    positions = real_positions([plan_batch(b, replicas) for b in batch_rows])
-    if positions.size and positions[-1] >= fed_rows:
-        raise ValueError(
-            f"Expected at least {positions[-1] + 1} output rows, got {fed_rows}: the "
-            "outputs do not come from the planned batches."
-        )
-    return positions
-
-
 def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
     """Keras's rule: one weight per sample, from its class (argmax of one-hot targets)."""
     y = np.asarray(y)

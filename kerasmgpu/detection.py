@@ -286,9 +286,12 @@ def jax_has_num_cpu_devices_option() -> bool:
     return version is not None and version >= JAX_NUM_CPU_DEVICES_OPTION
 
 
-def tf_keras_supported(version: Optional[Version]) -> bool:
-    return version is None or version >= TF_KERAS_MIN
-
-
-def keras3_supported(version: Optional[Version]) -> bool:
-    return version is None or version >= KERAS3_MIN
+def unsupported_version(line: KerasLine, version: Optional[Version]) -> Optional[str]:
+    """Why this Keras release is too old for kerasmgpu's route, or None."""
+    if version is None:
+        return None
+    if line is KerasLine.TF_KERAS and version < TF_KERAS_MIN:
+        return f"tf.keras {version} (kerasmgpu needs >= {TF_KERAS_MIN})"
+    if line is KerasLine.KERAS_3 and version < KERAS3_MIN:
+        return f"Keras {version} (kerasmgpu needs >= {KERAS3_MIN})"
+    return None

@@ -105,3 +105,10 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(detection.PROCESS_COUNT_ENV, "2")
     assert detection.process_index() == 1 and detection.process_count() == 2
     assert not detection.is_chief()
+
+
+def test_too_old_releases_are_named() -> None:
+    assert "needs >= 2.9" in detection.unsupported_version(KerasLine.TF_KERAS, Version("2.8.4"))
+    assert "needs >= 3.3" in detection.unsupported_version(KerasLine.KERAS_3, Version("3.1.0"))
+    assert detection.unsupported_version(KerasLine.TF_KERAS, Version("2.15.0")) is None
+    assert detection.unsupported_version(KerasLine.LEGACY, Version("2.3.1")) is None

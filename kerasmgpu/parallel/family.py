@@ -45,9 +45,6 @@ class Family:
             return self.keras.ops.stop_gradient(x)
         return self._tf.stop_gradient(x)
 
-    def column(self, packed: Any, index: int) -> Any:
-        return packed[:, index]
-
     def cast(self, x: Any, dtype: Any) -> Any:
         if self.keras3:
             return self.keras.ops.cast(x, dtype)
@@ -58,16 +55,6 @@ class Family:
         if self.keras3:
             return self.keras.ops.shape(x)[0]
         return self._tf.shape(x)[0]
-
-    def rank(self, x: Any) -> int:
-        return len(x.shape)
-
-    def reshape_mask(self, mask: Any, like: Any) -> Any:
-        """`mask` (B,) shaped to broadcast against `like`'s leading dims."""
-        extra = max(0, self.rank(like) - 2)
-        for _ in range(extra):
-            mask = self.keras.ops.expand_dims(mask, -1) if self.keras3 else self._tf.expand_dims(mask, -1)
-        return mask
 
     # --- Keras objects --------------------------------------------------------------------
     @property
