@@ -49,13 +49,15 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rows", type=int, default=20480)
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs per timed fit() (longer runs, less noise)")
     parser.add_argument("--batch-size", type=int, default=512)
     args = parser.parse_args()
     keras = keras_module()
     x, y = data(args.rows)
     hand = native(keras, args.replicas)
     ours = kerasmgpu.parallelize(compile_model(keras, mlp(keras)), gpus=args.replicas)
-    fit = dict(batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False)
+    fit = dict(batch_size=args.batch_size, epochs=args.epochs, verbose=0, shuffle=False)
     hand.fit(x, y, **fit)
     ours.fit(x, y, **fit)
     times = alternate(
@@ -65,6 +67,7 @@ def main() -> int:
     )
     env = kerasmgpu.environment()
     report(f"{args.replicas} virtual devices, {args.rows} rows, batch {args.batch_size}, "
+           f"{args.epochs} epochs per fit, "
            f"{env.keras_line.value} ({env.backend})",
            times, "kerasmgpu.parallelize", "native strategy by hand", 1.05)
     return 0

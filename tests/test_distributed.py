@@ -80,11 +80,16 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
         np.testing.assert_allclose(da[key], db[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+INPUTS = ["arrays"] + (["tf.data"] if LINE in MULTI_WORKER_LINES else [])
+
+
 @trains_in_processes
-def test_two_workers_equal_one_process(tmp_path: Path) -> None:
-    single = _single(tmp_path / "one")
+@pytest.mark.parametrize("inputs", INPUTS)
+def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
+    extra = ["--tf-data"] if inputs == "tf.data" else []
+    single = _single(tmp_path / "one", *extra)
     assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two")
+    run = _launch(tmp_path / "two", *extra)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert "[rank 0]" in run.stdout and "[rank 1]" in run.stdout  # rank-prefixed output
     rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
@@ -105,7 +110,7 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> Non
     elapsed = time.monotonic() - started
     assert crashed.returncode == 3, (crashed.stdout + crashed.stderr)[-4000:]
     assert "rank 1 exited with code 3" in crashed.stderr
-    assert elapsed < 200  # fails fast: the surviving worker is stopped, not waited for
+    assert elapsed < 90  # fails fast: the surviving worker is stopped, not waited for
     assert not (out / "rank0.npz").exists()
     # Relaunch: training resumes from the last backup and ends where an uninterrupted
     # run ends (at most one epoch is redone).

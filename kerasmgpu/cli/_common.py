@@ -299,8 +299,11 @@ class Report:
         print(text, file=self.stream, flush=True)
 
     def progress(self, text: str) -> None:
-        """A line on stderr that the next one overwrites (plain `\\r`, no terminal codes)."""
-        if self.silent:
+        """A line on stderr that the next one overwrites (plain `\\r`, no terminal codes).
+
+        Only on a terminal: in a CI log every overwrite would pile up on one line.
+        """
+        if self.silent or not sys.stderr.isatty():
             return
         print("\r" + text.ljust(self._shown), end="", file=sys.stderr, flush=True)
         self._shown = len(text)

@@ -7,7 +7,7 @@ Writes OUT_DIR/rank<R>.npz (final weights, history, evaluation) so the tests can
 that every worker ends with the same weights as one process on the same global batches.
 Options: --epochs E, --batch B, --rows N, --crash-rank R --crash-epoch E (exit 3 at the
 end of that epoch, once: a marker file makes the next run train normally),
---backup DIR (BackupAndRestore), --shuffle.
+--backup DIR (BackupAndRestore), --shuffle, --tf-data (feed a batched tf.data.Dataset).
 """
 
 import argparse
@@ -27,6 +27,7 @@ parser.add_argument("--crash-rank", type=int, default=-1)
 parser.add_argument("--crash-epoch", type=int, default=-1)
 parser.add_argument("--backup", default=None)
 parser.add_argument("--shuffle", action="store_true")
+parser.add_argument("--tf-data", action="store_true")
 args = parser.parse_args()
 
 line = str(kerasmgpu.environment().keras_line)
@@ -67,9 +68,19 @@ class Crash(keras.callbacks.Callback):
 callbacks = [Crash()]
 if args.backup:
     callbacks.append(keras.callbacks.BackupAndRestore(args.backup))
-history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs, shuffle=args.shuffle,
-                     verbose=0, callbacks=callbacks, validation_data=(x[:33], y[:33]))
-evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
+if args.tf_data:
+    import tensorflow as tf
+
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch)
+    history = pmodel.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks,
+                         validation_data=tf.data.Dataset.from_tensor_slices(
+                             (x[:33], y[:33])).batch(args.batch))
+    evaluation = pmodel.evaluate(train, verbose=0)
+else:
+    history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs,
+                         shuffle=args.shuffle, verbose=0, callbacks=callbacks,
+                         validation_data=(x[:33], y[:33]))
+    evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
 prediction = pmodel.predict(x[:7], verbose=0)
 np.savez(
     os.path.join(args.out, f"rank{rank}.npz"),
