@@ -393,7 +393,10 @@ def test_bench_rejects_bad_replica_lists_before_training(
 
 
 @requires(in_process=True)
-def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The progress line is drawn on a terminal only; pretend to be one.
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     out_dir = tmp_path / "bench-out"
     status = cli.main(["bench", "--replicas", "1,2", "--steps", "5", "--warmup", "2",
                        "--batch-size", "32", "--output", str(out_dir), "--json"])
