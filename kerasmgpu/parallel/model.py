@@ -48,7 +48,7 @@ class ParallelState:
             # steps (for a distributed dataset that costs as much as half an epoch of a
             # small model); one repeated iterator reads the epochs back to back.
             feed = feeds.repeated(feed)
-        return self.route.distribute_feed(feed, training=training)
+        return self.route.distribute_feed(feed)
 
 
 def state_of(model: Any) -> Optional[ParallelState]:

@@ -67,7 +67,7 @@ class BaseRoute(abc.ABC):
                            distributed.process_count())
         return Planner(self.replicas)
 
-    def distribute_feed(self, feed: Feed, *, training: bool) -> Feed:
+    def distribute_feed(self, feed: Feed) -> Feed:
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
         return feed
 

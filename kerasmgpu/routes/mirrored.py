@@ -101,7 +101,7 @@ class MirroredRoute(BaseRoute):
         # only, and every worker must take part in their (collective) saves.
         return callbacks
 
-    def distribute_feed(self, feed: Feed, *, training: bool) -> Feed:
+    def distribute_feed(self, feed: Feed) -> Feed:
         """Several workers: each feeds its own rows through distribute_datasets_from_function.
 
         The feed already holds only this worker's rows of every padded global batch
