@@ -104,13 +104,16 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
 @trains_in_processes
 def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> None:
     out, backup = tmp_path / "run", tmp_path / "backup"
-    started = time.monotonic()
     crashed = _launch(out, "--epochs", "4", "--crash-rank", "1", "--crash-epoch", "1",
                       "--backup", str(backup))
-    elapsed = time.monotonic() - started
+    returned = time.time()
     assert crashed.returncode == 3, (crashed.stdout + crashed.stderr)[-4000:]
     assert "rank 1 exited with code 3" in crashed.stderr
-    assert elapsed < 90  # fails fast: the surviving worker is stopped, not waited for
+    # Fails fast: the surviving worker (blocked in a collective with the dead one) is
+    # stopped, not waited for. Measured from the crash itself, so that start-up on a
+    # loaded CI machine (imports, the first epoch) does not count against the bound.
+    died = float((out / "crashed").read_text())
+    assert returned - died < 60, f"launch returned {returned - died:.0f} s after rank 1 died"
     assert not (out / "rank0.npz").exists()
     # Relaunch: training resumes from the last backup and ends where an uninterrupted
     # run ends (at most one epoch is redone).

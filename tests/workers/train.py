@@ -13,6 +13,7 @@ end of that epoch, once: a marker file makes the next run train normally),
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -60,7 +61,8 @@ class Crash(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         marker = os.path.join(args.out, "crashed")
         if rank == args.crash_rank and epoch == args.crash_epoch and not os.path.exists(marker):
-            open(marker, "w").close()
+            with open(marker, "w") as f:  # when it died, for the launcher's fail-fast bound
+                f.write(repr(time.time()))
             print(f"rank {rank}: crashing at the end of epoch {epoch}", flush=True)
             os._exit(3)
 
