@@ -14,8 +14,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 from helpers import ENV
+from hypothesis import HealthCheck, settings
 
 import kerasmgpu  # noqa: F401  (applies the virtual device request)
+
+# The batching properties are pure and cheap, but CI runs every env at once on 2 cores:
+# a 200 ms deadline or a slow-generation check would then fail on load, not on a bug.
+settings.register_profile("kerasmgpu", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kerasmgpu")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -19,23 +19,27 @@ def _run(code: str, **env: str) -> dict:
 
 
 CODE = f"""
-import json, sys, time
-t = time.perf_counter()
+import json, sys
+before = set(sys.modules)
 import kerasmgpu
 kerasmgpu.Route, kerasmgpu.KerasLine, kerasmgpu.environment()
-elapsed = time.perf_counter() - t
+new = {{m.split(".")[0] for m in set(sys.modules) - before}}
 imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
-print(json.dumps(dict(seconds=elapsed, imported=imported)))
+third_party = sorted(new - set(sys.stdlib_module_names) - {{"kerasmgpu", "_distutils_hack"}})
+print(json.dumps(dict(imported=imported, third_party=third_party)))
 """
 
 
 def test_import_and_environment_import_no_framework() -> None:
     result = _run(CODE)
     assert result["imported"] == []
-    # Generous bound for a shared CI machine; benchmarks/import_time.py measures it.
-    assert result["seconds"] < 1.0
+    # Fast by construction: nothing but the standard library and `packaging` is loaded.
+    # The time itself is measured by benchmarks/import_time.py, not asserted here
+    # (a timed test on a shared CI machine fails on load, not on a regression).
+    assert set(result["third_party"]) <= {"packaging"}, result["third_party"]
 
 
 def test_virtual_device_request_imports_no_framework() -> None:
     result = _run(CODE, KERASMGPU_VIRTUAL_DEVICES="2")
     assert result["imported"] == []
+    assert set(result["third_party"]) <= {"packaging"}, result["third_party"]

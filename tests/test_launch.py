@@ -295,7 +295,7 @@ def test_failing_worker_stops_the_sleeper(tracked: Tracked,
     elapsed = time.monotonic() - start
     out, err = capsys.readouterr()
     assert code == 3, err
-    assert elapsed < 10
+    assert elapsed < 60  # stopped, not waited for (the sleeper sleeps 600 s)
     assert "kerasmgpu launch: rank 1 exited with code 3; stopped the other 1 worker(s)" in err
     assert len(pids_in(out)) == 2
     assert_gone(*pids_in(out))
@@ -318,7 +318,7 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(tracked: Tracked) -> None
     elapsed = time.monotonic() - start
     assert (result.returncode, result.failed_rank) == (1, 1)
     assert result.returncodes[0] == -signal.SIGKILL  # SIGTERM was ignored
-    assert 1.0 <= elapsed < 15
+    assert 1.0 <= elapsed < 60  # waited the grace, then killed (not 600 s)
     assert "rank 1 exited with code 1; stopped the other 1 worker(s)" in err.getvalue()
     assert_gone(*result.pids.values())
 
@@ -347,7 +347,7 @@ def test_timeout_exits_124_and_stops_all(tracked: Tracked,
     elapsed = time.monotonic() - start
     out, err = capsys.readouterr()
     assert code == 124
-    assert 2.0 <= elapsed < 15
+    assert 2.0 <= elapsed < 60  # the timeout, not the 600 s sleep
     assert "kerasmgpu launch: timed out after 2 s; stopped 2 worker(s)" in err
     if pids_in(out):  # printed unless the machine was too slow to start Python in 2 s
         assert_gone(*pids_in(out))
