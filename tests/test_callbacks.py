@@ -85,7 +85,8 @@ def monitor_warnings(record: List[warnings.WarningMessage]) -> List[str]:
     return [str(w.message) for w in record if issubclass(w.category, KerasMGPUWarning)]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+# Waits return as soon as the condition holds; the bound only has to survive a loaded CI machine.
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -102,7 +103,7 @@ def monitor_threads() -> List[threading.Thread]:
 def no_leaked_threads() -> Iterator[None]:
     yield
     # Every test, passing or not, must leave no sampling thread behind.
-    assert wait_for(lambda: not monitor_threads(), timeout=2.0), monitor_threads()
+    assert wait_for(lambda: not monitor_threads()), monitor_threads()
 
 
 # --- figures -------------------------------------------------------------------------
@@ -362,7 +363,7 @@ def test_three_failures_in_a_row_disable_with_one_message(capsys: pytest.Capture
         thread = core.thread
         assert thread is not None
         assert wait_for(lambda: core.disabled)
-        thread.join(2.0)
+        thread.join(30.0)
         assert not thread.is_alive()  # it stopped itself
         core.epoch_begin(0)
         assert core.epoch_end(0) == {}  # no synchronous read once disabled

@@ -99,7 +99,7 @@ def _marked(token: str) -> List[int]:
     return found
 
 
-def _wait_until(check: Callable[[], bool], seconds: float = 5.0) -> bool:
+def _wait_until(check: Callable[[], bool], seconds: float = 30.0) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if check():
