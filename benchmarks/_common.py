@@ -6,7 +6,6 @@ contenders alternately in one process, repeats, and reports the median of the ra
 
 from __future__ import annotations
 
-import importlib
 import os
 import statistics
 import time
@@ -16,14 +15,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def keras_module() -> Any:
-    from kerasmgpu.detection import KerasLine, detect_keras_line
+    """The active Keras namespace, as kerasmgpu itself loads it."""
+    from kerasmgpu import detection
+    from kerasmgpu.parallel import family
 
-    line, _ = detect_keras_line()
-    if line is KerasLine.TF_KERAS_LEGACY:
-        return importlib.import_module("tf_keras")
-    if line is KerasLine.TF_KERAS:
-        return importlib.import_module("tensorflow").keras
-    return importlib.import_module("keras")
+    line, _ = detection.detect_keras_line()
+    return family.load(line, detection.backend_for(line)).keras
 
 
 def mlp(keras: Any, features: int = 64, width: int = 256, classes: int = 10,

@@ -62,7 +62,8 @@ def _prepare(
         raise bad_value(
             "keras", too_old, f"tf.keras >= {env_module.TF_KERAS_MIN} or Keras >= "
             f"{env_module.KERAS3_MIN} (older: Keras <= 2.3's multi_gpu_model route)",
-            'upgrade, e.g. `pip install -U "tensorflow>=2.9"` or `pip install -U keras`',
+            f'upgrade, e.g. `pip install -U "tensorflow>={env_module.TF_KERAS_MIN}"` or '
+            "`pip install -U keras`",
         )
     backend = env_module.backend_for(line)
     natural = choose_route(line, backend)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -140,31 +140,6 @@ def pack_weights(plan: BatchPlan, sample_weight: Optional[np.ndarray] = None) ->
     return packed
 
 
-def pad_rows(array: Any, plan: BatchPlan) -> Any:
-    """`array` (real rows first) with the padding rows appended, as numpy."""
-    array = np.asarray(array)
-    if array.shape[0] != plan.real:
-        raise ValueError(
-            f"Batch has {array.shape[0]} rows but the plan expects {plan.real}; "
-            "all inputs, targets and weights of a batch must have the same length."
-        )
-    if not plan.pad:
-        return array
-    return array[plan.source_rows()]
-
-
-def real_positions(plans: Sequence[BatchPlan]) -> np.ndarray:
-    """Positions of the real rows in the concatenation of the fed (padded) batches."""
-    chunks = []
-    offset = 0
-    for plan in plans:
-        chunks.append(np.arange(offset, offset + plan.real, dtype=np.int64))
-        offset += plan.padded
-    if not chunks:
-        return np.zeros((0,), dtype=np.int64)
-    return np.concatenate(chunks)
-
-
 def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
     """Keras's rule: one weight per sample, from its class (argmax of one-hot targets)."""
     y = np.asarray(y)
@@ -230,6 +205,30 @@ def shard(
         )
     plan = plan_batch(real, replicas_per_process * process_count)
     return ProcessShard(plan, process_index, process_count)
+
+
+@dataclass(frozen=True)
+class Planner:
+    """Plans every global batch of a run: over all replicas, then this process's share."""
+
+    replicas: int  # replicas in the whole run
+    process_index: int = 0
+    process_count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replicas % self.process_count:
+            raise ValueError(
+                f"{self.replicas} replicas cannot be split evenly over {self.process_count} "
+                "processes; give every process the same number of devices."
+            )
+
+    @property
+    def replicas_per_process(self) -> int:
+        return self.replicas // self.process_count
+
+    def plan(self, real: int) -> ProcessShard:
+        """This process's share of a global batch of `real` rows (all of it when alone)."""
+        return shard(real, self.replicas_per_process, self.process_index, self.process_count)
 
 
 def epoch_shards(

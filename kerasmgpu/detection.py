@@ -31,6 +31,9 @@ LEGACY_KERAS_MAX = Version("2.3.99")
 TF_WITHOUT_MULTI_GPU_MODEL = Version("2.4")
 # Breakpoint: Keras 3.0 (Nov 2023) - multi-backend again, `keras.distribution` on JAX.
 KERAS_3 = Version("3.0")
+# Breakpoint: from TF 2.6 on, tf.keras is the separate `keras` package, released in
+# step with TF (same major.minor).
+TF_SPLIT_KERAS = Version("2.6")
 # Breakpoint: TF 2.16 ships Keras 3 as `tf.keras`; tf_keras + TF_USE_LEGACY_KERAS=1 is
 # the way back to Keras 2 there.
 TF_WITH_KERAS_3 = Version("2.16")

@@ -31,7 +31,7 @@ import warnings
 from typing import Any, List, Optional, Sequence, Union
 
 from kerasmgpu import detection
-from kerasmgpu._errors import bad_type, bad_value, explain
+from kerasmgpu._errors import bad_type, bad_value
 
 __all__ = ["multi_gpu_model", "make_parallel", "install", "installed"]
 
@@ -60,10 +60,9 @@ def _available(line: detection.KerasLine) -> List[Any]:
     return load_route(choose_route(line, backend)).available_devices(fam)
 
 
-def _check_flag(name: str, value: Any) -> bool:
+def _check_flag(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise bad_type(name, value, "True or False", f"pass {name}=True or {name}=False")
-    return value
 
 
 def _legacy_gpu_ids(gpus: _GpusArg, available: Sequence[Any]) -> List[int]:
@@ -76,39 +75,39 @@ def _legacy_gpu_ids(gpus: _GpusArg, available: Sequence[Any]) -> List[int]:
     if gpus is None:
         count = len(available)
         if count < 2:
-            raise ValueError(explain(
+            raise bad_value(
                 "gpus", None,
                 "For multi-gpu usage to be effective, call `multi_gpu_model` with "
                 f"`gpus >= 2`; gpus=None means every visible device and this machine "
                 f"shows {count}: {names}",
                 "train on one device (catch this ValueError, as the Keras docs do), or set "
                 "KERASMGPU_VIRTUAL_DEVICES=N to test on N CPU devices",
-            ))
+            )
         return list(range(count))
     if isinstance(gpus, bool) or not isinstance(gpus, (int, list, tuple, range)):
         raise bad_type("gpus", gpus, "an int >= 2 or a list of at least 2 device ids",
                        "pass e.g. gpus=2 or gpus=[0, 1]")
     ids = list(range(gpus)) if isinstance(gpus, int) else list(gpus)
-    if isinstance(gpus, int) and gpus <= 1 or not isinstance(gpus, int) and len(ids) <= 1:
-        raise ValueError(explain(
+    if len(ids) <= 1:  # an int <= 1 gives at most one id too
+        raise bad_value(
             "gpus", gpus,
             "For multi-gpu usage to be effective, call `multi_gpu_model` with `gpus >= 2` "
             "(or a list of at least 2 ids)",
             "use the model itself for one device (the Keras docs catch this ValueError)",
-        ))
+        )
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
         raise bad_type("gpus", gpus, "integer device ids", "pass e.g. gpus=[0, 1]")
     if len(set(ids)) != len(ids):
         raise bad_value("gpus", gpus, "each id once", "remove the duplicate ids")
     expected = [f"/gpu:{i}" for i in ids]
     if any(not 0 <= i < len(available) for i in ids):
-        raise ValueError(explain(
+        raise bad_value(
             "gpus", gpus,
             f"devices that exist: we expect {expected} to be available, but this machine "
             f"only has {names}",
             "Try reducing `gpus` (or check CUDA_VISIBLE_DEVICES / "
             "KERASMGPU_VIRTUAL_DEVICES)",
-        ))
+        )
     return ids
 
 
@@ -132,12 +131,12 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
         raise TypeError(str(exc)) from exc
-    ids = _legacy_gpu_ids(gpus, _available(line))
+    available = _available(line)
+    ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
     if line is detection.KerasLine.LEGACY:
         from kerasmgpu.routes.multi_gpu_model import MultiGpuModelRoute
 
-        available = MultiGpuModelRoute.available_devices(fam)
         route = MultiGpuModelRoute(fam, [available[i] for i in ids], cpu_merge=cpu_merge,
                                    cpu_relocation=cpu_relocation)
         return route.parallelize(model)

@@ -115,7 +115,8 @@ _GENERATOR_METHODS = {
     "evaluate_generator": "evaluate",
     "predict_generator": "predict",
 }
-_SKIP_DIRS = frozenset({"__pycache__", ".tox", ".venv", "venv", "node_modules", "build", "dist"})
+# Besides hidden dirs (.git, .tox, .venv...), which the walk skips by their dot.
+_SKIP_DIRS = frozenset({"__pycache__", "venv", "node_modules", "build", "dist"})
 
 _MSG_CPU = (
     "{scope}: kerasmgpu places the replicas itself; the template no longer needs to live on "
@@ -230,20 +231,27 @@ def _dotted(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+def _legacy_module() -> cst.Attribute:
+    """The expression `kerasmgpu.legacy`."""
+    import libcst as cst
+
+    return cst.Attribute(value=cst.Name("kerasmgpu"), attr=cst.Name("legacy"))
+
+
 def _legacy_expr(attr: str) -> cst.Attribute:
     """The expression `kerasmgpu.legacy.<attr>`."""
     import libcst as cst
 
-    legacy = cst.Attribute(value=cst.Name("kerasmgpu"), attr=cst.Name("legacy"))
-    return cst.Attribute(value=legacy, attr=cst.Name(attr))
+    return cst.Attribute(value=_legacy_module(), attr=cst.Name(attr))
 
 
 def _legacy_import_line() -> cst.SimpleStatementLine:
     """`import kerasmgpu.legacy` as a statement line (newline style follows the module)."""
     import libcst as cst
 
-    module = cst.Attribute(value=cst.Name("kerasmgpu"), attr=cst.Name("legacy"))
-    return cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=module)])])
+    return cst.SimpleStatementLine(
+        body=[cst.Import(names=[cst.ImportAlias(name=_legacy_module())])]
+    )
 
 
 def _is_legacy_import(stmt: cst.CSTNode) -> bool:
@@ -314,9 +322,8 @@ def _target_name(node: cst.CSTNode) -> Optional[str]:
         return node.attr.value
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         index = node.slice[0].slice
-        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
-            value = index.value.evaluated_value
-            return value if isinstance(value, str) else None
+        if isinstance(index, cst.Index):
+            return _string_value(index.value)
     return None
 
 
@@ -653,7 +660,7 @@ def _split_import(
     """
     import libcst as cst
 
-    legacy = cst.Attribute(value=cst.Name("kerasmgpu"), attr=cst.Name("legacy"))
+    legacy = _legacy_module()
     assert not isinstance(node.names, cst.ImportStar)  # the analysis never picks those
     names = list(node.names)
     moved = [alias for alias in names if _dotted(alias.name) == _MGM]

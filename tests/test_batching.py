@@ -62,11 +62,15 @@ def test_an_epoch_covers_every_sample_once(samples: int, batch: int, n: int) -> 
     assert sum(sizes_) == samples
     assert len(sizes_) == batching.steps_per_epoch(samples, batch)
     assert all(s == batch for s in sizes_[:-1])
-    plans = [batching.plan_batch(s, n) for s in sizes_]
-    positions = batching.real_positions(plans)
-    assert len(positions) == samples
-    assert len(set(positions.tolist())) == samples  # nothing counted twice
-    assert positions[-1] < sum(p.padded for p in plans) if samples else True
+    # What the feeds do: fed rows copy `source_rows()`, the packed mask keeps the real ones.
+    seen, start = [], 0
+    for size in sizes_:
+        share = batching.Planner(n).plan(size)
+        rows, mask = share.source_rows(), share.packed()[:, batching.MASK]
+        assert len(rows) % n == 0  # an even split over the replicas
+        seen.extend((start + rows[mask > 0]).tolist())
+        start += size
+    assert sorted(seen) == list(range(samples))  # nothing dropped, nothing counted twice
 
 
 @given(samples=st.integers(1, 1500), batch=st.integers(1, 200),
@@ -117,3 +121,12 @@ def test_describe_says_what_happens() -> None:
     text = batching.plan_batch(50, 3).describe()
     assert "51" not in text or "padding" in text
     assert "3 replicas x 17 rows" in text and "1 padding row" in text
+
+
+def test_planner_refuses_replicas_that_processes_cannot_share() -> None:
+    with pytest.raises(ValueError, match="3 replicas cannot be split evenly over 2 processes"):
+        batching.Planner(3, 0, 2)
+    planner = batching.Planner(4, 1, 2)
+    assert planner.replicas_per_process == 2
+    share = planner.plan(7)  # 7 rows over 4 replicas: 8 fed, this process feeds 4
+    assert (share.plan.replicas, share.rows) == (4, slice(4, 8))

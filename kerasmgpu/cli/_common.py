@@ -35,9 +35,12 @@ LAUNCHED_ENV = "KERASMGPU_LAUNCHED"
 # Frameworks whose runtime fixes the device count once it has started.
 _RUNTIMES = ("tensorflow", "jax", "torch")
 
+# Virtual CPU devices `demo` and `bench` ask for when nothing else says how many.
+DEFAULT_VIRTUAL = 2
+
 SHARED_CORES_NOTE = (
     "these replicas are virtual CPU devices: they share this machine's {cores} CPU "
-    "core(s), so samples/s measures the cost of splitting batches and all-reducing "
+    "core(s), so {measure} measures the cost of splitting batches and all-reducing "
     "gradients, not a speed-up. On GPUs each replica has a device of its own."
 )
 
@@ -108,8 +111,8 @@ def requested_virtual() -> Optional[int]:
         return None
 
 
-def request_devices(n: int) -> Optional[int]:
-    """Ask for `n` virtual CPU devices in case there is no GPU; returns what was asked.
+def request_devices(n: int) -> None:
+    """Ask for `n` virtual CPU devices in case there is no GPU.
 
     Does nothing when at least `n` are already requested, in a `kerasmgpu launch`
     worker (the launcher owns the devices), or once a framework is imported (it is too
@@ -118,11 +121,10 @@ def request_devices(n: int) -> Optional[int]:
     """
     current = requested_virtual()
     if launched() or (current is not None and current >= n) or framework_started():
-        return current
+        return
     from kerasmgpu import api
 
     api.virtual_devices(n)
-    return n
 
 
 @contextlib.contextmanager
@@ -135,13 +137,35 @@ def _virtual_request_quiet() -> Iterator[None]:
         yield
 
 
-def list_devices() -> Tuple[Device, ...]:
-    """The devices replicas can use, as the framework lists them (starts it)."""
+def _started_environment() -> Environment:
     from kerasmgpu import api
 
     with _virtual_request_quiet():
-        env = api.environment(devices=True)
-    return tuple(env.devices or ())
+        return api.environment(devices=True)
+
+
+def list_devices() -> Tuple[Device, ...]:
+    """The devices replicas can use, as the framework lists them (starts it)."""
+    return tuple(_started_environment().devices or ())
+
+
+def start(env: Environment, wanted: Optional[int]) -> Tuple[Environment, Any, Tuple[Device, ...]]:
+    """Request `wanted` virtual devices (None: leave the request as it is), import Keras
+    and start its framework: the environment as it now stands, Keras, the devices.
+
+    A broken install is one line naming the fix, not a traceback.
+    """
+    if wanted is not None:
+        request_devices(wanted)  # before the framework starts: it fixes its device count
+    try:
+        keras = keras_module(env)
+        started = _started_environment()
+    except Exception as exc:
+        raise UsageError(
+            f"{line_label(env)} could not start: {type(exc).__name__}: {exc}. "
+            "Fix: run `kerasmgpu doctor` to see what is missing."
+        ) from None
+    return started, keras, tuple(started.devices or ())
 
 
 def keras_module(env: Environment) -> Any:
@@ -181,8 +205,8 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def shared_cores_note() -> str:
-    return SHARED_CORES_NOTE.format(cores=cpu_cores())
+def shared_cores_note(measure: str = "samples/s") -> str:
+    return SHARED_CORES_NOTE.format(cores=cpu_cores(), measure=measure)
 
 
 def environment_summary(env: Environment, devices: Sequence[Device]) -> Dict[str, Any]:
@@ -292,6 +316,8 @@ class Report:
     def __init__(self, json_mode: bool, silent: bool = False) -> None:
         self.stream: TextIO = io.StringIO() if silent else (sys.stderr if json_mode else sys.stdout)
         self.silent = silent
+        # Asked once: progress() runs every training step, inside bench's timed window.
+        self._terminal = not silent and sys.stderr.isatty()
         self._shown = 0  # length of the progress line on screen, to blank it out
 
     def line(self, text: str = "") -> None:
@@ -303,7 +329,7 @@ class Report:
 
         Only on a terminal: in a CI log every overwrite would pile up on one line.
         """
-        if self.silent or not sys.stderr.isatty():
+        if not self._terminal:
             return
         print("\r" + text.ljust(self._shown), end="", file=sys.stderr, flush=True)
         self._shown = len(text)

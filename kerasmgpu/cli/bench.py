@@ -300,15 +300,8 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
             "run bench with KERAS_BACKEND=jax or tensorflow; on torch, time your script "
             "under `kerasmgpu launch --nproc N`", raw=True,
         ))
-    wanted = counts[-1] if counts else (_common.requested_virtual() or 2)
-    _common.request_devices(max(wanted, 1))  # before the framework starts: see _common
-    try:
-        keras = _common.keras_module(env)
-        devices = _common.list_devices()
-    except Exception as exc:  # a broken install: one line, not a traceback
-        raise UsageError(f"{_common.line_label(env)} could not start: {type(exc).__name__}: "
-                         f"{exc}. Fix: run `kerasmgpu doctor` to see what is missing.") from None
-    env = api.environment()
+    wanted = counts[-1] if counts else (_common.requested_virtual() or _common.DEFAULT_VIRTUAL)
+    env, keras, devices = _common.start(env, wanted)
     notes: List[str] = []
     text = args.replicas or ""
     if counts is None:
@@ -328,8 +321,7 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
             ))
     kind = _common.device_kind(devices)
     if kind == "virtual cpu":
-        notes.append(_common.shared_cores_note().replace(
-            "samples/s measures", "efficiency measures"))
+        notes.append(_common.shared_cores_note(measure="efficiency"))
     summary = _common.environment_summary(env, devices)
     device_label = (f"{summary['gpu_name'] or 'GPU'} x{len(devices)}" if kind == "gpu"
                     else f"{kind} devices ({summary['cpu_cores']} cores)")

@@ -71,7 +71,6 @@ DEFAULT_EPOCHS = 5
 # 1437 = 14 x 100 + 37: every epoch ends on a short batch, and 100 splits unevenly
 # over 3 replicas, so the padding and masking is visible in the printed split.
 DEFAULT_BATCH = 100
-DEFAULT_VIRTUAL = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replicas", type=_common.positive_int("--replicas", "2"), default=None,
         help="replicas to train on (default: all GPUs; without GPUs, "
-        f"KERASMGPU_VIRTUAL_DEVICES or {DEFAULT_VIRTUAL} virtual CPU devices)",
+        f"KERASMGPU_VIRTUAL_DEVICES or {_common.DEFAULT_VIRTUAL} virtual CPU devices)",
     )
     parser.add_argument("--epochs", type=_common.positive_int("--epochs", "5"),
                         default=DEFAULT_EPOCHS, help=f"epochs (default {DEFAULT_EPOCHS})")
@@ -201,19 +200,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
     torch_single = env.backend == "torch" and not _common.launched()
-    wanted = args.replicas or _common.requested_virtual() or DEFAULT_VIRTUAL
-    if not torch_single:
-        # Before any framework import: TF and JAX fix their CPU device count at start.
-        _common.request_devices(wanted)
-    try:
-        keras = _common.keras_module(env)
-        devices = _common.list_devices()
-    except Exception as exc:  # a broken install: say so in one line, not a traceback
-        raise UsageError(
-            f"{_common.line_label(env)} could not start: {type(exc).__name__}: {exc}. "
-            "Fix: run `kerasmgpu doctor` to see what is missing."
-        ) from None
-    env = api.environment()
+    wanted = args.replicas or _common.requested_virtual() or _common.DEFAULT_VIRTUAL
+    # On torch outside launch one process is one replica: no virtual devices to ask for.
+    env, keras, devices = _common.start(env, None if torch_single else wanted)
     # Under `kerasmgpu launch` the processes are the replicas: parallelize() takes them all.
     in_launch = _common.launched()
     replicas = 1 if torch_single or in_launch else _choose_replicas(args, devices, wanted)
@@ -269,9 +258,10 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
                 "validation images, 64 pixels, 10 classes")
     report.line(f"model      : MLP 64-{HIDDEN}-10, SGD(0.1, momentum 0.9), {args.epochs} "
                 f"epoch(s), global batch {args.batch_size}")
-    split_full = batching.plan_batch(min(args.batch_size, len(x)), replicas).describe()
-    rest = len(x) % args.batch_size if args.batch_size < len(x) else 0
-    split_last = batching.plan_batch(rest, replicas).describe() if rest else None
+    sizes = batching.batch_sizes(len(x), args.batch_size)
+    split_full = batching.plan_batch(sizes[0], replicas).describe()
+    split_last = (batching.plan_batch(sizes[-1], replicas).describe()
+                  if sizes[-1] != sizes[0] else None)
     if replicas > 1:
         report.line(f"batch split: {split_full}")
         if split_last:

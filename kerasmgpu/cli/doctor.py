@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -73,33 +72,28 @@ from packaging.version import InvalidVersion, Version
 
 from kerasmgpu._version import __version__
 from kerasmgpu.cli import _common
+from kerasmgpu.detection import (
+    KERAS3_MIN,
+    TF_KERAS_MIN,
+    TF_SPLIT_KERAS,
+    TF_WITH_KERAS_3,
+    VIRTUAL_DEVICES_ENV,
+    KerasLine,
+    _truthy,
+)
 
 INFO, WARNING, BLOCKING = "info", "warning", "blocking"
 SEVERITIES = (INFO, WARNING, BLOCKING)
 
-VIRTUAL_ENV = "KERASMGPU_VIRTUAL_DEVICES"
 WATCHED = (
     "CUDA_VISIBLE_DEVICES",
-    VIRTUAL_ENV,
+    VIRTUAL_DEVICES_ENV,
     "TF_USE_LEGACY_KERAS",
     "KERAS_BACKEND",
     "XLA_FLAGS",
     "TF_CONFIG",
     _common.LAUNCHED_ENV,
 )
-
-# Mirrors kerasmgpu.detection's breakpoints; repeated as text so `Facts` stay plain data.
-TF_WITH_KERAS_3 = Version("2.16")
-TF_KERAS_MIN = Version("2.9")
-KERAS3_MIN = Version("3.3")
-# From TF 2.6 on, tf.keras is the separate `keras` package, released in step with TF.
-TF_SPLIT_KERAS = Version("2.6")
-
-LINE_KERAS3 = "keras 3"
-LINE_TF_KERAS = "tf.keras 2.x"
-LINE_TF_KERAS_LEGACY = "tf_keras"
-LINE_LEGACY = "keras<=2.3"
-LINE_NONE = "none"
 
 ENGINES = {
     "mirrored": "tf.distribute.MirroredStrategy",
@@ -137,7 +131,7 @@ class Facts:
     they could not be listed, else dicts with name, kind, index, virtual, memory_mb.
     """
 
-    keras_line: str = LINE_NONE
+    keras_line: str = KerasLine.NONE.value
     keras_version: Optional[str] = None  # the active line's version
     backend: str = ""
     keras: Optional[str] = None  # the `keras` distribution, whatever line is active
@@ -163,6 +157,11 @@ class Facts:
     warnings: Tuple[str, ...] = ()
     internal_errors: Tuple[str, ...] = ()
 
+    @property
+    def multi_process(self) -> bool:
+        """A `kerasmgpu launch` worker among several: the processes are the replicas."""
+        return self.launched and self.process_count > 1
+
 
 # --- pure logic -----------------------------------------------------------------------
 
@@ -180,10 +179,6 @@ def _major_minor(version: Version) -> Tuple[int, int]:
     return version.major, version.minor
 
 
-def _truthy(value: Optional[str]) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _gpus(facts: Facts) -> List[Mapping[str, Any]]:
     return [d for d in facts.devices or () if d.get("kind") == "gpu"]
 
@@ -196,7 +191,7 @@ def _nvml_gpus(facts: Facts) -> List[Mapping[str, Any]]:
 
 def _framework(facts: Facts) -> str:
     """The package that starts the devices for this line ("tensorflow", "jax", ...)."""
-    if facts.keras_line == LINE_KERAS3:
+    if facts.keras_line == KerasLine.KERAS_3:
         return facts.backend or "tensorflow"
     return "tensorflow"
 
@@ -204,7 +199,7 @@ def _framework(facts: Facts) -> str:
 def device_count(facts: Facts) -> int:
     """Replicas parallelize() could run: this process's devices, times the processes."""
     local = len(facts.devices or ())
-    if facts.launched and facts.process_count > 1:
+    if facts.multi_process:
         return max(local, 1) * facts.process_count
     return local
 
@@ -217,7 +212,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
     legacy_requested = _truthy(facts.variables.get("TF_USE_LEGACY_KERAS"))
     uses_tf = _framework(facts) == "tensorflow"
     if keras is not None and keras.major >= 3 and tf is not None and tf < TF_WITH_KERAS_3:
-        blocking = line == LINE_KERAS3 and uses_tf
+        blocking = line == KerasLine.KERAS_3 and uses_tf
         out.append(Finding(
             BLOCKING if blocking else WARNING, "keras3_with_old_tensorflow",
             f"Keras {keras} (Keras 3) is installed with TensorFlow {tf}: TensorFlow before "
@@ -228,7 +223,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
             f'or pip install "keras=={tf.major}.{tf.minor}.*" to stay on Keras 2',
         ))
     if tf_keras is not None:
-        if tf is None and line == LINE_TF_KERAS_LEGACY:
+        if tf is None and line == KerasLine.TF_KERAS_LEGACY:
             out.append(Finding(
                 BLOCKING, "tf_keras_without_tensorflow",
                 f"tf_keras {tf_keras} is selected (TF_USE_LEGACY_KERAS=1) but TensorFlow "
@@ -236,7 +231,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
                 f'pip install "tensorflow=={tf_keras.major}.{tf_keras.minor}.*"',
             ))
         elif tf is not None and _major_minor(tf_keras) != _major_minor(tf):
-            blocking = line == LINE_TF_KERAS_LEGACY
+            blocking = line == KerasLine.TF_KERAS_LEGACY
             out.append(Finding(
                 BLOCKING if blocking else WARNING, "tf_keras_mismatch",
                 f"tf_keras {tf_keras} does not match TensorFlow {tf}: tf_keras must have "
@@ -252,7 +247,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
                 "set TF_USE_LEGACY_KERAS=1 to use tf_keras (Keras 2); leave it unset to "
                 "stay on Keras 3",
             ))
-    if (line == LINE_TF_KERAS and keras is not None and keras.major == 2 and tf is not None
+    if (line == KerasLine.TF_KERAS and keras is not None and keras.major == 2 and tf is not None
             and tf >= TF_SPLIT_KERAS and _major_minor(keras) != _major_minor(tf)):
         out.append(Finding(
             BLOCKING, "keras_tensorflow_mismatch",
@@ -262,7 +257,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
         ))
     line_version = _version(facts.keras_version)
     if line_version is not None:
-        if line in (LINE_TF_KERAS, LINE_TF_KERAS_LEGACY) and line_version < TF_KERAS_MIN:
+        if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) and line_version < TF_KERAS_MIN:
             out.append(Finding(
                 BLOCKING, "keras_too_old",
                 f"{line} {line_version} is older than {TF_KERAS_MIN}, the oldest tf.keras "
@@ -270,7 +265,7 @@ def _version_findings(facts: Facts) -> List[Finding]:
                 f'pip install "tensorflow>={TF_KERAS_MIN}"; for older code, Keras 2.3 and '
                 "`kerasmgpu migrate` also work",
             ))
-        if line == LINE_KERAS3 and line_version < KERAS3_MIN:
+        if line == KerasLine.KERAS_3 and line_version < KERAS3_MIN:
             out.append(Finding(
                 BLOCKING, "keras_too_old",
                 f"Keras {line_version} is older than {KERAS3_MIN}, the oldest Keras 3 "
@@ -290,7 +285,7 @@ def _device_findings(facts: Facts) -> List[Finding]:
     cuda = facts.variables.get("CUDA_VISIBLE_DEVICES")
     cuda_text = (f"CUDA_VISIBLE_DEVICES={cuda!r}" if cuda is not None
                  else "CUDA_VISIBLE_DEVICES (unset)")
-    virtual = facts.variables.get(VIRTUAL_ENV)
+    virtual = facts.variables.get(VIRTUAL_DEVICES_ENV)
     framework = _framework(facts)
     if not gpus:
         if nvml_gpus:
@@ -306,11 +301,11 @@ def _device_findings(facts: Facts) -> List[Finding]:
         if count >= 2 and all(d.get("virtual") for d in facts.devices):
             out.append(Finding(
                 INFO, "no_gpu",
-                f"no GPU: {count} virtual CPU devices stand in ({VIRTUAL_ENV}={virtual}), so "
+                f"no GPU: {count} virtual CPU devices stand in ({VIRTUAL_DEVICES_ENV}={virtual}), so "
                 "multi-device code runs here, but they share the CPU cores: no speed-up.",
                 "use a machine with GPUs for speed; keep this set to test multi-device code",
             ))
-        elif facts.launched and facts.process_count > 1:
+        elif facts.multi_process:
             out.append(Finding(
                 INFO, "no_gpu",
                 f"no GPU: each of the {facts.process_count} processes trains on the CPU.",
@@ -321,9 +316,9 @@ def _device_findings(facts: Facts) -> List[Finding]:
                 WARNING, "no_gpu",
                 "no GPU visible and no virtual devices: one CPU device, nothing to parallelize.",
                 f"{_common.virtual_hint()} multi-device code on the CPU (e.g. "
-                f"{VIRTUAL_ENV}=2); on a GPU machine, check `nvidia-smi` and {cuda_text}",
+                f"{VIRTUAL_DEVICES_ENV}=2); on a GPU machine, check `nvidia-smi` and {cuda_text}",
             ))
-    elif len(gpus) == 1 and not (facts.launched and facts.process_count > 1):
+    elif len(gpus) == 1 and not facts.multi_process:
         out.append(Finding(
             WARNING, "one_gpu",
             f"only one GPU is visible ({gpus[0].get('name')}): nothing to parallelize, "
@@ -335,8 +330,8 @@ def _device_findings(facts: Facts) -> List[Finding]:
     if gpus and virtual:
         out.append(Finding(
             INFO, "virtual_devices_ignored",
-            f"{VIRTUAL_ENV}={virtual} is set but GPUs are visible: the GPUs are used.",
-            f"unset {VIRTUAL_ENV} to silence this",
+            f"{VIRTUAL_DEVICES_ENV}={virtual} is set but GPUs are visible: the GPUs are used.",
+            f"unset {VIRTUAL_DEVICES_ENV} to silence this",
         ))
     return out
 
@@ -349,7 +344,7 @@ def findings(facts: Facts) -> List[Finding]:
             BLOCKING, "internal_error", f"the doctor itself failed: {error}",
             "please report this with the output of `kerasmgpu doctor --json`",
         ))
-    if facts.keras_line == LINE_NONE:
+    if facts.keras_line == KerasLine.NONE:
         out.append(Finding(
             BLOCKING, "no_keras", "no Keras is installed (nor TensorFlow's tf.keras).",
             'pip install "kerasmgpu[tensorflow]", "kerasmgpu[jax]" or "kerasmgpu[torch]"',
@@ -358,9 +353,9 @@ def findings(facts: Facts) -> List[Finding]:
     if facts.virtual_error:
         out.append(Finding(
             BLOCKING, "bad_virtual_devices", facts.virtual_error,
-            f"set {VIRTUAL_ENV} to an integer >= 1, or unset it",
+            f"set {VIRTUAL_DEVICES_ENV} to an integer >= 1, or unset it",
         ))
-    if facts.route_error and facts.keras_line != LINE_NONE:
+    if facts.route_error and facts.keras_line != KerasLine.NONE:
         out.append(Finding(
             BLOCKING, "backend_cannot_train", facts.route_error,
             "set KERAS_BACKEND=tensorflow, jax or torch",
@@ -379,7 +374,7 @@ def findings(facts: Facts) -> List[Finding]:
                 BLOCKING, "device_listing_failed",
                 f"{framework} could not list its devices: {facts.devices_error}",
                 f"run `python -c \"import {framework}\"` to see the framework's own error; "
-                f"with virtual devices, set {VIRTUAL_ENV} before the process starts",
+                f"with virtual devices, set {VIRTUAL_DEVICES_ENV} before the process starts",
             ))
     if facts.keras_import_error:
         out.append(Finding(
@@ -396,7 +391,7 @@ def findings(facts: Facts) -> List[Finding]:
             "`kerasmgpu launch` worker: parallelize() cannot spread a model here.",
             "run your script with `kerasmgpu launch --nproc N your_script.py`",
         ))
-    if facts.launched and facts.process_count > 1:
+    if facts.multi_process:
         out.append(Finding(
             INFO, "launched",
             f"process {facts.process_index} of {facts.process_count} of a "
@@ -428,7 +423,7 @@ def route_info(facts: Facts) -> Dict[str, Any]:
     desc = dict(facts.description)
     route = facts.route
     gpus = len(_gpus(facts))
-    multi_process = facts.launched and facts.process_count > 1
+    multi_process = facts.multi_process
     names = [str(d.get("name")) for d in facts.devices or ()]
     engine: Optional[str] = ENGINES.get(route or "")
     all_reduce: Optional[str] = None
@@ -466,7 +461,7 @@ def route_info(facts: Facts) -> Dict[str, Any]:
         why = ("Keras 2.3's multi_gpu_model runs one replica per GPU on a slice of each "
                "batch, concatenates the outputs on the CPU and computes one loss over the "
                "whole batch: one set of weights, so nothing to all-reduce.")
-    elif facts.keras_line == LINE_NONE:
+    elif facts.keras_line == KerasLine.NONE:
         why = "no Keras is installed."
     else:
         why = facts.route_error or "no route for this Keras line and backend."
@@ -544,7 +539,7 @@ def render(report: Mapping[str, Any]) -> str:
     for key in ("python", "keras", "tensorflow", "tf_keras", "jax", "torch"):
         lines.append(f"  {key:<13}: {env[key] or '-'}")
     for key, value in env["variables"].items():
-        if value is not None or key in ("CUDA_VISIBLE_DEVICES", VIRTUAL_ENV):
+        if value is not None or key in ("CUDA_VISIBLE_DEVICES", VIRTUAL_DEVICES_ENV):
             lines.append(f"  {key} = {value if value is not None else '(unset)'}")
     if env["launched"]:
         lines.append(f"  kerasmgpu launch worker: process {env['process_index']} of "
@@ -616,7 +611,6 @@ def _nvml_facts() -> Dict[str, Any]:
 def collect() -> Facts:
     """Read the machine: versions, variables, devices (starts the framework), NVML."""
     from kerasmgpu import detection
-    from kerasmgpu.detection import KerasLine
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
@@ -729,7 +723,7 @@ def main(argv: List[str]) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         report = diagnose()
     if args.json:
-        print(json.dumps(report, indent=2), file=real_stdout)
+        print(_common.to_json(report), file=real_stdout)
     else:
         print(render(report), file=real_stdout)
     return 0 if report["ok"] else 1

@@ -10,6 +10,7 @@ arrays go through a `tf.data` index pipeline (the padding plan comes from
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 from dataclasses import dataclass
@@ -28,7 +29,6 @@ class Feed:
 
     data: Any
     steps: Optional[int] = None  # batches per epoch when known
-    batch_rows: Optional[List[int]] = None  # real rows of each batch when known
     # Keras shuffles the batch order of an indexable Python source itself when fit()
     # gets shuffle=True; such feeds pass the user's `shuffle` on to Keras.
     keras_shuffles: bool = False
@@ -159,56 +159,28 @@ def _user_weights(
     return sample_weight
 
 
-def _packed_for(plan: batching.BatchPlan, weights: Any, rows: slice = slice(None)) -> Any:
-    """Packed array (or one per output when weights are per output), for fed `rows`."""
+def _packed_for(share: batching.ProcessShard, weights: Any) -> Any:
+    """Packed array (or one per output when weights are per output), for the fed rows."""
     if weights is None or not isinstance(weights, (list, tuple, Mapping)):
-        packed = batching.pack_weights(plan, None if weights is None else np.asarray(weights))
-        return packed[rows]
-    return _map(lambda w: batching.pack_weights(plan, np.asarray(w))[rows], weights)
-
-
-@dataclass(frozen=True)
-class Planner:
-    """Plans every batch: over all replicas, then this process's slice (if several)."""
-
-    replicas: int  # replicas in the whole run
-    process_index: int = 0
-    process_count: int = 1
-
-    def plan(self, real: int) -> Tuple[batching.BatchPlan, slice]:
-        if self.process_count == 1:
-            plan = batching.plan_batch(real, self.replicas)
-            return plan, slice(None)
-        if self.replicas % self.process_count:
-            raise ValueError(
-                f"{self.replicas} replicas cannot be split evenly over {self.process_count} "
-                "processes; give every process the same number of devices."
-            )
-        shard = batching.shard(real, self.replicas // self.process_count,
-                               self.process_index, self.process_count)
-        return shard.plan, shard.rows
-
-    def rows(self, real: int) -> Tuple[np.ndarray, np.ndarray, batching.BatchPlan, slice]:
-        """(source rows fed by this process, packed weights without user weights, ...)."""
-        plan, rows = self.plan(real)
-        return plan.source_rows()[rows], batching.pack_weights(plan)[rows], plan, rows
+        return share.packed(None if weights is None else np.asarray(weights))
+    return _map(lambda w: share.packed(np.asarray(w)), weights)
 
 
 # --- arrays: one batch ---------------------------------------------------------------------
 
 
 def pad_batch(
-    x: Any, y: Any, sample_weight: Any, class_weight: Any, planner: Planner
+    x: Any, y: Any, sample_weight: Any, class_weight: Any, planner: batching.Planner
 ) -> Tuple[Any, Any, Any]:
     """One in-memory batch, padded and packed (for the *_on_batch calls)."""
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
     weights = _user_weights(y, sample_weight, class_weight)
-    real = _num_rows([s for s in (x, y) if s is not None])
-    take, _, plan, rows = planner.rows(real)
+    share = planner.plan(_num_rows([s for s in (x, y) if s is not None]))
+    take = share.source_rows()
     return (
         _map(lambda a: a[take], x),
         _map(lambda a: a[take], y),
-        _packed_for(plan, weights, rows),
+        _packed_for(share, weights),
     )
 
 
@@ -225,7 +197,7 @@ class _ArraySource:
         weights: Any,
         batch_size: int,
         shuffle: bool,
-        planner: Planner,
+        planner: batching.Planner,
         seed: Optional[int] = None,
     ) -> None:
         self.x, self.y, self.weights = x, y, weights
@@ -246,13 +218,13 @@ class _ArraySource:
     def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
         start = index * self.batch_size
         ids = self.order[start : start + self.batch_size]
-        source, packed, plan, rows = self.planner.rows(len(ids))
-        take = ids[source]
+        share = self.planner.plan(len(ids))
+        take = ids[share.source_rows()]
         x = _map(lambda a: a[take], self.x)
         if predict:
-            return (x, packed)
+            return (x, share.packed())
         weights = None if self.weights is None else _map(lambda w: np.asarray(w)[ids], self.weights)
-        return (x, _map(lambda a: a[take], self.y), _packed_for(plan, weights, rows))
+        return (x, _map(lambda a: a[take], self.y), _packed_for(share, weights))
 
 
 def _python_dataset_type(family: Family) -> type:
@@ -279,15 +251,15 @@ def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> F
         def on_epoch_end(self) -> None:
             source.reshuffle()
 
-    return Feed(ArrayBatches(), steps=len(source.sizes), batch_rows=list(source.sizes))
+    return Feed(ArrayBatches(), steps=len(source.sizes))
 
 
-def _tf_pad(tf: Any, real: Any, planner: Planner) -> Tuple[Any, Any]:
+def _tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any]:
     """(source rows, packed) for a batch of `real` rows, planned by kerasmgpu.batching."""
 
     def plan_rows(count: Any) -> Tuple[np.ndarray, np.ndarray]:
-        source, packed, _, _ = planner.rows(int(count))  # numpy scalars come in
-        return source, packed
+        share = planner.plan(int(count))  # numpy scalars come in
+        return share.source_rows(), share.packed()
 
     rows, packed = tf.numpy_function(
         plan_rows, [real], [tf.int64, tf.float32], stateful=False
@@ -332,15 +304,14 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
         return xb, yb, _with_weights(tf, packed, tf.gather(weights, take))
 
     data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    return Feed(_no_autoshard(tf, data), steps=len(source.sizes), batch_rows=list(source.sizes))
+    return Feed(_no_autoshard(tf, data), steps=len(source.sizes))
 
 
 def repeated(feed: Feed) -> Feed:
     """A tf.data feed of known length read as one endless stream (pass `steps`)."""
     if feed.steps is None or not _is_dataset(feed.data):
         return feed
-    return Feed(feed.data.repeat(), steps=feed.steps, batch_rows=feed.batch_rows,
-                keras_shuffles=feed.keras_shuffles, needs_steps=True)
+    return dataclasses.replace(feed, data=feed.data.repeat(), needs_steps=True)
 
 
 def _no_autoshard(tf: Any, dataset: Any) -> Any:
@@ -354,7 +325,7 @@ def _no_autoshard(tf: Any, dataset: Any) -> Any:
 # --- tf.data.Dataset input --------------------------------------------------------------------
 
 
-def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: Planner, predict: bool) -> Feed:
+def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner, predict: bool) -> Feed:
     import tensorflow as tf
 
     table = None
@@ -404,25 +375,25 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: Planner, predict:
 # --- Python sources: PyDataset, Sequence, generators -----------------------------------------
 
 
-def _pad_element(element: Any, class_weight: Any, planner: Planner, predict: bool) -> Any:
+def _pad_element(element: Any, class_weight: Any, planner: batching.Planner, predict: bool) -> Any:
     x, y, sw = _unpack(element)
     x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
     weights = None if predict else _user_weights(y, sw, class_weight)
-    real = _num_rows([s for s in (x,) if s is not None])
-    take, packed, plan, rows = planner.rows(real)
+    share = planner.plan(_num_rows([s for s in (x,) if s is not None]))
+    take = share.source_rows()
     xb = _map(lambda a: a[take], x)
     if predict:
-        return xb, packed
+        return xb, share.packed()
     if y is None:
         raise bad_value(
             "x", "batches without targets", "batches of (x, y) or (x, y, sample_weight)",
             "return targets with the inputs",
         )
-    return xb, _map(lambda a: a[take], y), _packed_for(plan, weights, rows)
+    return xb, _map(lambda a: a[take], y), _packed_for(share, weights)
 
 
 def _python_feed(
-    family: Family, source: Any, class_weight: Any, planner: Planner, predict: bool
+    family: Family, source: Any, class_weight: Any, planner: batching.Planner, predict: bool
 ) -> Feed:
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         base = _python_dataset_type(family)
@@ -510,7 +481,7 @@ class _Replay:
 
 
 def _generator_tf_feed(
-    family: Family, source: Iterator[Any], class_weight: Any, planner: Planner, predict: bool
+    family: Family, source: Iterator[Any], class_weight: Any, planner: batching.Planner, predict: bool
 ) -> Feed:
     import tensorflow as tf
 
@@ -528,7 +499,7 @@ def _generator_tf_feed(
 
 
 def _dataset_python_feed(
-    family: Family, dataset: Any, class_weight: Any, planner: Planner, predict: bool
+    family: Family, dataset: Any, class_weight: Any, planner: batching.Planner, predict: bool
 ) -> Feed:
     """A tf.data.Dataset on a non-TF backend: iterate it as numpy, once per epoch."""
     steps = int(dataset.cardinality())
@@ -562,7 +533,7 @@ def _dataset_python_feed(
 def build(
     family: Family,
     kind: str,
-    planner: Planner,
+    planner: batching.Planner,
     x: Any,
     y: Any = None,
     sample_weight: Any = None,

@@ -153,16 +153,9 @@ def packed_loss_type(family: Family) -> type:
                 if _flatten(y_pred)[0].shape[0] is None:
                     return
                 value = value * _traced_replicas(family)  # what the tracker receives
-            elif _reduction_name(self.inner_loss) == "sum":
+            elif _reduction_name(self._inner) == "sum":
                 value = value * _traced_replicas(family)
-            rows = family.cast(family.rows(packed), "float32")
-            weight = rows * (1.0 / packed[0, SCALE] - 1.0)
-            tracked = family.stop_gradient(value)
-            tracker.update_state(tracked, sample_weight=family.cast(weight, tracked.dtype))
-
-        @property
-        def inner_loss(self) -> Any:
-            return self._inner
+            _reweight_to_real_rows(family, tracker, value, packed)
 
         def call(self, y_true: Any, y_pred: Any) -> Any:  # pragma: no cover - unused
             return self._inner.call(y_true, y_pred)
@@ -240,11 +233,16 @@ def correct_tracker(family: Family, model: Any, total: Any, sample_weight: Any) 
     tracker = _loss_tracker(family, model)
     if tracker is None or total is None:
         return
-    packed = first_packed(sample_weight)
+    _reweight_to_real_rows(family, tracker, total * _traced_replicas(family),
+                           first_packed(sample_weight))
+
+
+def _reweight_to_real_rows(family: Family, tracker: Any, value: Any, packed: Any) -> None:
+    """Top up a loss tracker that weighted this step by its fed rows: with the extra
+    weight rows * (real/fed - 1) it has counted the step by its real rows."""
     rows = family.cast(family.rows(packed), "float32")
-    real_fraction = 1.0 / packed[0, SCALE]
-    tracked = family.stop_gradient(total) * _traced_replicas(family)
-    weight = family.cast(rows * (real_fraction - 1.0), tracked.dtype)
+    tracked = family.stop_gradient(value)
+    weight = family.cast(rows * (1.0 / packed[0, SCALE] - 1.0), tracked.dtype)
     tracker.update_state(tracked, sample_weight=weight)
 
 

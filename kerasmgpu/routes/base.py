@@ -7,20 +7,21 @@ process group) built for a fixed set of devices, and knows:
 * `replicas` - how many copies of the model train in step;
 * `scope()` - the context that models and optimizers must be built in;
 * `parallelize(model)` - a model that trains on all of them;
-* `describe()` - the engine and all-reduce in words (for `doctor` and `demo`);
-* `shutdown()` - release the engine.
+* `describe()` - the engine and all-reduce in words (for `doctor` and `demo`).
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-from typing import Any, ClassVar, ContextManager, Dict, Iterator, List, Sequence
+import functools
+from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
 
+from kerasmgpu import devices as devices_module
 from kerasmgpu import distributed
+from kerasmgpu.batching import Planner
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
-from kerasmgpu.parallel.feeds import Feed, Planner
+from kerasmgpu.parallel.feeds import Feed
 from kerasmgpu.routes import Route
 
 
@@ -34,9 +35,9 @@ class BaseRoute(abc.ABC):
         self.devices = tuple(devices)
 
     @classmethod
-    @abc.abstractmethod
     def available_devices(cls, family: Family) -> List[Device]:
-        """Devices this route could place replicas on."""
+        """Devices this route could place replicas on: its backend's, as listed there."""
+        return devices_module.list_devices(family.line, family.backend)
 
     @property
     @abc.abstractmethod
@@ -59,13 +60,14 @@ class BaseRoute(abc.ABC):
         """
         return not distributed.launched()
 
-    @property
+    @functools.cached_property
     def planner(self) -> Planner:
-        """How batches are planned: over every replica, then this process's share."""
-        if distributed.launched():
-            return Planner(self.replicas, distributed.process_index(),
-                           distributed.process_count())
-        return Planner(self.replicas)
+        """How batches are planned: over every replica, then this process's share.
+
+        Built once: the step overrides read it on every `*_on_batch` call, and neither
+        the replica count nor the process layout changes during a route's life.
+        """
+        return Planner(self.replicas, distributed.process_index(), distributed.process_count())
 
     def distribute_feed(self, feed: Feed) -> Feed:
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
@@ -105,14 +107,6 @@ class BaseRoute(abc.ABC):
 
     def describe(self) -> Dict[str, str]:
         return {"route": self.route.value, "replicas": str(self.replicas)}
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook, most routes hold nothing
-        """Release what the engine holds; the default has nothing to release."""
-
-
-@contextlib.contextmanager
-def nothing() -> Iterator[None]:
-    yield
 
 
 def _restore_only(family: Family, backup: Any) -> Any:

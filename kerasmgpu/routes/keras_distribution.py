@@ -11,7 +11,6 @@ import contextlib
 import importlib
 from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
-from kerasmgpu import devices as devices_module
 from kerasmgpu import distributed
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
@@ -77,10 +76,6 @@ class KerasDistributionRoute(BaseRoute):
         self.distribution = keras.distribution.DataParallel(devices=self.jax_devices)
         # kerasmgpu shards the data itself; Keras must not shard it again.
         self.distribution.auto_shard_dataset = False
-
-    @classmethod
-    def available_devices(cls, family: Family) -> List[Device]:
-        return devices_module.list_devices(family.line, "jax")
 
     @property
     def replicas(self) -> int:

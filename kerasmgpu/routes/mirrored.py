@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, ContextManager, Dict, List, Sequence
 
-from kerasmgpu import devices as devices_module
 from kerasmgpu import distributed
 from kerasmgpu._errors import NotYetSupportedError
 from kerasmgpu.detection import Device
@@ -78,10 +77,6 @@ class MirroredRoute(BaseRoute):
         else:
             self.strategy = _new_strategy(tf, [d.name for d in self.devices])
 
-    @classmethod
-    def available_devices(cls, family: Family) -> List[Device]:
-        return devices_module.list_devices(family.line, "tensorflow")
-
     @property
     def replicas(self) -> int:
         return int(self.strategy.num_replicas_in_sync)
@@ -124,13 +119,11 @@ class MirroredRoute(BaseRoute):
                 "PyDataset/Sequence. Allowed: arrays, a tf.data.Dataset or a generator. "
                 "Fix: wrap it with tf.data.Dataset.from_generator."
             )
-        local = self.replicas // distributed.process_count()
-        per_worker = _split_per_replica(tf, dataset, max(1, local))
+        per_worker = _split_per_replica(tf, dataset, self.planner.replicas_per_process)
         distributed_data = self.strategy.distribute_datasets_from_function(
             lambda _context: per_worker
         )
-        return Feed(distributed_data, steps=feed.steps, batch_rows=feed.batch_rows,
-                    needs_steps=True)
+        return Feed(distributed_data, steps=feed.steps, needs_steps=True)
 
     def describe(self) -> Dict[str, str]:
         ops = type(getattr(self.strategy.extended, "_cross_device_ops", None)

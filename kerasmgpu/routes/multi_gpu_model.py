@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, ContextManager, Dict, Iterator, List, Sequence
+from typing import Any, ContextManager, Dict, Iterator, Sequence
 
-from kerasmgpu import devices as devices_module
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel import family as family_module
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute, nothing
+from kerasmgpu.routes.base import BaseRoute
 
 
 class MultiGpuModelRoute(BaseRoute):
@@ -35,17 +34,13 @@ class MultiGpuModelRoute(BaseRoute):
         self.cpu_merge = cpu_merge
         self.cpu_relocation = cpu_relocation
 
-    @classmethod
-    def available_devices(cls, family: Family) -> List[Device]:
-        return devices_module.list_devices(family.line, "tensorflow")
-
     @property
     def replicas(self) -> int:
         return len(self.devices)
 
     def scope(self) -> ContextManager[Any]:
         # Keras 2.3 has no strategy scope: models are built anywhere.
-        return nothing()
+        return contextlib.nullcontext()
 
     def owns(self, model: Any) -> bool:
         return False
@@ -86,7 +81,7 @@ class MultiGpuModelRoute(BaseRoute):
             parallel = keras_multi_gpu_model(
                 inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
             )
-        if getattr(model, "_is_compiled", False):
+        if family_module.is_compiled(model):
             parallel.compile(**legacy_compile_args(self.family, model))
         parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                       family=self.family)

@@ -34,7 +34,7 @@ from kerasmgpu._errors import explain
 from kerasmgpu.detection import Device
 from kerasmgpu.parallel.family import Family
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute, nothing
+from kerasmgpu.routes.base import BaseRoute
 
 _local = threading.local()
 
@@ -78,7 +78,7 @@ class TorchDDPRoute(BaseRoute):
         return self.world
 
     def scope(self) -> ContextManager[Any]:
-        return nothing()
+        return contextlib.nullcontext()
 
     def owns(self, model: Any) -> bool:
         # No scope on torch: every process trains the model it built, in place.
@@ -122,18 +122,11 @@ class TorchDDPRoute(BaseRoute):
         dist = self.dist
 
         def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
-            import torch
 
             present = [g for g in grads if g is not None]
             if present:
-                # One flat all-reduce per step instead of one per weight.
-                flat = torch.cat([g.reshape(-1) for g in present])
-                dist.all_reduce(flat)
-                flat /= world
-                offset = 0
-                for g in present:
-                    g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                for g, total in zip(present, _all_reduce_flat(dist, present)):
+                    g.copy_(total / world)
             return original(grads, trainable_variables)
 
         optimizer.apply = apply
@@ -149,13 +142,10 @@ class TorchDDPRoute(BaseRoute):
             yield
             return
         saved = [v.value.detach().clone() for v in variables]
-        flat = torch.cat([s.reshape(-1).to(torch.float64) for s in saved])
-        self.dist.all_reduce(flat)
-        offset = 0
-        for variable, value in zip(variables, saved):
-            piece = flat[offset: offset + value.numel()].view_as(value).to(value.dtype)
-            variable.assign(piece)
-            offset += value.numel()
+        for variable, value, total in zip(
+            variables, saved, _all_reduce_flat(self.dist, saved, torch.float64)
+        ):
+            variable.assign(total.to(value.dtype))
         try:
             yield
         finally:
@@ -174,3 +164,15 @@ class TorchDDPRoute(BaseRoute):
             "devices": ", ".join(d.name for d in self.devices),
             "all_reduce": f"{backend} all_reduce of one flat gradient buffer per step",
         }
+
+
+def _all_reduce_flat(dist: Any, tensors: Sequence[Any], dtype: Any = None) -> List[Any]:
+    """The sums of `tensors` over the processes, shaped like them, in one collective
+    (one flat all-reduce per step instead of one per weight)."""
+    import torch
+
+    flat = torch.cat([t.reshape(-1) if dtype is None else t.reshape(-1).to(dtype)
+                      for t in tensors])
+    dist.all_reduce(flat)
+    pieces = torch.split(flat, [t.numel() for t in tensors])
+    return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
