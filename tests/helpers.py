@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Optional, Sequence
+import time
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -138,3 +139,14 @@ def engine_replicas(pmodel: Any) -> int:
     if hasattr(route, "distribution"):
         return int(np.prod(route.distribution.device_mesh.shape))
     return int(route.replicas)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0, poll: float = 0.05) -> bool:
+    """Poll until `condition()` holds; returns at once when it does. The bound only has
+    to survive a loaded CI machine (every tox env at once on 2 cores)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return condition()

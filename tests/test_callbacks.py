@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pytest
+from helpers import wait_until
 
 from kerasmgpu import nvml
 from kerasmgpu.callbacks import (
@@ -85,14 +86,8 @@ def monitor_warnings(record: List[warnings.WarningMessage]) -> List[str]:
     return [str(w.message) for w in record if issubclass(w.category, KerasMGPUWarning)]
 
 
-# Waits return as soon as the condition holds; the bound only has to survive a loaded CI machine.
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
+    return wait_until(condition, timeout, poll=0.005)  # the sampler's intervals are ms
 
 
 def monitor_threads() -> List[threading.Thread]:
@@ -583,9 +578,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    nvml.reset()
-    yield fake
-    nvml.reset()
+    yield fake  # nvml's state is reset around every test (_fresh_nvml_state)
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -71,9 +71,15 @@ def _weights(path: Path) -> List[np.ndarray]:
                                     key=lambda k: int(k[4:]))]
 
 
+def _paired_weights(a: Path, b: Path) -> List[Tuple[np.ndarray, np.ndarray]]:
+    wa, wb = _weights(a), _weights(b)
+    assert len(wa) == len(wb) > 0, (len(wa), len(wb))  # zip() alone would hide a missing one
+    return list(zip(wa, wb))
+
+
 def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "prediction")
                  ) -> None:
-    for u, v in zip(_weights(a), _weights(b)):
+    for u, v in _paired_weights(a, b):
         np.testing.assert_allclose(u, v, atol=1e-5, rtol=1e-5)
     da, db = np.load(a, allow_pickle=True), np.load(b, allow_pickle=True)
     for key in keys:
@@ -94,7 +100,7 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
     assert "[rank 0]" in run.stdout and "[rank 1]" in run.stdout  # rank-prefixed output
     rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
     # Identical on both workers (to the bit, up to all-reduce order) ...
-    for u, v in zip(_weights(rank0), _weights(rank1)):
+    for u, v in _paired_weights(rank0, rank1):
         np.testing.assert_allclose(u, v, atol=1e-6)
     # ... and equal to one process on the same global batches.
     _assert_same(tmp_path / "one" / "rank0.npz", rank0)

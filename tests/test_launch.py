@@ -18,9 +18,10 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
+from helpers import wait_until
 
 from kerasmgpu.launch import (
     LaunchError,
@@ -99,18 +100,9 @@ def _marked(token: str) -> List[int]:
     return found
 
 
-def _wait_until(check: Callable[[], bool], seconds: float = 30.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
 def assert_gone(*pids: int) -> None:
     assert pids, "no pid was collected"
-    assert _wait_until(lambda: not any(_alive(p) for p in pids)), (
+    assert wait_until(lambda: not any(_alive(p) for p in pids)), (
         f"still alive: {[p for p in pids if _alive(p)]}"
     )
 
@@ -136,7 +128,7 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tracked
     monkeypatch.setenv(MARK, token)
     yield Tracked(tmp_path, token)
     if os.path.isdir("/proc"):
-        assert _wait_until(lambda: not _marked(token)), f"survivors: {_marked(token)}"
+        assert wait_until(lambda: not _marked(token)), f"survivors: {_marked(token)}"
 
 
 def by_rank(text: str) -> Dict[int, List[str]]:
