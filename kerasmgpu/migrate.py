@@ -62,6 +62,7 @@ when the codemod runs, so ``import kerasmgpu`` stays framework- and libcst-free.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import difflib
 import io
@@ -70,6 +71,7 @@ import re
 import sys
 import tempfile
 import tokenize
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -758,6 +760,26 @@ def _rewrite(wrapper: cst.metadata.MetadataWrapper, plan: _Plan) -> cst.Module:
     return wrapper.visit(Rewriter())
 
 
+def _parse_error_reason(source: str, exc: cst.ParserSyntaxError) -> str:
+    """What is wrong with `source` and where, for a file libcst refused.
+
+    libcst's native parser can place the error lines too late (an error on line 3 followed
+    by more lines is reported on line 4), so Python's own parser, whose positions are exact,
+    names it; libcst's report stays for what only libcst rejects.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes etc. are not the error here
+            ast.parse(source)
+    except SyntaxError as err:
+        if err.lineno:
+            column = f", column {err.offset}" if err.offset else ""
+            return f"{err.msg} (line {err.lineno}{column})"
+    except (ValueError, RecursionError):  # null bytes before Python 3.12; deep nesting
+        pass
+    return f"{exc.message} (line {exc.editor_line}, column {exc.editor_column})"
+
+
 def migrate_source(source: str, filename: str = "<string>") -> MigrationResult:
     """Migrate one file's text: rewrite multi_gpu_model/make_parallel, collect advice.
 
@@ -771,8 +793,7 @@ def migrate_source(source: str, filename: str = "<string>") -> MigrationResult:
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        reason = f"{exc.message} (line {exc.editor_line}, column {exc.editor_column})"
-        raise MigrationError(filename, reason) from exc
+        raise MigrationError(filename, _parse_error_reason(source, exc)) from exc
     wrapper = MetadataWrapper(module)
     plan = _analyze(wrapper, source)
     new_source = _rewrite(wrapper, plan).code

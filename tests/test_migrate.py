@@ -420,6 +420,15 @@ def test_unparsable_source_raises_migration_error() -> None:
     assert "old.py" in message and "cannot parse" in message and "2to3" in message
 
 
+def test_parse_error_cites_the_line_and_column_of_the_error() -> None:
+    # libcst's own position is off when lines follow the error; the report must not be.
+    text = 'import os\nimport keras\nprint "hello"\nx = 1\n'
+    with pytest.raises(MigrationError) as info:
+        migrate_source(text, "old.py")
+    assert "(line 3, column 1)" in info.value.reason
+    assert "line 4" not in info.value.reason
+
+
 # --------------------------------------------------------------------------------------
 # make_parallel
 
