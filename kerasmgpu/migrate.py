@@ -34,9 +34,10 @@ line that the user's framework imports depend on, nor after the first use.
 
 Only advised (``path:line: advice: ...``), because the right change depends on intent:
 
-* a ``with tf.device('/cpu:0')`` scope (any spelling of CPU 0): the template model no longer
-  needs to live on the CPU. Advised wherever it appears, since the template is often built in
-  another file than the one that parallelizes it.
+* a ``with tf.device('/cpu:0')`` scope (any spelling of CPU 0, also as either branch of
+  ``a if cond else b``): the template model no longer needs to live on the CPU. Advised
+  wherever it appears, since the template is often built in another file than the one that
+  parallelizes it.
 * ``batch_size`` (any name containing "batch") assigned, or passed as ``batch_size=``, as a
   product with a GPU count: a name containing "gpu", ``G``, a name assigned from a GPU count,
   ``args.gpus``, ``args["gpus"]`` or ``len(...)`` of something named with gpu.
@@ -338,6 +339,20 @@ def _string_value(node: cst.CSTNode) -> Optional[str]:
     return None
 
 
+def _string_choices(node: cst.BaseExpression) -> List[str]:
+    """The string literals an expression can be: itself, or each branch of `a if c else b`.
+
+    `tf.device("/cpu:0" if n > 1 else "/gpu:0")` builds the template on the CPU in the
+    multi-GPU case, the one that matters here.
+    """
+    import libcst as cst
+
+    if isinstance(node, cst.IfExp):
+        return _string_choices(node.body) + _string_choices(node.orelse)
+    value = _string_value(node)
+    return [] if value is None else [value]
+
+
 def _mul_operands(node: cst.BaseExpression) -> List[cst.BaseExpression]:
     """The factors of `a * b * c` (one factor when `node` is not a product)."""
     import libcst as cst
@@ -567,8 +582,8 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
                 is_tf_device = bool(self.qualified(call.func) & _TF_DEVICE) or (
                     func_name == "tf.device" or func_name.endswith(".tf.device")
                 )
-                device = _string_value(call.args[0].value)
-                if is_tf_device and device is not None and _CPU0.search(device.strip()):
+                devices = _string_choices(call.args[0].value)
+                if is_tf_device and any(_CPU0.search(device.strip()) for device in devices):
                     scope = f"with {module.code_for_node(call)}"
                     self.advise(node, _MSG_CPU.format(scope=scope))
 

@@ -534,6 +534,27 @@ def test_cpu_scope_through_tensorflow_alias_and_gpu_scope() -> None:
 
 
 @pytest.mark.parametrize(
+    "device",
+    [
+        '"/cpu:0" if n > 1 else "/gpu:0"',
+        '"/gpu:0" if single else "/cpu:0"',
+        '"/gpu:0" if a else ("/cpu:0" if b else "/gpu:1")',
+    ],
+)
+def test_conditional_cpu_device_is_advised_like_the_plain_string(device: str) -> None:
+    text = f"import tensorflow as tf\n\nwith tf.device({device}):\n    model = build()\n"
+    [(line, message)] = advice_of(text)
+    assert line == 3
+    assert message.startswith(f"with tf.device({device}): ")
+    assert "the template no longer needs to live on the CPU" in message
+
+
+def test_conditional_device_without_cpu_is_not_advised() -> None:
+    text = "import tensorflow as tf\nwith tf.device('/gpu:0' if a else '/gpu:1'):\n    m = b()\n"
+    assert advice_of(text) == []
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "batch_size = 64 * gpus",
