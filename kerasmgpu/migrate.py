@@ -6,17 +6,19 @@ rewritten nodes survive byte for byte. Running it on migrated code changes nothi
 Rewritten (the result runs the same program on kerasmgpu's drop-ins):
 
 * ``from M import multi_gpu_model [as alias]`` for M in ``keras.utils``,
-  ``keras.utils.multi_gpu_utils``, ``keras.utils.training_utils``, ``tensorflow.keras.utils``,
-  ``tensorflow.compat.v1.keras.utils``, ``tensorflow.python.keras.utils`` and
-  ``tensorflow.python.keras.utils.multi_gpu_utils`` becomes
-  ``from kerasmgpu.legacy import multi_gpu_model [as alias]``. When the line imports other
-  names too, they stay where they are and the kerasmgpu import goes on its own line right
-  after it (inside a one-line suite such as ``if x: from ...``, after a semicolon).
+  ``keras.utils.multi_gpu_utils``, ``keras.utils.training_utils``, ``tensorflow.keras.utils``
+  (also through ``compat.v1``/``compat.v2`` and ``_api.v1``/``_api.v2``, as in
+  ``tensorflow._api.v1.compat.v2.keras.utils``), ``tensorflow.python.keras.utils`` and
+  ``tensorflow.python.keras.utils.multi_gpu_utils`` (each also under ``tensorflow_core``)
+  becomes ``from kerasmgpu.legacy import multi_gpu_model [as alias]``. When the line imports
+  other names too, they stay where they are and the kerasmgpu import goes on its own line
+  right after it (inside a one-line suite such as ``if x: from ...``, after a semicolon).
 * References to ``multi_gpu_model`` through a module, such as ``keras.utils.multi_gpu_model``,
-  ``tf.keras.utils.multi_gpu_model`` or ``utils.multi_gpu_model``, become
-  ``kerasmgpu.legacy.multi_gpu_model``. Module names are resolved through the file's own
-  imports (``import tensorflow as tf``, ``from tensorflow import keras``, ``import keras``,
-  ``from keras import utils``...), so an unrelated ``utils`` object is never touched.
+  ``tf.keras.utils.multi_gpu_model``, ``tf.compat.v2.keras.utils.multi_gpu_model`` or
+  ``utils.multi_gpu_model``, become ``kerasmgpu.legacy.multi_gpu_model``. Module names are
+  resolved through the file's own imports (``import tensorflow as tf``,
+  ``from tensorflow import keras``, ``import keras``, ``from keras import utils``...), so an
+  unrelated ``utils`` object is never touched.
   References that cannot be traced to an import are only advised.
 * Calls to a local ``make_parallel`` function (the keras-extras recipe) go to
   ``kerasmgpu.legacy.make_parallel``. The local definition is left in place, because other
@@ -86,17 +88,20 @@ INSTALL_HINT = 'pip install "kerasmgpu[tools]"'
 _MGM = "multi_gpu_model"
 _LEGACY = "kerasmgpu.legacy"
 # Every module that ever exported multi_gpu_model: Keras 2.0.x (training_utils), Keras 2.1+
-# (utils, utils.multi_gpu_utils) and tf.keras up to 2.3 (public, compat.v1 and private paths).
+# (utils, utils.multi_gpu_utils) and tf.keras up to 2.3: the public path, its compat.v1/v2
+# aliases, the generated `_api.v1`/`_api.v2` packages they resolve to, and the private
+# python.keras modules, each also under `tensorflow_core` (TF 1.15-2.1, where IDEs
+# auto-imported from). Code that spells out any of them still imports on TF <= 2.3.
+_TF_ROOTS = ("tensorflow", "tensorflow_core")
 _MGM_MODULES = frozenset(
-    {
-        "keras.utils",
-        "keras.utils.multi_gpu_utils",
-        "keras.utils.training_utils",
-        "tensorflow.keras.utils",
-        "tensorflow.compat.v1.keras.utils",
-        "tensorflow.python.keras.utils",
-        "tensorflow.python.keras.utils.multi_gpu_utils",
+    {"keras.utils", "keras.utils.multi_gpu_utils", "keras.utils.training_utils"}
+    | {
+        f"{root}{api}{compat}.keras.utils"
+        for root in _TF_ROOTS
+        for api in ("", "._api.v1", "._api.v2")
+        for compat in ("", ".compat.v1", ".compat.v2")
     }
+    | {f"{root}.python.keras.utils{sub}" for root in _TF_ROOTS for sub in ("", ".multi_gpu_utils")}
 )
 _MGM_QUALIFIED = frozenset(f"{module}.{_MGM}" for module in _MGM_MODULES)
 _TF_DEVICE = frozenset(

@@ -48,6 +48,12 @@ def lines_advised(text: str, needle: str) -> List[int]:
         "tensorflow.keras.utils",
         "tensorflow.python.keras.utils",
         "tensorflow.python.keras.utils.multi_gpu_utils",
+        "tensorflow.compat.v1.keras.utils",
+        "tensorflow.compat.v2.keras.utils",
+        "tensorflow._api.v1.keras.utils",
+        "tensorflow._api.v2.keras.utils",
+        "tensorflow._api.v2.compat.v1.keras.utils",
+        "tensorflow_core.python.keras.utils.multi_gpu_utils",  # TF 1.15-2.1, IDE auto-import
     ],
 )
 def test_each_import_form_is_rewritten(module: str) -> None:
@@ -161,6 +167,9 @@ def test_other_imports_are_left_alone(line: str) -> None:
     [
         ("import tensorflow as tf", "tf.keras.utils.multi_gpu_model(model, gpus=2)"),
         ("import tensorflow", "tensorflow.keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("import tensorflow as tf", "tf.compat.v2.keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("import tensorflow as tf", "tf.compat.v1.keras.utils.multi_gpu_model(model, gpus=2)"),
+        ("from tensorflow.compat import v1", "v1.keras.utils.multi_gpu_model(model, gpus=2)"),
         ("import keras", "keras.utils.multi_gpu_model(model, gpus=2)"),
         ("from tensorflow import keras", "keras.utils.multi_gpu_model(model, gpus=2)"),
         ("import keras", "keras.utils.multi_gpu_utils.multi_gpu_model(model, gpus=2)"),
@@ -680,6 +689,33 @@ def test_check_exits_1_when_a_file_would_change_then_0(
     target.write_text(NEW)
     assert main(["--check", str(target)]) == 0
     assert "would migrate" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "added"),
+    [
+        (
+            "from tensorflow.compat.v2.keras.utils import multi_gpu_model\n",
+            "+from kerasmgpu.legacy import multi_gpu_model\n",
+        ),
+        (
+            "from tensorflow._api.v1.keras.utils import multi_gpu_model\n",
+            "+from kerasmgpu.legacy import multi_gpu_model\n",
+        ),
+        (
+            "import tensorflow as tf\np = tf.compat.v2.keras.utils.multi_gpu_model(m, 2)\n",
+            "+p = kerasmgpu.legacy.multi_gpu_model(m, 2)\n",
+        ),
+    ],
+)
+def test_check_fails_on_every_real_tensorflow_path(
+    text: str, added: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "t.py", text)
+    assert main(["--check", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert added in out
+    assert "could not be traced" not in out
 
 
 def test_write_rewrites_and_a_second_write_changes_nothing(
