@@ -869,10 +869,11 @@ def _write_atomic(path: str, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, info.st_mode & 0o7777)  # mkstemp makes 0600; keep the user's mode
         if hasattr(os, "chown"):
             with contextlib.suppress(OSError):  # only root may give a file away; best effort
                 os.chown(tmp, info.st_uid, info.st_gid)
+        # After the chown, which clears setuid/setgid; mkstemp makes 0600: keep the user's mode.
+        os.chmod(tmp, info.st_mode & 0o7777)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

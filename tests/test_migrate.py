@@ -743,6 +743,16 @@ def test_write_preserves_file_mode(tmp_path: Path) -> None:
     assert target.stat().st_mode & 0o7777 == 0o751
 
 
+@pytest.mark.parametrize("mode", [0o2755, 0o4755, 0o1644, 0o6750], ids=oct)
+def test_write_preserves_setgid_setuid_and_sticky_bits(tmp_path: Path, mode: int) -> None:
+    target = write(tmp_path / "run.py", OLD, mode=mode)
+    if target.stat().st_mode & 0o7777 != mode:
+        pytest.skip(f"this filesystem or user does not keep mode {oct(mode)}")
+    assert main(["--write", str(target)]) == 0
+    assert target.read_text() == NEW
+    assert oct(target.stat().st_mode & 0o7777) == oct(mode)
+
+
 def test_write_keeps_the_encoding(tmp_path: Path) -> None:
     text = (
         "# -*- coding: latin-1 -*-\nimport keras\n# café\np = keras.utils.multi_gpu_model(m, 2)\n"
