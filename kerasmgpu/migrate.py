@@ -46,7 +46,9 @@ Only advised (``path:line: advice: ...``), because the right change depends on i
 * ``fit_generator``, ``evaluate_generator`` and ``predict_generator`` calls.
 * a local ``make_parallel`` definition, and a local ``get_slice`` (keras-extras' splitter) in
   a file that mentions make_parallel or multi_gpu_model; a local (vendored) ``multi_gpu_model``
-  definition. CPU scopes inside those defs are their own merge step, not a template: no advice.
+  definition, which is advised as a copy of Keras's: a ``get_slice`` inside it, or beside it
+  in a file that never mentions make_parallel, is Keras's splitter and gets no keras-extras
+  advice. CPU scopes inside those defs are their own merge step, not a template: no advice.
 * ``make_parallel`` imported from some other module (it may be a copy of keras-extras), and
   ``from keras.utils import *`` in a file that uses a bare ``multi_gpu_model``.
 * imports of ``keras.utils.multi_gpu_utils`` / ``training_utils`` (or names from them other
@@ -150,9 +152,10 @@ _MSG_MP_KEPT = (
     "dropped the batch remainder and reduced gradients on one device)"
 )
 _MSG_MGM_VENDORED = (
-    "this local multi_gpu_model looks like a copy of Keras' (removed in TF 2.4); "
-    "kerasmgpu.legacy.multi_gpu_model replaces it with the same signature: import that "
-    "instead and delete this one"
+    "this local multi_gpu_model looks like a copy of Keras's multi_gpu_model (removed in "
+    "TF 2.4; its get_slice and CPU scopes are part of it): kerasmgpu.legacy.multi_gpu_model "
+    "replaces it with the same signature, so callers can `from kerasmgpu.legacy import "
+    "multi_gpu_model` instead; delete this copy once nothing imports it"
 )
 _MSG_GET_SLICE = (
     "get_slice is keras-extras' batch splitter for make_parallel; kerasmgpu splits batches "
@@ -416,6 +419,8 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
             self.gpu_names: Set[str] = {"G"}  # G = args["gpus"] is the pyimagesearch idiom
             self.star_lines: List[Tuple[int, str]] = []
             self.binds_mgm = False
+            self.defines_mgm = False
+            self.get_slice_lines: List[int] = []
             self.uses_bare_mgm = False
             self.in_import = 0
             self.first_use: Optional[int] = None
@@ -518,9 +523,12 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
         def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
             name = node.name.value
             self.functions.append(name)
-            if name == "get_slice" and mentions_parallel:
-                self.advise(node.name, _MSG_GET_SLICE)
+            if name == "get_slice" and mentions_parallel and _MGM not in self.functions[:-1]:
+                # Decided after the visit: beside a copy of Keras's multi_gpu_model it is
+                # Keras's splitter, whichever comes first in the file.
+                self.get_slice_lines.append(self.line(node.name))
             if name == _MGM:
+                self.defines_mgm = True
                 self.advise(node.name, _MSG_MGM_VENDORED)
             if name != "make_parallel":
                 return
@@ -635,6 +643,8 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
     analyzer = Analyzer()
     wrapper.visit(analyzer)
     advice = list(analyzer.advice)
+    if not analyzer.defines_mgm or "make_parallel" in source:
+        advice.extend((line, _MSG_GET_SLICE) for line in analyzer.get_slice_lines)
     if analyzer.uses_bare_mgm and not analyzer.binds_mgm:
         advice.extend((line, _MSG_MGM_STAR.format(module=mod)) for line, mod in analyzer.star_lines)
 

@@ -927,3 +927,64 @@ def test_vendored_multi_gpu_model_definition_is_advised() -> None:
     )
     assert [line for line, _ in advice_of(text)] == [3]
     assert "copy of Keras'" in advice_of(text)[0][1]
+
+
+# A vendored keras/utils/multi_gpu_utils.py, cut down: Keras's own get_slice and CPU scopes.
+KERAS_OWN_COPY = src(
+    '''
+    """Multi-GPU training utilities (vendored from Keras 2.2)."""
+    from __future__ import absolute_import
+
+    from ..layers.merge import concatenate
+    from .. import backend as K
+    from ..layers.core import Lambda
+    from ..engine.training import Model
+    from ..models import clone_model
+
+
+    def _get_available_devices():
+        return [x.name for x in K.get_session().list_devices()]
+
+
+    def multi_gpu_model(model, gpus, cpu_merge=True, cpu_relocation=False):
+        import tensorflow as tf
+
+        def get_slice(data, i, parts):
+            shape = K.shape(data)
+            step = shape[:1] // parts
+            return K.slice(data, step * i, step)
+
+        if cpu_relocation:
+            with tf.device('/cpu:0'):
+                model = clone_model(model)
+
+        outputs = []
+        for i in range(gpus):
+            with tf.device('/gpu:%d' % i):
+                x = Lambda(get_slice, arguments={'i': i, 'parts': gpus})(model.inputs[0])
+                outputs.append(model(x))
+
+        with tf.device('/cpu:0' if cpu_merge else '/gpu:0'):
+            return Model(model.inputs, concatenate(outputs, axis=0))
+    '''
+)
+
+
+def test_copy_of_keras_multi_gpu_model_gets_keras_advice_not_keras_extras() -> None:
+    result = migrate_source(KERAS_OWN_COPY, "multi_gpu_utils.py")
+    assert not result.changed
+    [advice] = result.advice
+    assert advice.line == 15
+    assert "copy of Keras's multi_gpu_model" in advice.message
+    assert "kerasmgpu.legacy.multi_gpu_model replaces it" in advice.message
+    assert "from kerasmgpu.legacy import multi_gpu_model" in advice.message
+
+
+def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras_extras() -> None:
+    text = (
+        "def get_slice(data, i, parts):\n    return data\n\n\n"
+        "def multi_gpu_model(model, gpus):\n    return model\n"
+    )
+    assert [line for line, _ in advice_of(text)] == [5]
+    # Beside a make_parallel, the same get_slice is keras-extras' again.
+    assert lines_advised(text + "\np = make_parallel(m, 2)\n", "keras-extras") == [1]
