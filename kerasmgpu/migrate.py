@@ -51,6 +51,9 @@ Only advised (``path:line: advice: ...``), because the right change depends on i
   advice. CPU scopes inside those defs are their own merge step, not a template: no advice.
 * ``make_parallel`` imported from some other module (it may be a copy of keras-extras), and
   ``from keras.utils import *`` in a file that uses a bare ``multi_gpu_model``.
+* ``multi_gpu_model`` imported from a module outside keras, tensorflow and kerasmgpu
+  (``from utils.multi_gpu_utils import multi_gpu_model``, ``from .utils import ...``): a
+  vendored copy, perhaps modified, so it is not rewritten.
 * imports of ``keras.utils.multi_gpu_utils`` / ``training_utils`` (or names from them other
   than multi_gpu_model): those modules are gone in TF >= 2.4 and Keras 3, so the import fails.
 * ``X.multi_gpu_model`` where X cannot be traced to a keras/tensorflow import.
@@ -58,7 +61,9 @@ Only advised (``path:line: advice: ...``), because the right change depends on i
 The command (``kerasmgpu migrate [--write | --check] PATH...``) walks directories for ``*.py``
 (skipping hidden dirs, caches, virtualenvs, build output and symlinked files), prints a
 unified diff by default, rewrites atomically with ``--write`` and exits 1 with ``--check`` when
-a file would change. A missing PATH stops it before anything is touched.
+a file would change. Advice is printed in every mode and never changes the exit status: it
+needs a human, so ``--check`` fails only on what the codemod would rewrite. A missing PATH
+stops it before anything is touched.
 
 libcst is an optional dependency (``pip install "kerasmgpu[tools]"``); it is imported only
 when the codemod runs, so ``import kerasmgpu`` stays framework- and libcst-free.
@@ -105,6 +110,9 @@ _MGM_MODULES = frozenset(
     }
     | {f"{root}.python.keras.utils{sub}" for root in _TF_ROOTS for sub in ("", ".multi_gpu_utils")}
 )
+# Another module of these that provides multi_gpu_model is not a copy of it (kerasmgpu's
+# own, or a framework path this tool does not know): not advised as vendored.
+_FRAMEWORK_PACKAGES = frozenset({"kerasmgpu", "keras", "tf_keras", *_TF_ROOTS})
 _MGM_QUALIFIED = frozenset(f"{module}.{_MGM}" for module in _MGM_MODULES)
 _TF_DEVICE = frozenset(
     {"tensorflow.device", "tensorflow.compat.v1.device", "tensorflow.compat.v2.device"}
@@ -156,6 +164,12 @@ _MSG_MGM_VENDORED = (
     "TF 2.4; its get_slice and CPU scopes are part of it): kerasmgpu.legacy.multi_gpu_model "
     "replaces it with the same signature, so callers can `from kerasmgpu.legacy import "
     "multi_gpu_model` instead; delete this copy once nothing imports it"
+)
+_MSG_MGM_VENDORED_IMPORT = (
+    "multi_gpu_model imported from {module}, which is not Keras: this looks like a vendored "
+    "copy of Keras's multi_gpu_model (removed in TF 2.4), left alone because it may have been "
+    "modified; if it is a plain copy, switch to `from kerasmgpu.legacy import multi_gpu_model` "
+    "(same signature)"
 )
 _MSG_GET_SLICE = (
     "get_slice is keras-extras' batch splitter for make_parallel; kerasmgpu splits batches "
@@ -310,6 +324,11 @@ def _holds_import(stmt: cst.CSTNode) -> bool:
             if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in block.body):
                 return True
     return False
+
+
+def _top_package(module_name: str) -> str:
+    """`keras` for `keras.utils`; a relative module (`.utils`) has none and gives ``""``."""
+    return "" if module_name.startswith(".") else module_name.split(".")[0]
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:
@@ -490,6 +509,8 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
                     self.binds_mgm = True
                     if module_name in _MGM_MODULES:
                         self.import_targets.add(node)
+                    elif _top_package(module_name) not in _FRAMEWORK_PACKAGES:
+                        self.advise(node, _MSG_MGM_VENDORED_IMPORT.format(module=module_name))
                 elif imported == "make_parallel" and module_name != _LEGACY:
                     self.advise(node, _MSG_MP_IMPORT.format(module=module_name))
 
@@ -922,7 +943,10 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--check",
         action="store_true",
-        help="change nothing; exit 1 if any file would change (for CI)",
+        help=(
+            "change nothing; exit 1 if any file would be rewritten (for CI); advice alone "
+            "does not fail the check"
+        ),
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     return parser

@@ -158,6 +158,26 @@ def test_other_imports_are_left_alone(line: str) -> None:
     assert result.new_source == line
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from utils.multi_gpu_model import multi_gpu_model",
+        "from mypkg.multi_gpu_utils import multi_gpu_model as mgm",
+        "from .utils import multi_gpu_model",
+    ],
+)
+def test_import_of_a_vendored_multi_gpu_model_is_advised_not_rewritten(line: str) -> None:
+    text = f"import os\n{line}\n"
+    result = migrate_source(text, "f.py")
+    assert not result.changed
+    [advice] = result.advice
+    assert advice.line == 2
+    module = line.split()[1]
+    assert advice.message.startswith(f"multi_gpu_model imported from {module}, ")
+    assert "vendored copy of Keras's multi_gpu_model" in advice.message
+    assert "`from kerasmgpu.legacy import multi_gpu_model`" in advice.message
+
+
 # --------------------------------------------------------------------------------------
 # multi_gpu_model reached through a module
 
@@ -832,6 +852,20 @@ def test_advice_lines_are_printed_in_every_mode(
     out = capsys.readouterr().out
     assert f"{target}:2: advice: batch_size is multiplied" in out
     assert f"{target}:3: advice: fit_generator is deprecated" in out
+
+
+def test_check_passes_on_advice_alone_and_the_help_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "t.py", "from utils.multi_gpu import multi_gpu_model\n")
+    assert main(["--check", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"{target}:1: advice: multi_gpu_model imported from utils.multi_gpu" in out
+    assert "would migrate" not in out
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "advice alone does not fail the check" in " ".join(capsys.readouterr().out.split())
 
 
 def test_missing_libcst_names_the_extra(
