@@ -62,8 +62,11 @@ The command (``kerasmgpu migrate [--write | --check] PATH...``) walks directorie
 (skipping hidden dirs, caches, virtualenvs, build output and symlinked files), prints a
 unified diff by default, rewrites atomically with ``--write`` and exits 1 with ``--check`` when
 a file would change. Advice is printed in every mode and never changes the exit status: it
-needs a human, so ``--check`` fails only on what the codemod would rewrite. A missing PATH
-stops it before anything is touched.
+needs a human, so ``--check`` fails only on what the codemod would rewrite. Its line numbers
+are those of the file as it is on disk when the command ends: the unchanged file (the diff's
+``-`` side) for the diff and ``--check``, the rewritten file after ``--write`` (an inserted
+import moves what follows down). ``migrate_source`` cites the lines of the source it was
+given. A missing PATH stops it before anything is touched.
 
 libcst is an optional dependency (``pip install "kerasmgpu[tools]"``); it is imported only
 when the codemod runs, so ``import kerasmgpu`` stays framework- and libcst-free.
@@ -197,7 +200,10 @@ _MSG_MGM_UNRESOLVED = (
 
 @dataclass(frozen=True)
 class Advice:
-    """A pattern the codemod found but did not rewrite: where it is, and what to do."""
+    """A pattern the codemod found but did not rewrite: where it is, and what to do.
+
+    `line` is 1-based, in the source that was analysed (not in the rewritten text).
+    """
 
     filename: str
     line: int
@@ -834,8 +840,9 @@ def _parse_error_reason(source: str, exc: cst.ParserSyntaxError) -> str:
 def migrate_source(source: str, filename: str = "<string>") -> MigrationResult:
     """Migrate one file's text: rewrite multi_gpu_model/make_parallel, collect advice.
 
-    Raises `MigrationError` (a ValueError) when `source` does not parse, and ImportError
-    naming `pip install "kerasmgpu[tools]"` when libcst is missing.
+    The advice cites lines of `source`. Raises `MigrationError` (a ValueError) when `source`
+    does not parse, and ImportError naming `pip install "kerasmgpu[tools]"` when libcst is
+    missing.
     """
     _import_libcst()
     import libcst as cst
@@ -935,7 +942,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Rewrite keras.utils.multi_gpu_model and keras-extras' make_parallel to "
             "kerasmgpu.legacy, and advise on what needs a human (path:line: advice: ...). "
-            "Without --write or --check, prints the diff and changes nothing."
+            "Without --write or --check, prints the diff and changes nothing. Advice cites "
+            "the lines of each file as it is on disk when the command ends: the file as it "
+            "was (the diff's '-' side) without --write, the rewritten file with --write."
         ),
     )
     mode = parser.add_mutually_exclusive_group()
@@ -996,6 +1005,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
             failed += 1
             continue
+        advice = result.advice
         if result.changed:
             if args.write:
                 try:
@@ -1006,13 +1016,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                 else:
                     print(f"rewrote {path}")
                     changed.append(path)
+                    # Inserted and split imports move lines; the advice must point into the
+                    # file the user opens now. The rewrite is idempotent, so analysing the
+                    # new text gives the same advice on the new lines.
+                    advice = migrate_source(result.new_source, path).advice
             else:
                 sys.stdout.write(_diff(path, text, result.new_source))
                 changed.append(path)
         else:
             unchanged += 1
-        for advice in result.advice:
-            print(advice)
+        for item in advice:
+            print(item)
 
     if args.check:
         for path in changed:

@@ -868,6 +868,52 @@ def test_check_passes_on_advice_alone_and_the_help_says_so(
     assert "advice alone does not fail the check" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize(
+    ("flags", "status", "line"), [([], 0, 2), (["--check"], 1, 2), (["--write"], 0, 3)]
+)
+def test_advice_cites_the_lines_of_the_file_on_disk_after_the_run(
+    flags: List[str], status: int, line: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --write inserts `import kerasmgpu.legacy` above the call: its advice moves down a line.
+    target = write(
+        tmp_path / "t.py",
+        "import keras\nm.fit_generator(g)\nx = keras.utils.multi_gpu_model(m, gpus=2)\n",
+    )
+    assert main([*flags, str(target)]) == status
+    assert f"{target}:{line}: advice: fit_generator is deprecated" in capsys.readouterr().out
+    assert target.read_text().splitlines()[line - 1] == "m.fit_generator(g)"
+
+
+def test_write_advice_is_the_dry_run_advice_on_the_rewritten_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = write(tmp_path / "train.py", LEGACY_SCRIPT)
+    prefix = f"{target}:"
+
+    def printed_advice() -> List[Tuple[int, str]]:
+        out = capsys.readouterr().out.splitlines()
+        advised = [line[len(prefix) :] for line in out if line.startswith(prefix)]
+        pairs = [line.split(": advice: ", 1) for line in advised]
+        return [(int(number), message) for number, message in pairs]
+
+    assert main([str(target)]) == 0
+    dry = printed_advice()
+    assert main(["--write", str(target)]) == 0
+    written = printed_advice()
+    assert len(dry) == 5  # the five of test_advice_for_the_whole_legacy_script_with_line_numbers
+    assert [message for _, message in written] == [message for _, message in dry]
+    assert [line for line, _ in written] != [line for line, _ in dry]  # two lines were added
+    rewritten, original = target.read_text().splitlines(), LEGACY_SCRIPT.splitlines()
+    assert [rewritten[n - 1] for n, _ in written] == [original[n - 1] for n, _ in dry]
+
+
+def test_help_says_which_file_the_advice_lines_cite(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Advice cites the lines of each file as it is on disk when the command ends" in out
+
+
 def test_missing_libcst_names_the_extra(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
