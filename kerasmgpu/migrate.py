@@ -44,6 +44,9 @@ Only advised (``path:line: advice: ...``), because the right change depends on i
   product with a GPU count: a name containing "gpu", ``G``, a name assigned from a GPU count,
   ``args.gpus``, ``args["gpus"]`` or ``len(...)`` of something named with gpu.
 * ``fit_generator``, ``evaluate_generator`` and ``predict_generator`` calls.
+* ``.load_weights(`` on what a ``make_parallel`` call returned (directly, or through a name
+  or attribute assigned from one anywhere in the file): a file saved from keras-extras'
+  wrapper holds the wrapper's layout, which kerasmgpu's make_parallel does not rebuild.
 * a local ``make_parallel`` definition, and a local ``get_slice`` (keras-extras' splitter) in
   a file that mentions make_parallel or multi_gpu_model; a local (vendored) ``multi_gpu_model``
   definition, which is advised as a copy of Keras's: a ``get_slice`` inside it, or beside it
@@ -186,6 +189,15 @@ _MSG_MP_IMPORT = (
 _MSG_MGM_STAR = (
     "multi_gpu_model is used but only a star import of {module} can provide it, and TF 2.4 "
     "removed it there: add `from kerasmgpu.legacy import multi_gpu_model` after this line"
+)
+_MSG_MP_LOAD = (
+    "{receiver}.load_weights loads into what make_parallel returned: a weight file saved from "
+    "keras-extras' make_parallel holds its wrapper's layout (the template nested as one "
+    "layer), which kerasmgpu.legacy.make_parallel does not build (for gpu_count=1 it returns "
+    "the template itself), so the file may not load, and by_name=True silently loads none of "
+    "it into the template; convert it once where the old code runs (load it into the old "
+    "wrapper, save the template's weights) and load that file into the template before "
+    "make_parallel"
 )
 _MSG_GONE = (
     "{module} does not exist in TF >= 2.4 or Keras 3, so this import fails there; "
@@ -446,6 +458,11 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
             self.binds_mgm = False
             self.defines_mgm = False
             self.get_slice_lines: List[int] = []
+            # Code of the targets assigned a make_parallel result (`parallel`, `self.pmodel`),
+            # and (line, receiver code) of every `.load_weights(` call, matched after the visit
+            # since a method may load before the line that assigns comes in the file.
+            self.parallel_results: Set[str] = set()
+            self.weight_loads: List[Tuple[int, str]] = []
             self.uses_bare_mgm = False
             self.in_import = 0
             self.first_use: Optional[int] = None
@@ -633,10 +650,14 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
                     self.gpu_names.add(node.targets[0].target.value)
             for target in node.targets:
                 self.check_batch(node, target.target, node.value)
+                if _is_make_parallel_call(node.value):
+                    self.parallel_results.add(module.code_for_node(target.target))
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
             if node.value is not None:
                 self.check_batch(node, node.target, node.value)
+                if _is_make_parallel_call(node.value):
+                    self.parallel_results.add(module.code_for_node(node.target))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             name = _target_name(node.target)
@@ -666,10 +687,21 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
             if isinstance(method, cst.Name) and method.value in _GENERATOR_METHODS:
                 base = _GENERATOR_METHODS[method.value]
                 self.advise(method, _MSG_GENERATOR.format(method=method.value, base=base))
+            if isinstance(func, cst.Attribute) and func.attr.value == "load_weights":
+                receiver = module.code_for_node(func.value)
+                if _is_make_parallel_call(func.value):
+                    self.advise(func.attr, _MSG_MP_LOAD.format(receiver=receiver))
+                else:
+                    self.weight_loads.append((self.line(func.attr), receiver))
 
     analyzer = Analyzer()
     wrapper.visit(analyzer)
     advice = list(analyzer.advice)
+    advice.extend(
+        (line, _MSG_MP_LOAD.format(receiver=receiver))
+        for line, receiver in analyzer.weight_loads
+        if receiver in analyzer.parallel_results
+    )
     if not analyzer.defines_mgm or "make_parallel" in source:
         advice.extend((line, _MSG_GET_SLICE) for line in analyzer.get_slice_lines)
     if analyzer.uses_bare_mgm and not analyzer.binds_mgm:
@@ -695,6 +727,17 @@ def _analyze(wrapper: cst.metadata.MetadataWrapper, source: str) -> _Plan:
         insert_at_top=insert_at_top,
         advice=sorted(set(advice)),
     )
+
+
+def _is_make_parallel_call(node: cst.CSTNode) -> bool:
+    """`make_parallel(...)` or `X.make_parallel(...)`: the old one, a copy, or kerasmgpu's."""
+    import libcst as cst
+
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, cst.Attribute) else func
+    return isinstance(name, cst.Name) and name.value == "make_parallel"
 
 
 def _two_plain_arguments(call: cst.Call) -> bool:

@@ -536,6 +536,51 @@ def test_make_parallel_imported_from_elsewhere_is_advised() -> None:
     assert advice_of("from kerasmgpu.legacy import make_parallel\n") == []
 
 
+MAKE_PARALLEL_THEN_LOAD = src(
+    """
+    def make_parallel(model, gpu_count):
+        return model
+
+    parallel = make_parallel(model, 1)
+    parallel.load_weights("weights.h5")
+    model.load_weights("template.h5")
+    """
+)
+
+
+def test_load_weights_into_a_make_parallel_result_is_advised() -> None:
+    result = migrate_source(MAKE_PARALLEL_THEN_LOAD, "mp.py")
+    assert "parallel = kerasmgpu.legacy.make_parallel(model, 1)\n" in result.new_source
+    loads = [a for a in result.advice if "load_weights" in a.message]
+    assert [a.line for a in loads] == [5]  # not the template's own load on line 6
+    message = loads[0].message
+    assert message.startswith("parallel.load_weights loads into what make_parallel returned")
+    assert "saved from keras-extras' make_parallel holds its wrapper's layout" in message
+    assert "for gpu_count=1 it returns the template itself" in message
+    assert "load it into the old wrapper, save the template's weights" in message
+    # On the migrated file (line 1 is the added import) the advice stays, a line lower.
+    again = migrate_source(result.new_source, "mp.py").advice
+    assert [a.line for a in again if a.message == message] == [6]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from utils import make_parallel\nmake_parallel(m, 4).load_weights(path)\n",
+        "import kerasmgpu.legacy\n"
+        "self.pmodel.load_weights(path)\n"
+        "self.pmodel = kerasmgpu.legacy.make_parallel(m, 2)\n",
+    ],
+    ids=["chained-on-the-call", "attribute-assigned-later"],
+)
+def test_load_weights_on_any_make_parallel_result_is_advised(text: str) -> None:
+    assert lines_advised(text, "loads into what make_parallel returned") == [2]
+
+
+def test_load_weights_without_make_parallel_is_not_advised() -> None:
+    assert advice_of("parallel = multi_gpu(m, 2)\nparallel.load_weights(p)\n") == []
+
+
 def test_get_slice_alone_in_an_unrelated_file_is_not_advised() -> None:
     assert advice_of("def get_slice(a, i):\n    return a[i]\n") == []
 
