@@ -116,8 +116,8 @@ _MGM_MODULES = frozenset(
     }
     | {f"{root}.python.keras.utils{sub}" for root in _TF_ROOTS for sub in ("", ".multi_gpu_utils")}
 )
-# Another module of these that provides multi_gpu_model is not a copy of it (kerasmgpu's
-# own, or a framework path this tool does not know): not advised as vendored.
+# multi_gpu_model from another module of these packages is theirs (kerasmgpu's, or a
+# framework path not listed above), not a vendored copy: no vendored-copy advice.
 _FRAMEWORK_PACKAGES = frozenset({"kerasmgpu", "keras", "tf_keras", *_TF_ROOTS})
 _MGM_QUALIFIED = frozenset(f"{module}.{_MGM}" for module in _MGM_MODULES)
 _TF_DEVICE = frozenset(
@@ -167,9 +167,9 @@ _MSG_MP_KEPT = (
 )
 _MSG_MGM_VENDORED = (
     "this local multi_gpu_model looks like a copy of Keras's multi_gpu_model (removed in "
-    "TF 2.4; its get_slice and CPU scopes are part of it): kerasmgpu.legacy.multi_gpu_model "
-    "replaces it with the same signature, so callers can `from kerasmgpu.legacy import "
-    "multi_gpu_model` instead; delete this copy once nothing imports it"
+    "TF 2.4): kerasmgpu.legacy.multi_gpu_model replaces it with the same signature, so "
+    "callers can `from kerasmgpu.legacy import multi_gpu_model` instead; delete this copy "
+    "once nothing imports it"
 )
 _MSG_MGM_VENDORED_IMPORT = (
     "multi_gpu_model imported from {module}, which is not Keras: this looks like a vendored "

@@ -1103,6 +1103,7 @@ def test_copy_of_keras_multi_gpu_model_gets_keras_advice_not_keras_extras() -> N
     assert "copy of Keras's multi_gpu_model" in advice.message
     assert "kerasmgpu.legacy.multi_gpu_model replaces it" in advice.message
     assert "from kerasmgpu.legacy import multi_gpu_model" in advice.message
+    assert "keras-extras" not in advice.message
 
 
 def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras_extras() -> None:
