@@ -16,8 +16,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def keras_module() -> Any:
     """The active Keras namespace, as kerasmgpu itself loads it."""
-    from kerasmgpu import detection
-    from kerasmgpu.parallel import family
+    from kerasmgpu import adapters as family
+    from kerasmgpu.env import versions as detection
 
     line, _ = detection.detect_keras_line()
     return family.load(line, detection.backend_for(line)).keras

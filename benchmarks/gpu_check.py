@@ -235,9 +235,9 @@ def monitor_run(epochs: int, steps: int) -> int:
     """Child mode: fit on every device with DeviceMonitor(interval=0.2); print JSON."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import kerasmgpu
+    from kerasmgpu import adapters as family
     from kerasmgpu.callbacks import DeviceMonitor
     from kerasmgpu.cli import bench
-    from kerasmgpu.parallel import family
 
     env = kerasmgpu.environment()
     keras = family.load(env.keras_line, env.backend).keras

@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         scope,
         virtual_devices,
     )
-    from kerasmgpu.detection import Device, Environment, KerasLine
-    from kerasmgpu.distributed import is_chief, process_count, process_index
+    from kerasmgpu.env.cluster import is_chief, process_count, process_index
+    from kerasmgpu.env.devices import Device
+    from kerasmgpu.env.versions import KerasLine
+    from kerasmgpu.inventory import Environment
     from kerasmgpu.routes import Route
 
 _LAZY = {
@@ -35,15 +37,15 @@ _LAZY = {
     "environment": "kerasmgpu.api",
     "describe": "kerasmgpu.api",
     "route_for": "kerasmgpu.api",
-    "Environment": "kerasmgpu.detection",
-    "KerasLine": "kerasmgpu.detection",
-    "Device": "kerasmgpu.detection",
+    "Environment": "kerasmgpu.inventory",
+    "KerasLine": "kerasmgpu.env.versions",
+    "Device": "kerasmgpu.env.devices",
     "Route": "kerasmgpu.routes",
-    "process_index": "kerasmgpu.distributed",
-    "process_count": "kerasmgpu.distributed",
-    "is_chief": "kerasmgpu.distributed",
+    "process_index": "kerasmgpu.env.cluster",
+    "process_count": "kerasmgpu.env.cluster",
+    "is_chief": "kerasmgpu.env.cluster",
 }
-_SUBMODULES = {"legacy", "callbacks", "batching", "distributed", "cli", "migrate"}
+_SUBMODULES = {"legacy", "callbacks", "batching", "cli", "migrate"}
 
 __all__ = [
     "Device",
@@ -80,12 +82,12 @@ def __dir__() -> list:
 # KERASMGPU_VIRTUAL_DEVICES=n must act before the framework starts its runtime: record it
 # now (XLA_FLAGS for JAX, a post-import hook for TensorFlow) without importing either.
 if os.environ.get("KERASMGPU_VIRTUAL_DEVICES"):
-    from kerasmgpu.devices import apply_environment_request as _apply
+    from kerasmgpu.env.devices import apply_environment_request as _apply
 
     _apply()
 # In a `kerasmgpu launch` worker, the multi-process engines must start before their
 # frameworks' runtimes do: register that now, again without importing a framework.
 if int(os.environ.get("KERASMGPU_PROCESS_COUNT", "1") or 1) > 1:
-    from kerasmgpu.distributed import setup_at_import as _setup
+    from kerasmgpu.engines.startup import setup_at_import as _setup
 
     _setup()

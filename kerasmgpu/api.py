@@ -12,15 +12,17 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
-from kerasmgpu import detection as env_module
-from kerasmgpu import devices as devices_module
-from kerasmgpu import distributed
-from kerasmgpu.detection import Device
-from kerasmgpu.routes import Route, check_route_fits, choose_route, load_route, parse_route
+from kerasmgpu import inventory as environment_module
+from kerasmgpu.engines import load_route
+from kerasmgpu.env import cluster
+from kerasmgpu.env import devices as devices_module
+from kerasmgpu.env import versions as env_module
+from kerasmgpu.env.devices import Device
+from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
 
 if TYPE_CHECKING:
-    from kerasmgpu.parallel.family import Family
-    from kerasmgpu.routes.base import BaseRoute
+    from kerasmgpu.adapters import Family
+    from kerasmgpu.engines.base import BaseRoute
 
 ModelT = TypeVar("ModelT")
 
@@ -51,9 +53,9 @@ def _prepare(
     gpus: devices_module.GpusArg, route: Union[str, Route, None], model: Any = None
 ) -> Tuple[Family, type[BaseRoute], Tuple[Device, ...]]:
     """Detect, validate every argument, and choose the devices - touching nothing."""
+    from kerasmgpu import adapters as family_module
     from kerasmgpu._errors import bad_value
-    from kerasmgpu.parallel import family as family_module
-    from kerasmgpu.parallel import model as parallel_model
+    from kerasmgpu.training import model as parallel_model
 
     chosen = parse_route(route)
     line, version = env_module.detect_keras_line()
@@ -112,7 +114,7 @@ def parallelize(
             _warn_single_device(selected)
         return model
     parallel: ModelT = cls(fam, selected).parallelize(model)
-    if distributed.launched() and not distributed.is_chief() and parallel is not model:
+    if cluster.launched() and not cluster.is_chief() and parallel is not model:
         _chief_writes_the_template(model)
     return parallel
 
@@ -146,9 +148,9 @@ def scope(
         yield active
 
 
-def environment(devices: bool = False) -> env_module.Environment:
+def environment(devices: bool = False) -> environment_module.Environment:
     """What kerasmgpu detects; `devices=True` also starts the framework to list devices."""
-    return env_module.environment(devices=devices)
+    return environment_module.environment(devices=devices)
 
 
 def virtual_devices(n: int) -> int:
@@ -158,7 +160,7 @@ def virtual_devices(n: int) -> int:
 
 def route_for(model: Any) -> Optional[Route]:
     """The route a model returned by `parallelize()` trains on (None for others)."""
-    from kerasmgpu.parallel import model as parallel_model
+    from kerasmgpu.training import model as parallel_model
 
     state = parallel_model.state_of(model)
     return state.route.route if state is not None else None
@@ -170,7 +172,7 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
     Keys: route, engine, replicas, devices, all_reduce (and `error` instead when no
     route can be built here, e.g. torch outside `kerasmgpu launch`).
     """
-    from kerasmgpu.parallel import model as parallel_model
+    from kerasmgpu.training import model as parallel_model
 
     state = parallel_model.state_of(model) if model is not None else None
     if state is not None:

@@ -535,7 +535,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ builds it
 
 def keras_callback_base() -> type:
     """``Callback`` of the active Keras line; imports that framework."""
-    from kerasmgpu.detection import KerasLine, detect_keras_line
+    from kerasmgpu.env.versions import KerasLine, detect_keras_line
 
     line, version = detect_keras_line()
     if line is KerasLine.TF_KERAS:

@@ -30,8 +30,9 @@ import types
 import warnings
 from typing import Any, List, Optional, Sequence, Union
 
-from kerasmgpu import detection
 from kerasmgpu._errors import bad_type, bad_value
+from kerasmgpu.adapters import keras23
+from kerasmgpu.env import versions as detection
 
 __all__ = ["multi_gpu_model", "make_parallel", "install", "installed"]
 
@@ -52,8 +53,9 @@ def _migration_hint() -> None:
 
 
 def _available(line: detection.KerasLine) -> List[Any]:
-    from kerasmgpu.parallel import family as family_module
-    from kerasmgpu.routes import choose_route, load_route
+    from kerasmgpu import adapters as family_module
+    from kerasmgpu.engines import load_route
+    from kerasmgpu.routes import choose_route
 
     backend = detection.backend_for(line)
     fam = family_module.load(line, backend)
@@ -118,8 +120,8 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     Returns a model that splits each batch over the devices; compile and fit it, and
     save the template `model` (it holds the trained weights).
     """
+    from kerasmgpu import adapters as family_module
     from kerasmgpu import api
-    from kerasmgpu.parallel import family as family_module
 
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
@@ -135,7 +137,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
     if line is detection.KerasLine.LEGACY:
-        from kerasmgpu.routes.multi_gpu_model import MultiGpuModelRoute
+        from kerasmgpu.engines.multi_gpu_model import MultiGpuModelRoute
 
         route = MultiGpuModelRoute(fam, [available[i] for i in ids], cpu_merge=cpu_merge,
                                    cpu_relocation=cpu_relocation)
@@ -170,7 +172,7 @@ def _shim(name: str) -> types.ModuleType:
 
 # Where install() keeps Keras's own function, so the multi_gpu_model route (on real
 # Keras <= 2.3) still calls Keras's, not the drop-in that now stands in its place.
-KERAS_OWN = "_kerasmgpu_keras_multi_gpu_model"
+KERAS_OWN = keras23.KERAS_OWN
 
 
 def _point_at_drop_in(module: types.ModuleType) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kerasmgpu
-from kerasmgpu.detection import KerasLine, backend_for, detect_keras_line
+from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
 
 LINE, _VERSION = detect_keras_line()
 BACKEND = backend_for(LINE)

@@ -735,7 +735,7 @@ def test_monitor_on_the_nvml_reader(fake_nvml: FakeNvml) -> None:
 def _active_keras() -> Any:
     from helpers import LINE, keras_module
 
-    from kerasmgpu.detection import KerasLine
+    from kerasmgpu.env.versions import KerasLine
 
     if LINE is KerasLine.NONE:
         pytest.skip("needs an installed Keras (keras 3, tf.keras, tf_keras or keras 2.3)")

@@ -9,8 +9,10 @@ from typing import Dict, Optional
 import pytest
 from packaging.version import Version
 
-from kerasmgpu import detection
-from kerasmgpu.detection import KerasLine
+import kerasmgpu
+from kerasmgpu.env import cluster
+from kerasmgpu.env import versions as detection
+from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
 
 
@@ -96,15 +98,15 @@ def test_route_names() -> None:
 
 
 def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = detection.environment()
+    env = kerasmgpu.environment()
     text = str(env)
     assert "Keras line" in text and "route" in text
     with pytest.raises(dataclasses.FrozenInstanceError):
         env.backend = "x"  # type: ignore[misc]
-    monkeypatch.setenv(detection.PROCESS_INDEX_ENV, "1")
-    monkeypatch.setenv(detection.PROCESS_COUNT_ENV, "2")
-    assert detection.process_index() == 1 and detection.process_count() == 2
-    assert not detection.is_chief()
+    monkeypatch.setenv(cluster.PROCESS_INDEX_ENV, "1")
+    monkeypatch.setenv(cluster.PROCESS_COUNT_ENV, "2")
+    assert kerasmgpu.process_index() == 1 and kerasmgpu.process_count() == 2
+    assert not kerasmgpu.is_chief()
 
 
 def test_too_old_releases_are_named() -> None:

@@ -21,7 +21,7 @@ import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires
 
 import kerasmgpu
-from kerasmgpu.detection import KerasLine
+from kerasmgpu.env.versions import KerasLine
 
 WORKER = str(Path(__file__).parent / "workers" / "train.py")
 # Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).

@@ -41,7 +41,7 @@ from helpers import (
 
 import kerasmgpu
 from kerasmgpu import legacy
-from kerasmgpu.detection import Device
+from kerasmgpu.env.devices import Device
 
 pytestmark = pytest.mark.skipif(
     not (IN_PROCESS or ON_LEGACY),

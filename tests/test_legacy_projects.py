@@ -53,7 +53,7 @@ from helpers import (
 )
 
 from kerasmgpu import migrate
-from kerasmgpu.detection import KerasLine
+from kerasmgpu.env.versions import KerasLine
 
 PROJECTS = Path(__file__).resolve().parent / "legacy_projects"
 DOCS_1 = "docs_example1_cpu_template.py"

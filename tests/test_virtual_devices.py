@@ -10,7 +10,7 @@ import pytest
 from helpers import ON_JAX, ON_TF, requires
 
 import kerasmgpu
-from kerasmgpu.devices import requested
+from kerasmgpu.env.devices import requested
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def test_requested_count_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
         kerasmgpu.virtual_devices(0)
     with pytest.raises(TypeError, match="n='two'"):
         kerasmgpu.virtual_devices("two")  # type: ignore[arg-type]
-    monkeypatch.setattr("kerasmgpu.devices._requested", None)
+    monkeypatch.setattr("kerasmgpu.env.devices._requested", None)
     monkeypatch.setenv("KERASMGPU_VIRTUAL_DEVICES", "x")
     with pytest.raises(TypeError, match="KERASMGPU_VIRTUAL_DEVICES='x'"):
         requested()

@@ -23,13 +23,10 @@ import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
 
 from kerasmgpu._errors import explain
-from kerasmgpu.detection import (
-    VIRTUAL_DEVICES_ENV,
-    Device,
-    Environment,
-    KerasLine,
-    process_count,
-)
+from kerasmgpu.env.cluster import process_count
+from kerasmgpu.env.devices import Device
+from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV, KerasLine
+from kerasmgpu.inventory import Environment
 
 LAUNCHED_ENV = "KERASMGPU_LAUNCHED"
 # Frameworks whose runtime fixes the device count once it has started.
@@ -103,7 +100,7 @@ def framework_started() -> bool:
 
 def requested_virtual() -> Optional[int]:
     """The virtual device count already asked for (call or environment), or None."""
-    from kerasmgpu import devices
+    from kerasmgpu.env import devices
 
     try:
         return devices.requested()
@@ -170,7 +167,7 @@ def start(env: Environment, wanted: Optional[int]) -> Tuple[Environment, Any, Tu
 
 def keras_module(env: Environment) -> Any:
     """The active Keras namespace (`keras`, `tf.keras`, `tf_keras`); imports it."""
-    from kerasmgpu.parallel import family
+    from kerasmgpu import adapters as family
 
     with _virtual_request_quiet():
         return family.load(env.keras_line, env.backend).keras

@@ -358,7 +358,7 @@ def main(argv: List[str]) -> int:
     """`kerasmgpu demo`; see the module docstring for options and exit status."""
     args = _parser().parse_args(argv)
     _common.quiet_tensorflow()
-    from kerasmgpu.detection import is_chief
+    from kerasmgpu.env.cluster import is_chief
 
     report = Report(args.json, silent=not is_chief())
     real_stdout = sys.stdout

@@ -72,7 +72,7 @@ from packaging.version import InvalidVersion, Version
 
 from kerasmgpu._version import __version__
 from kerasmgpu.cli import _common
-from kerasmgpu.detection import (
+from kerasmgpu.env.versions import (
     KERAS3_MIN,
     TF_KERAS_MIN,
     TF_SPLIT_KERAS,
@@ -610,7 +610,7 @@ def _nvml_facts() -> Dict[str, Any]:
 
 def collect() -> Facts:
     """Read the machine: versions, variables, devices (starts the framework), NVML."""
-    from kerasmgpu import detection
+    from kerasmgpu.env import versions as detection
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
@@ -630,7 +630,7 @@ def collect() -> Facts:
         process_count=detection.process_count(),
     )
     try:
-        from kerasmgpu import devices as devices_module
+        from kerasmgpu.env import devices as devices_module
 
         devices_module.requested()
     except (TypeError, ValueError) as exc:
@@ -662,9 +662,9 @@ def collect() -> Facts:
 
 def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
     """List devices, import Keras and describe the route, each failure kept as a fact."""
+    from kerasmgpu import adapters as family
     from kerasmgpu import api
-    from kerasmgpu import devices as devices_module
-    from kerasmgpu.parallel import family
+    from kerasmgpu.env import devices as devices_module
 
     values: Dict[str, Any] = {}
     try:
@@ -685,7 +685,7 @@ def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
 
 
 def _dist(name: str) -> Optional[str]:
-    from kerasmgpu.detection import dist_version
+    from kerasmgpu.env.versions import dist_version
 
     return _str(dist_version(name))
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_type, bad_value
-from kerasmgpu.parallel.family import Family
+from kerasmgpu.adapters import Family
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The routes: one module per engine, all with the surface of `routes.base.BaseRoute`.
+"""The routes: which engine trains a model for each Keras line. Pure: no framework.
 
 | Keras line                               | route                | engine                        |
 |------------------------------------------|----------------------|-------------------------------|
@@ -7,21 +7,17 @@
 | Keras 3 JAX                              | `keras_distribution` | keras.distribution.DataParallel |
 | Keras 3 PyTorch                          | `torch_ddp`          | torch.distributed all-reduce  |
 
-Nothing here imports a framework: the registry names modules, a route module is
-imported when it is chosen.
+This module only names and chooses routes; `kerasmgpu.engines` holds one module per
+engine, imported when its route is chosen.
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
-from typing import TYPE_CHECKING, Dict, Optional, Type, Union
+from typing import Dict, Optional, Union
 
 from kerasmgpu._errors import bad_type, bad_value
-from kerasmgpu.detection import KerasLine
-
-if TYPE_CHECKING:
-    from kerasmgpu.routes.base import BaseRoute
+from kerasmgpu.env.versions import KerasLine
 
 
 class Route(str, enum.Enum):
@@ -35,14 +31,6 @@ class Route(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-
-# Route -> "module:Class"; imported only when the route is used.
-_REGISTRY: Dict[Route, str] = {
-    Route.MULTI_GPU_MODEL: "kerasmgpu.routes.multi_gpu_model:MultiGpuModelRoute",
-    Route.MIRRORED: "kerasmgpu.routes.mirrored:MirroredRoute",
-    Route.KERAS_DISTRIBUTION: "kerasmgpu.routes.keras_distribution:KerasDistributionRoute",
-    Route.TORCH_DDP: "kerasmgpu.routes.torch_ddp:TorchDDPRoute",
-}
 
 # Which lines/backends each route can drive.
 _SUPPORTS: Dict[Route, str] = {
@@ -105,10 +93,4 @@ def check_route_fits(route: Route, line: KerasLine, backend: str) -> None:
     )
 
 
-def load_route(route: Route) -> Type[BaseRoute]:
-    module_name, _, class_name = _REGISTRY[route].partition(":")
-    route_class: Type[BaseRoute] = getattr(importlib.import_module(module_name), class_name)
-    return route_class
-
-
-__all__ = ["Route", "choose_route", "parse_route", "load_route", "check_route_fits"]
+__all__ = ["Route", "choose_route", "parse_route", "check_route_fits"]

@@ -18,11 +18,11 @@ import contextlib
 import types
 from typing import Any, ContextManager, Dict, Iterator, Sequence
 
-from kerasmgpu.detection import Device
-from kerasmgpu.parallel import family as family_module
-from kerasmgpu.parallel.family import Family
+from kerasmgpu import adapters as family_module
+from kerasmgpu.adapters import Family, keras23
+from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute
 
 
 class MultiGpuModelRoute(BaseRoute):
@@ -60,13 +60,12 @@ class MultiGpuModelRoute(BaseRoute):
             utils._get_available_devices = original
 
     def parallelize(self, model: Any) -> Any:
-        from kerasmgpu.legacy import KERAS_OWN
-        from kerasmgpu.parallel.model import STATE_ATTR, ParallelState
+        from kerasmgpu.training.model import STATE_ATTR, ParallelState
 
         ids = [d.index for d in self.devices]
         utils = _multi_gpu_utils(self.family)
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
-        keras_multi_gpu_model = getattr(utils, KERAS_OWN, utils.multi_gpu_model)
+        keras_multi_gpu_model = getattr(utils, keras23.KERAS_OWN, utils.multi_gpu_model)
         inner = model
         if self.cpu_relocation:
             # Keras's own relocation clones the template with fresh weights and trains

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
 from kerasmgpu._errors import bad_type, bad_value
-from kerasmgpu.detection import KerasLine
+from kerasmgpu.env.versions import KerasLine
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,14 @@ import threading
 import types
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
 
-from kerasmgpu import devices as devices_module
-from kerasmgpu import distributed
 from kerasmgpu._errors import explain
-from kerasmgpu.detection import Device
-from kerasmgpu.parallel.family import Family
+from kerasmgpu.adapters import Family
+from kerasmgpu.engines import startup
+from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.env import cluster
+from kerasmgpu.env import devices as devices_module
+from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute
 
 _local = threading.local()
 
@@ -57,14 +58,14 @@ class TorchDDPRoute(BaseRoute):
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)
-        if not distributed.launched():
+        if not cluster.launched():
             raise ValueError(_launch_hint(devices))
-        self.dist = distributed.torch_process_group()
+        self.dist = startup.torch_process_group()
         self.world = int(self.dist.get_world_size())
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:
-        if not distributed.launched():
+        if not cluster.launched():
             return devices_module.list_devices(family.line, "torch")
         import torch
 

@@ -3,7 +3,7 @@
 One process: `MirroredStrategy` over the chosen GPUs (or virtual CPU devices); NCCL
 all-reduce on Linux GPUs, hierarchical copy elsewhere, reduction to one device on CPU.
 Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
-`kerasmgpu.distributed`).
+`kerasmgpu.engines.startup`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 from typing import Any, ContextManager, Dict, List, Sequence
 
-from kerasmgpu import distributed
 from kerasmgpu._errors import NotYetSupportedError
-from kerasmgpu.detection import Device
-from kerasmgpu.parallel.family import Family
-from kerasmgpu.parallel.feeds import Feed
+from kerasmgpu.adapters import Family
+from kerasmgpu.data.feeds import Feed
+from kerasmgpu.engines import startup
+from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.env import cluster
+from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute
 
 # Every strategy numbers its collective groups from 1 + `_collective_key_base` (0 by
 # default), so a second strategy of another size in the same process (gpus=2, then
@@ -69,11 +70,11 @@ class MirroredRoute(BaseRoute):
         super().__init__(family, devices)
         import tensorflow as tf
 
-        self.multi_worker = distributed.launched()
+        self.multi_worker = cluster.launched()
         if self.multi_worker:
             if family.keras3:
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)
-            self.strategy = distributed.tf_strategy()
+            self.strategy = startup.tf_strategy()
         else:
             self.strategy = _new_strategy(tf, [d.name for d in self.devices])
 

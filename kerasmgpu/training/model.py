@@ -15,15 +15,15 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-from kerasmgpu import distributed
+from kerasmgpu import adapters as family_module
 from kerasmgpu._errors import bad_value
-from kerasmgpu.parallel import family as family_module
-from kerasmgpu.parallel import feeds
-from kerasmgpu.parallel import steps as overrides
-from kerasmgpu.parallel.family import Family
+from kerasmgpu.adapters import Family
+from kerasmgpu.data import feeds
+from kerasmgpu.env import cluster
+from kerasmgpu.training import steps as overrides
 
 if TYPE_CHECKING:
-    from kerasmgpu.routes.base import BaseRoute
+    from kerasmgpu.engines.base import BaseRoute
 
 STATE_ATTR = "_kerasmgpu"
 
@@ -39,9 +39,9 @@ class ParallelState:
 
     def feed(self, x: Any, *, training: bool = True, **kwargs: Any) -> feeds.Feed:
         """`training`: a feed of fit() (train or validation), read epoch after epoch."""
-        if distributed.launched() and kwargs.get("shuffle"):
+        if cluster.launched() and kwargs.get("shuffle"):
             # Every worker must shuffle the same way, or shards would overlap.
-            kwargs.setdefault("seed", distributed.shared_seed())
+            kwargs.setdefault("seed", cluster.shared_seed())
         feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x, **kwargs)
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
@@ -214,7 +214,7 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
     state = state_of(self)
     assert state is not None
-    if distributed.launched():
+    if cluster.launched():
         # Each worker would only see its own rows; every worker holds all the weights,
         # so each predicts everything on its own (on the template, one device).
         sync_template(self)

@@ -16,12 +16,12 @@ import abc
 import functools
 from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
 
-from kerasmgpu import devices as devices_module
-from kerasmgpu import distributed
+from kerasmgpu.adapters import Family
 from kerasmgpu.batching import Planner
-from kerasmgpu.detection import Device
-from kerasmgpu.parallel.family import Family
-from kerasmgpu.parallel.feeds import Feed
+from kerasmgpu.data.feeds import Feed
+from kerasmgpu.env import cluster
+from kerasmgpu.env import devices as devices_module
+from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
 
@@ -58,7 +58,7 @@ class BaseRoute(abc.ABC):
 
         Not in a `kerasmgpu launch` worker: its one device is one of several replicas.
         """
-        return not distributed.launched()
+        return not cluster.launched()
 
     @functools.cached_property
     def planner(self) -> Planner:
@@ -67,7 +67,7 @@ class BaseRoute(abc.ABC):
         Built once: the step overrides read it on every `*_on_batch` call, and neither
         the replica count nor the process layout changes during a route's life.
         """
-        return Planner(self.replicas, distributed.process_index(), distributed.process_count())
+        return Planner(self.replicas, cluster.process_index(), cluster.process_count())
 
     def distribute_feed(self, feed: Feed) -> Feed:
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
@@ -85,7 +85,7 @@ class BaseRoute(abc.ABC):
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""
-        if not distributed.launched() or distributed.is_chief():
+        if not cluster.launched() or cluster.is_chief():
             return callbacks
         kept = []
         for callback in callbacks:
@@ -99,7 +99,7 @@ class BaseRoute(abc.ABC):
         return kept
 
     def parallelize(self, model: Any) -> Any:
-        from kerasmgpu.parallel import model as parallel_model
+        from kerasmgpu.training import model as parallel_model
 
         if self.owns(model):
             return parallel_model.adopt(self, self.family, model)

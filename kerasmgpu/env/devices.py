@@ -14,12 +14,29 @@ import os
 import re
 import threading
 import warnings
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from kerasmgpu import _hooks
-from kerasmgpu import detection as env_module
 from kerasmgpu._errors import TooLateError, bad_type, bad_value
-from kerasmgpu.detection import VIRTUAL_DEVICES_ENV, Device, KerasLine
+from kerasmgpu.env import versions as env_module
+from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV, KerasLine
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a replica can run on."""
+
+    kind: str  # "gpu", "cpu", "tpu"
+    index: int
+    name: str  # the framework's own name, e.g. "/device:GPU:0" or "cpu:0"
+    virtual: bool = False  # a CPU device standing in for a GPU
+    memory_mb: Optional[int] = None
+
+    def __str__(self) -> str:
+        tag = " (virtual)" if self.virtual else ""
+        return f"{self.name}{tag}"
+
 
 GpusArg = Union[None, int, Sequence[int]]
 

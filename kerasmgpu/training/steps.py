@@ -26,8 +26,8 @@ import importlib
 import weakref
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from kerasmgpu.adapters import Family
 from kerasmgpu.batching import MASK, PACKED_COLUMNS, SCALE, WEIGHT
-from kerasmgpu.parallel.family import Family
 
 PRED_KEY = "kerasmgpu_outputs"
 MASK_KEY = "kerasmgpu_mask"

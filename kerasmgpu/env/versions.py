@@ -1,11 +1,9 @@
-"""Which Keras, which backend, which versions, which devices: the one place that knows.
+"""Which Keras, which backend, which versions: the one module that knows version facts.
 
 Everything here is answered from package metadata and environment variables, so that
-``import kerasmgpu`` and ``kerasmgpu.environment()`` import no framework. Only
-``environment(devices=True)`` starts the active framework, because only it can list
-devices. Version facts live in this module and nowhere else: routes read the flags
-below, they never parse a version themselves (accelerate's ``utils/imports.py``,
-Lightning's ``utilities/imports.py``).
+``import kerasmgpu`` imports no framework. Version facts live in this module and nowhere
+else: engines and adapters read the flags below, they never parse a version themselves
+(accelerate's ``utils/imports.py``, Lightning's ``utilities/imports.py``).
 """
 
 from __future__ import annotations
@@ -14,12 +12,10 @@ import enum
 import functools
 import json
 import os
-import platform
 import sys
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from packaging.version import Version
 
@@ -58,12 +54,6 @@ _TF_DISTS = (
 )
 
 VIRTUAL_DEVICES_ENV = "KERASMGPU_VIRTUAL_DEVICES"
-# Set by `kerasmgpu launch` in each worker.
-PROCESS_INDEX_ENV = "KERASMGPU_PROCESS_INDEX"
-PROCESS_COUNT_ENV = "KERASMGPU_PROCESS_COUNT"
-COORDINATOR_ENV = "KERASMGPU_COORDINATOR"
-LOCAL_PROCESS_INDEX_ENV = "KERASMGPU_LOCAL_PROCESS_INDEX"
-LOCAL_PROCESS_COUNT_ENV = "KERASMGPU_LOCAL_PROCESS_COUNT"
 
 
 class KerasLine(str, enum.Enum):
@@ -152,131 +142,7 @@ def backend_for(line: KerasLine) -> str:
     return "tensorflow"
 
 
-@dataclass(frozen=True)
-class Device:
-    """One device a replica can run on."""
-
-    kind: str  # "gpu", "cpu", "tpu"
-    index: int
-    name: str  # the framework's own name, e.g. "/device:GPU:0" or "cpu:0"
-    virtual: bool = False  # a CPU device standing in for a GPU
-    memory_mb: Optional[int] = None
-
-    def __str__(self) -> str:
-        tag = " (virtual)" if self.virtual else ""
-        return f"{self.name}{tag}"
-
-
-@dataclass(frozen=True)
-class Environment:
-    """What kerasmgpu sees: print it, or read its fields; `kerasmgpu doctor` shows it."""
-
-    keras_line: KerasLine
-    keras_version: Optional[str]
-    backend: str
-    tensorflow_version: Optional[str]
-    tf_keras_version: Optional[str]
-    jax_version: Optional[str]
-    torch_version: Optional[str]
-    python_version: str
-    route: Optional[str]
-    virtual_devices: Optional[int]
-    process_index: int
-    process_count: int
-    variables: Dict[str, str] = field(default_factory=dict)
-    devices: Optional[Tuple[Device, ...]] = None
-
-    def __str__(self) -> str:
-        lines = [
-            f"Keras line      : {self.keras_line.value} ({self.keras_version or '-'})",
-            f"backend         : {self.backend or '-'}",
-            f"tensorflow      : {self.tensorflow_version or '-'}",
-            f"tf_keras        : {self.tf_keras_version or '-'}",
-            f"jax             : {self.jax_version or '-'}",
-            f"torch           : {self.torch_version or '-'}",
-            f"python          : {self.python_version}",
-            f"route           : {self.route or '-'}",
-            f"virtual devices : {self.virtual_devices or '-'}",
-            f"process         : {self.process_index} of {self.process_count}",
-        ]
-        for key, value in sorted(self.variables.items()):
-            lines.append(f"{key:<16}: {value}")
-        if self.devices is not None:
-            shown = ", ".join(str(d) for d in self.devices) or "none"
-            lines.append(f"devices         : {shown}")
-        return "\n".join(lines)
-
-
-_WATCHED_VARIABLES = (
-    "KERAS_BACKEND",
-    "TF_USE_LEGACY_KERAS",
-    "CUDA_VISIBLE_DEVICES",
-    VIRTUAL_DEVICES_ENV,
-    "XLA_FLAGS",
-    "TF_CONFIG",
-)
-
-
-def requested_virtual_devices() -> Optional[int]:
-    """The virtual device count asked for by `virtual_devices()` or the env variable."""
-    from kerasmgpu import devices  # local: devices imports this module
-
-    return devices.requested()
-
-
-def process_index() -> int:
-    """This process's rank in a `kerasmgpu launch` run (0 outside one)."""
-    return int(os.environ.get(PROCESS_INDEX_ENV, "0") or 0)
-
-
-def process_count() -> int:
-    """How many processes the `kerasmgpu launch` run has (1 outside one)."""
-    return max(1, int(os.environ.get(PROCESS_COUNT_ENV, "1") or 1))
-
-
-def is_chief() -> bool:
-    """True in the process that writes checkpoints and the template (rank 0)."""
-    return process_index() == 0
-
-
-def _v(version: Optional[Version]) -> Optional[str]:
-    return str(version) if version is not None else None
-
-
-def environment(devices: bool = False) -> Environment:
-    """Describe the environment; `devices=True` also starts the framework to list devices."""
-    from kerasmgpu.routes import choose_route  # local: routes import this module
-
-    line, keras_version = detect_keras_line()
-    backend = backend_for(line)
-    try:
-        route: Optional[str] = choose_route(line, backend).value
-    except (ValueError, NotImplementedError):
-        route = None
-    listed: Optional[Tuple[Device, ...]] = None
-    if devices:
-        from kerasmgpu import devices as devices_module
-
-        listed = tuple(devices_module.list_devices(line, backend))
-    return Environment(
-        keras_line=line,
-        keras_version=_v(keras_version),
-        backend=backend,
-        tensorflow_version=_v(tensorflow_version()),
-        tf_keras_version=_v(dist_version("tf-keras")),
-        jax_version=_v(dist_version("jax")),
-        torch_version=_v(dist_version("torch")),
-        python_version=platform.python_version(),
-        route=route,
-        virtual_devices=requested_virtual_devices(),
-        process_index=process_index(),
-        process_count=process_count(),
-        variables={k: os.environ[k] for k in _WATCHED_VARIABLES if k in os.environ},
-        devices=listed,
-    )
-
-
-# --- Flags the routes read ------------------------------------------------------------
+# --- Flags the engines and adapters read ---------------------------------------------
 
 
 def is_imported(module: str) -> bool:

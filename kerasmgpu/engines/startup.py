@@ -1,8 +1,9 @@
-"""Several processes: where this one runs, and the engines that must start first.
+"""Several processes: the engines that must start before their frameworks' runtimes.
 
 `kerasmgpu launch` gives every worker its rank and the coordinator address (see
-`kerasmgpu.launch`). In such a worker, `import kerasmgpu` registers what each engine
-needs before its runtime starts - without importing any framework itself:
+`kerasmgpu.launch` and `kerasmgpu.env.cluster`). In such a worker, `import kerasmgpu`
+registers what each engine needs before its runtime starts - without importing any
+framework itself:
 
 * TensorFlow (tf.keras 2.x, tf_keras): a `MultiWorkerMirroredStrategy`, created the
   moment `tensorflow` finishes importing ("Collective ops must be configured at program
@@ -18,42 +19,16 @@ before Keras, which imports them); otherwise parallelize() explains that.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Optional
 
 from kerasmgpu import _hooks
-from kerasmgpu.detection import (
-    COORDINATOR_ENV,
-    LOCAL_PROCESS_INDEX_ENV,
-    KerasLine,
-    backend_for,
-    detect_keras_line,
-    is_chief,
-    process_count,
-    process_index,
-)
-
-__all__ = ["process_index", "process_count", "is_chief", "launched", "local_process_index"]
+from kerasmgpu.env.cluster import launched, local_process_index, process_count, process_index
+from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
 
 _tf_strategy: Any = None
 _tf_error: Optional[BaseException] = None
 _jax_error: Optional[BaseException] = None
-
-
-def launched() -> bool:
-    """True in a worker of a multi-process `kerasmgpu launch` run."""
-    return process_count() > 1
-
-
-def local_process_index() -> int:
-    return int(os.environ.get(LOCAL_PROCESS_INDEX_ENV, "0") or 0)
-
-
-def shared_seed() -> int:
-    """A seed every worker of one run agrees on (from the run's coordinator address)."""
-    text = os.environ.get(COORDINATOR_ENV, "kerasmgpu")
-    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
 # --- set-up at import -------------------------------------------------------------------

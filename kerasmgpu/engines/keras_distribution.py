@@ -2,7 +2,7 @@
 
 The global batch is one array sharded over the devices and the step is one SPMD
 program, so the loss is computed over the whole (padded) batch at once; several
-processes use `jax.distributed` (see `kerasmgpu.distributed`).
+processes use `jax.distributed` (see `kerasmgpu.engines.startup`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import contextlib
 import importlib
 from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
-from kerasmgpu import distributed
-from kerasmgpu.detection import Device
-from kerasmgpu.parallel.family import Family
+from kerasmgpu.adapters import Family
+from kerasmgpu.engines import startup
+from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.env import cluster
+from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
-from kerasmgpu.routes.base import BaseRoute
 
 
 def _same_seed_everywhere(keras: Any) -> None:
@@ -26,7 +27,7 @@ def _same_seed_everywhere(keras: Any) -> None:
     """
     rng_utils = importlib.import_module("keras.src.utils.rng_utils")
     if rng_utils.get_random_seed() is None:
-        keras.utils.set_random_seed(distributed.shared_seed() % (2**31))
+        keras.utils.set_random_seed(cluster.shared_seed() % (2**31))
 
 
 @contextlib.contextmanager
@@ -63,10 +64,10 @@ class KerasDistributionRoute(BaseRoute):
         import jax
 
         keras = family.keras
-        if distributed.launched():
+        if cluster.launched():
             # Every process's devices, in process order: process p feeds the p-th
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
-            distributed.ensure_jax()
+            startup.ensure_jax()
             self.jax_devices = list(jax.devices())
             _same_seed_everywhere(keras)
         else:
@@ -99,7 +100,7 @@ class KerasDistributionRoute(BaseRoute):
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         callbacks = super().worker_callbacks(callbacks)
-        if distributed.launched():
+        if cluster.launched():
             for callback in callbacks:
                 if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
                     _save_outside_the_layout(callback)
