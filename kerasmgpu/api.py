@@ -59,19 +59,12 @@ def _prepare(
 
     chosen = parse_route(route)
     line, version = env_module.detect_keras_line()
-    too_old = env_module.unsupported_version(line, version)
-    if too_old is not None:
-        raise bad_value(
-            "keras", too_old, f"tf.keras >= {env_module.TF_KERAS_MIN} or Keras >= "
-            f"{env_module.KERAS3_MIN} (older: Keras <= 2.3's multi_gpu_model route)",
-            f'upgrade, e.g. `pip install -U "tensorflow>={env_module.TF_KERAS_MIN}"` or '
-            "`pip install -U keras`",
-        )
     backend = env_module.backend_for(line)
+    family_module.check_release(line, version, backend)
     natural = choose_route(line, backend)
     if chosen is not None:
         check_route_fits(chosen, line, backend)
-    fam = family_module.load(line, backend)
+    fam = family_module.load(line, backend, version)
     if model is not None:
         family_module.check_model(model, fam)
         if parallel_model.is_parallel(model):

@@ -9,12 +9,13 @@ The rule (every route calls it; nobody else re-derives a split):
   with the wrong weights.
 * Padding rows repeat real rows of the same batch (never zeros: a zero row can make a
   loss infinite, and ``inf * 0`` is NaN in the gradient).
-* Each row carries three numbers (``pack_weights``): the batch's *scale*
-  ``padded / real``, a *mask* (1 real, 0 padding) and the user's sample weight.
-  A mean-reduced loss over the padded batch weighted by ``scale * mask * weight`` is
-  exactly the single-device mean over the real rows, so gradients match; metrics are
-  weighted by the mask alone; loss trackers are corrected by ``1 / scale`` so that
-  epoch means are weighted by real counts, not padded ones.
+* Each fed row carries two numbers (``pack_weights``): the batch's *scale*
+  ``padded / real`` and a *mask* (1 real, 0 padding); the user's own sample weights
+  travel beside them, gathered like the rows. A mean-reduced loss over the padded batch
+  weighted by ``scale * mask * weight`` is exactly the single-device mean over the real
+  rows, so gradients match; metrics are weighted by the mask; loss trackers, which Keras
+  weights by fed rows, are weighted by ``rows / scale`` so that epoch means are weighted
+  by real counts, not padded ones.
 
 Several processes (``shard``): every process pads the same global batch the same way
 and takes its own contiguous slice, so all processes run the same number of steps (JAX
@@ -29,9 +30,9 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-# Columns of a packed weight array, shape (padded_rows, 3).
-SCALE, MASK, WEIGHT = 0, 1, 2
-PACKED_COLUMNS = 3
+# Columns of a packed weight array, shape (padded_rows, 2).
+SCALE, MASK = 0, 1
+PACKED_COLUMNS = 2
 
 
 def _check_positive(name: str, value: int) -> int:
@@ -118,26 +119,24 @@ def steps_per_epoch(num_samples: int, batch_size: int) -> int:
     return -(-int(num_samples) // _check_positive("batch_size", batch_size))
 
 
-def pack_weights(plan: BatchPlan, sample_weight: Optional[np.ndarray] = None) -> np.ndarray:
-    """(padded, 3) float32: scale, mask, user weight - for the fed rows of `plan`.
-
-    `sample_weight` holds the weights of the `real` rows (or None for all ones).
-    """
+def pack_weights(plan: BatchPlan) -> np.ndarray:
+    """(padded, 2) float32: the batch's scale and each fed row's mask, for `plan`."""
     packed = np.empty((plan.padded, PACKED_COLUMNS), dtype=np.float32)
     packed[:, SCALE] = plan.scale
     packed[:, MASK] = plan.mask()
-    if sample_weight is None:
-        packed[:, WEIGHT] = 1.0
-    else:
-        weights = np.asarray(sample_weight, dtype=np.float32).reshape(plan.real, -1)
-        if weights.shape[1] != 1:
-            raise ValueError(
-                "Invalid `sample_weight`. Received: an array of shape "
-                f"{np.shape(sample_weight)}. Allowed: one weight per sample, shape "
-                f"({plan.real},). Fix: pass a 1-D array with one weight per sample."
-            )
-        packed[:, WEIGHT] = weights[plan.source_rows(), 0]
     return packed
+
+
+def loss_weights(plan: BatchPlan, sample_weight: Optional[np.ndarray] = None) -> np.ndarray:
+    """What a mean-reduced loss weights each fed row by: scale * mask * user weight.
+
+    The steps compute the same product in the framework; this is its reference (the
+    property tests check that it turns the padded mean into the real one).
+    """
+    packed = pack_weights(plan)
+    weights = np.ones(plan.real, np.float32) if sample_weight is None else np.asarray(
+        sample_weight, np.float32).reshape(plan.real)
+    return packed[:, SCALE] * packed[:, MASK] * weights[plan.source_rows()]
 
 
 def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
@@ -189,8 +188,8 @@ class ProcessShard:
     def source_rows(self) -> np.ndarray:
         return self.plan.source_rows()[self.rows]
 
-    def packed(self, sample_weight: Optional[np.ndarray] = None) -> np.ndarray:
-        return pack_weights(self.plan, sample_weight)[self.rows]
+    def packed(self) -> np.ndarray:
+        return pack_weights(self.plan)[self.rows]
 
 
 def shard(

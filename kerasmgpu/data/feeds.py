@@ -1,7 +1,8 @@
 """Turn whatever the user passes to fit/evaluate/predict into padded, packed batches.
 
-Every batch a replica sees is (x, y, packed) - or (x, packed) for predict - where the
-rows were padded by `kerasmgpu.batching` and `packed` carries scale, mask and weight.
+Every batch a replica sees is `(x, bundle)` (`kerasmgpu.data.bundle`): the rows were
+padded by `kerasmgpu.batching`, and the bundle carries the packing (scale and mask per
+row) and the user's targets and sample weights, gathered like the rows.
 Inputs handled: numpy-like arrays (and lists/dicts of them), `tf.data.Dataset`,
 `keras.utils.PyDataset` / `Sequence`, and Python generators. On the TensorFlow routes
 arrays go through a `tf.data` index pipeline (the padding plan comes from
@@ -14,13 +15,14 @@ import dataclasses
 import inspect
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import Family
+from kerasmgpu.data.bundle import bundle, order_key
 
 
 @dataclass
@@ -34,6 +36,11 @@ class Feed:
     keras_shuffles: bool = False
     # Keras cannot count the batches of this data (a distributed dataset): pass `steps`.
     needs_steps: bool = False
+    # Whether a batch gets padding rows: True / False when the batch sizes are known
+    # (arrays), None when they are not (datasets, generators).
+    pads: Optional[bool] = None
+    # Which batch is padded, in words, for the one-time warning of an opaque step.
+    padding_example: Optional[str] = None
 
 
 # --- structure helpers -------------------------------------------------------------------
@@ -92,16 +99,72 @@ def _to_numpy(obj: Any) -> Any:
     return _map(convert, obj)
 
 
-def _num_rows(structures: Sequence[Any]) -> int:
-    sizes = {int(leaf.shape[0]) for s in structures for leaf in _leaves(s)}
-    if len(sizes) != 1:
+def _num_rows(named: Mapping[str, Any]) -> int:
+    """The common row count of named array structures, or an error naming each count."""
+    counts: List[Tuple[str, int]] = []
+    for name, structure in named.items():
+        if structure is None:
+            continue
+        leaves = _leaves(structure)
+        for position, leaf in enumerate(leaves):
+            shape = getattr(leaf, "shape", None)
+            if shape is None or len(shape) == 0:
+                raise bad_value(
+                    name, f"a scalar ({type(leaf).__name__})",
+                    "arrays whose first axis is the samples",
+                    f"pass {name} as an array with one row per sample",
+                )
+            label = name if len(leaves) == 1 else f"{name}[{position}]"
+            counts.append((label, int(shape[0])))
+    sizes = {count for _, count in counts}
+    if len(sizes) > 1:
+        shown = ", ".join(f"{label} has {count}" for label, count in counts)
         raise bad_value(
-            "x/y/sample_weight",
-            f"arrays with different numbers of rows {sorted(sizes)}",
+            "/".join(name for name in named if named[name] is not None),
+            f"arrays with different numbers of rows ({shown})",
             "inputs, targets and weights with the same number of rows",
-            "check that x, y and sample_weight describe the same samples",
+            "check that they describe the same samples (one row per sample in each)",
+            raw=True,
         )
-    return sizes.pop()
+    rows = sizes.pop() if sizes else 0
+    if rows == 0:
+        raise bad_value(
+            "x", "arrays with 0 rows", "at least one sample",
+            "pass the data to train on (was a filter or a split left empty?)",
+            raw=True,
+        )
+    return rows
+
+
+def check_inputs(x: Any, expected: Optional[List[Tuple[str, Tuple[Optional[int], ...]]]]
+                 ) -> None:
+    """Feature shapes against the model's declared inputs, before anything runs.
+
+    Shapes are global (what the user passed), never a replica's slice.
+    """
+    if not expected:
+        return
+    if isinstance(x, Mapping):
+        by_name = dict(expected)
+        pairs = [(f"x[{key!r}]", x[key], key, by_name.get(key)) for key in x if key in by_name]
+    else:
+        leaves = _leaves(x)
+        if len(leaves) != len(expected):
+            return  # Keras explains structure mismatches itself
+        pairs = [(f"x[{i}]" if len(leaves) > 1 else "x", leaf, name, shape)
+                 for i, (leaf, (name, shape)) in enumerate(zip(leaves, expected))]
+    for label, leaf, name, shape in pairs:
+        got = tuple(int(d) for d in getattr(leaf, "shape", ()) or ())
+        if shape is None or len(got) != len(shape):
+            continue  # rank differences are Keras's to reconcile or explain
+        if any(want is not None and have != want for have, want in zip(got[1:], shape[1:])):
+            raise bad_value(
+                label,
+                f"an array of shape {got}",
+                f"the model's input {name!r} takes shape {shape} (None: any size)",
+                "pass features of that shape, or rebuild the model for your data's shape",
+                raw=True,
+            )
 
 
 def _is_dataset(obj: Any) -> bool:
@@ -159,11 +222,8 @@ def _user_weights(
     return sample_weight
 
 
-def _packed_for(share: batching.ProcessShard, weights: Any) -> Any:
-    """Packed array (or one per output when weights are per output), for the fed rows."""
-    if weights is None or not isinstance(weights, (list, tuple, Mapping)):
-        return share.packed(None if weights is None else np.asarray(weights))
-    return _map(lambda w: share.packed(np.asarray(w)), weights)
+def _gather(structure: Any, rows: np.ndarray) -> Any:
+    return None if structure is None else _map(lambda a: np.asarray(a)[rows], structure)
 
 
 # --- arrays: one batch ---------------------------------------------------------------------
@@ -171,17 +231,13 @@ def _packed_for(share: batching.ProcessShard, weights: Any) -> Any:
 
 def pad_batch(
     x: Any, y: Any, sample_weight: Any, class_weight: Any, planner: batching.Planner
-) -> Tuple[Any, Any, Any]:
-    """One in-memory batch, padded and packed (for the *_on_batch calls)."""
+) -> Tuple[Any, Any]:
+    """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
     weights = _user_weights(y, sample_weight, class_weight)
-    share = planner.plan(_num_rows([s for s in (x, y) if s is not None]))
+    share = planner.plan(_num_rows({"x": x, "y": y, "sample_weight": weights}))
     take = share.source_rows()
-    return (
-        _map(lambda a: a[take], x),
-        _map(lambda a: a[take], y),
-        _packed_for(share, weights),
-    )
+    return _gather(x, take), bundle(share.packed(), _gather(y, take), _gather(weights, take))
 
 
 # --- arrays: a whole epoch -------------------------------------------------------------------
@@ -201,7 +257,7 @@ class _ArraySource:
         seed: Optional[int] = None,
     ) -> None:
         self.x, self.y, self.weights = x, y, weights
-        self.rows = _num_rows([s for s in (x, y, weights) if s is not None])
+        self.rows = _num_rows({"x": x, "y": y, "sample_weight": weights})
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.planner = planner
@@ -210,6 +266,17 @@ class _ArraySource:
         self.sizes = batching.batch_sizes(self.rows, batch_size)
         if shuffle:
             self.rng.shuffle(self.order)
+
+    def padding(self) -> Tuple[bool, Optional[str]]:
+        """Whether some batch gets padding rows, and which, in words."""
+        replicas = self.planner.replicas
+        uneven = [size for size in self.sizes if size % replicas]
+        if not uneven:
+            return False, None
+        if len(self.sizes) > 1 and uneven == [self.sizes[-1]]:
+            return True, (f"the last batch of each pass over the {self.rows} samples "
+                          f"({self.sizes[-1]} rows)")
+        return True, f"every batch of {uneven[0]} rows"
 
     def reshuffle(self) -> None:
         if self.shuffle:
@@ -220,22 +287,14 @@ class _ArraySource:
         ids = self.order[start : start + self.batch_size]
         share = self.planner.plan(len(ids))
         take = ids[share.source_rows()]
-        x = _map(lambda a: a[take], self.x)
+        x = _gather(self.x, take)
         if predict:
-            return (x, share.packed())
-        weights = None if self.weights is None else _map(lambda w: np.asarray(w)[ids], self.weights)
-        return (x, _map(lambda a: a[take], self.y), _packed_for(share, weights))
-
-
-def _python_dataset_type(family: Family) -> type:
-    """`keras.utils.PyDataset` on Keras 3, `Sequence` on Keras 2."""
-    utils = family.keras.utils
-    base: type = getattr(utils, "PyDataset", None) or utils.Sequence
-    return base
+            return (x, bundle(share.packed(), order=order_key(index, len(take))))
+        return (x, bundle(share.packed(), _gather(self.y, take), _gather(self.weights, take)))
 
 
 def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> Feed:
-    base = _python_dataset_type(family)
+    base = family.python_dataset_type()
 
     class ArrayBatches(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -251,7 +310,8 @@ def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> F
         def on_epoch_end(self) -> None:
             source.reshuffle()
 
-    return Feed(ArrayBatches(), steps=len(source.sizes))
+    pads, example = source.padding()
+    return Feed(ArrayBatches(), steps=len(source.sizes), pads=pads, padding_example=example)
 
 
 def _tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any]:
@@ -269,42 +329,40 @@ def _tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any]:
     return rows, packed
 
 
-def _with_weights(tf: Any, packed: Any, weights: Any) -> Any:
-    """Put user weights (already gathered to the fed rows) in the WEIGHT column."""
-    if weights is None:
-        return packed
-    weights = tf.reshape(tf.cast(weights, tf.float32), [-1])
-    return tf.stack([packed[:, batching.SCALE], packed[:, batching.MASK], weights], axis=1)
-
-
 def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> Feed:
     import tensorflow as tf
 
     x = _map(tf.convert_to_tensor, _tuples(source.x))
-    y = None if predict else _map(tf.convert_to_tensor, _tuples(source.y))
-    weights = None if predict else _map(tf.convert_to_tensor, _tuples(source.weights))
+    y = None if predict or source.y is None else _map(tf.convert_to_tensor, _tuples(source.y))
+    weights = None if predict or source.weights is None else _map(
+        tf.convert_to_tensor, _tuples(source.weights))
     planner = source.planner
     indices = tf.data.Dataset.range(source.rows)
     if source.shuffle:
         indices = indices.shuffle(source.rows, seed=seed, reshuffle_each_iteration=True)
-    indices = indices.batch(source.batch_size)
+    indices = indices.batch(source.batch_size).enumerate()
 
-    def fetch(ids: Any) -> Any:
+    def fetch(number: Any, ids: Any) -> Any:
         rows, packed = _tf_pad(tf, tf.size(ids), planner)
         take = tf.gather(ids, rows)
-        xb = _map(lambda t: tf.gather(t, take), x)
+
+        def gather(structure: Any) -> Any:
+            return None if structure is None else _map(lambda t: tf.gather(t, take), structure)
+
         if predict:
-            return xb, packed
-        yb = _map(lambda t: tf.gather(t, take), y)
-        if weights is None:
-            return xb, yb, packed
-        if isinstance(weights, (tuple, dict)):
-            per_output = _map(lambda w: _with_weights(tf, packed, tf.gather(w, take)), weights)
-            return xb, yb, per_output
-        return xb, yb, _with_weights(tf, packed, tf.gather(weights, take))
+            return gather(x), bundle(packed, order=_tf_order(tf, number, rows))
+        return gather(x), bundle(packed, gather(y), gather(weights))
 
     data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    return Feed(_no_autoshard(tf, data), steps=len(source.sizes))
+    pads, example = source.padding()
+    return Feed(_no_autoshard(tf, data), steps=len(source.sizes), pads=pads,
+                padding_example=example)
+
+
+def _tf_order(tf: Any, number: Any, rows: Any) -> Any:
+    count = tf.shape(rows)[0]
+    batch = tf.fill([count], tf.cast(number, tf.int32))
+    return tf.stack([batch, tf.range(count, dtype=tf.int32)], axis=1)
 
 
 def repeated(feed: Feed) -> Feed:
@@ -334,39 +392,35 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner,
         values = [float(class_weight.get(i, 0.0)) for i in range(size)]
         table = tf.constant(values, tf.float32)
 
-    def pad(*element: Any) -> Any:
-        data = element if len(element) > 1 else element[0]
+    def pad(number: Any, data: Any) -> Any:
         x, y, sw = _unpack(data)
         real = tf.shape(_leaves(x)[0])[0]
         rows, packed = _tf_pad(tf, real, planner)
-        xb = tf.nest.map_structure(lambda t: tf.gather(t, rows), x)
+
+        def gather(structure: Any) -> Any:
+            return None if structure is None else tf.nest.map_structure(
+                lambda t: tf.gather(t, rows), structure)
+
         if predict:
-            return xb, packed
-        if y is None:
-            raise bad_value(
-                "x", "a dataset without targets", "a dataset of (x, y) or (x, y, sample_weight)",
-                "yield targets with the inputs",
-            )
-        yb = tf.nest.map_structure(lambda t: tf.gather(t, rows), y)
+            return gather(x), bundle(packed, order=_tf_order(tf, number, rows))
         if table is not None:
+            if y is None:
+                raise bad_value("class_weight", class_weight, "a dataset that yields targets",
+                                "yield (x, y) batches, or drop class_weight")
             target = _leaves(y)[0]
             if target.shape.rank is not None and target.shape.rank >= 2 and target.shape[-1] != 1:
                 classes = tf.argmax(target, axis=-1)
             else:
                 classes = tf.reshape(tf.cast(target, tf.int64), [-1])
             sw = tf.gather(table, classes)
-        if sw is None:
-            return xb, yb, packed
-        if isinstance(sw, (list, tuple, dict)):
-            per_output = tf.nest.map_structure(
-                lambda w: _with_weights(tf, packed, tf.gather(w, rows)), sw
-            )
-            return xb, yb, per_output
-        return xb, yb, _with_weights(tf, packed, tf.gather(sw, rows))
+        return gather(x), bundle(packed, gather(y), gather(sw))
 
-    data = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    data = dataset.enumerate().map(pad, num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True)
     steps = None
     cardinality = int(dataset.cardinality())
+    if cardinality == 0:
+        raise _empty_dataset()
     if cardinality >= 0:
         steps = cardinality
     return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)), steps=steps)
@@ -375,28 +429,33 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner,
 # --- Python sources: PyDataset, Sequence, generators -----------------------------------------
 
 
-def _pad_element(element: Any, class_weight: Any, planner: batching.Planner, predict: bool) -> Any:
+def _empty_dataset() -> ValueError:
+    return bad_value("x", "an empty tf.data.Dataset (0 batches)", "at least one batch",
+                     "check the pipeline (a filter, take() or batch(drop_remainder=True) "
+                     "may have left nothing)", raw=True)
+
+
+def _pad_element(element: Any, class_weight: Any, planner: batching.Planner, predict: bool,
+                 number: int = 0) -> Any:
     x, y, sw = _unpack(element)
     x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
     weights = None if predict else _user_weights(y, sw, class_weight)
-    share = planner.plan(_num_rows([s for s in (x,) if s is not None]))
+    share = planner.plan(_num_rows({"x": x, "y": None if predict else y,
+                                    "sample_weight": weights}))
     take = share.source_rows()
-    xb = _map(lambda a: a[take], x)
     if predict:
-        return xb, share.packed()
-    if y is None:
-        raise bad_value(
-            "x", "batches without targets", "batches of (x, y) or (x, y, sample_weight)",
-            "return targets with the inputs",
-        )
-    return xb, _map(lambda a: a[take], y), _packed_for(share, weights)
+        return _gather(x, take), bundle(share.packed(), order=order_key(number, len(take)))
+    return _gather(x, take), bundle(share.packed(), _gather(y, take), _gather(weights, take))
 
 
 def _python_feed(
     family: Family, source: Any, class_weight: Any, planner: batching.Planner, predict: bool
 ) -> Feed:
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
-        base = _python_dataset_type(family)
+        base = family.python_dataset_type()
+        if len(source) == 0:
+            raise bad_value("x", f"a {type(source).__name__} of length 0", "at least one batch",
+                            "check its __len__ (the data it reads may be empty)", raw=True)
 
         class PaddedBatches(base):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:
@@ -411,7 +470,7 @@ def _python_feed(
                 return len(source)
 
             def __getitem__(self, index: int) -> Any:
-                return _pad_element(source[index], class_weight, planner, predict)
+                return _pad_element(source[index], class_weight, planner, predict, index)
 
             def on_epoch_end(self) -> None:
                 if hasattr(source, "on_epoch_end"):
@@ -420,8 +479,8 @@ def _python_feed(
         return Feed(PaddedBatches(), steps=len(source), keras_shuffles=True)
 
     def generate() -> Iterator[Any]:
-        for element in source:
-            yield _pad_element(element, class_weight, planner, predict)
+        for number, element in enumerate(source):
+            yield _pad_element(element, class_weight, planner, predict, number)
 
     return Feed(generate())
 
@@ -486,8 +545,8 @@ def _generator_tf_feed(
     import tensorflow as tf
 
     def padded() -> Iterator[Any]:
-        for element in source:
-            yield _tuples(_pad_element(element, class_weight, planner, predict))
+        for number, element in enumerate(source):
+            yield _tuples(_pad_element(element, class_weight, planner, predict, number))
 
     replay = _Replay(padded(), first_pass_is_peek=family.peeks_before_each_run and not predict)
     first = replay.peek()
@@ -504,7 +563,10 @@ def _dataset_python_feed(
     """A tf.data.Dataset on a non-TF backend: iterate it as numpy, once per epoch."""
     steps = int(dataset.cardinality())
 
-    class DatasetBatches(_python_dataset_type(family)):  # type: ignore[misc]
+    if steps == 0:
+        raise _empty_dataset()
+
+    class DatasetBatches(family.python_dataset_type()):  # type: ignore[misc]
         def __init__(self) -> None:
             if family.keras3:
                 super().__init__(workers=1, use_multiprocessing=False)
@@ -520,7 +582,7 @@ def _dataset_python_feed(
                 self._next_index = 0
             element = next(itertools.islice(self._iterator, index - self._next_index, None))
             self._next_index = index + 1
-            return _pad_element(element, class_weight, planner, predict)
+            return _pad_element(element, class_weight, planner, predict, index)
 
     if steps < 0:
         return _python_feed(family, dataset.as_numpy_iterator(), class_weight, planner, predict)
@@ -542,8 +604,13 @@ def build(
     shuffle: Any = False,
     predict: bool = False,
     seed: Optional[int] = None,
+    inputs: Optional[List[Tuple[str, Tuple[Optional[int], ...]]]] = None,
 ) -> Feed:
-    """A padded feed for `x` (and `y`, weights); `kind` is "tf" or "python"."""
+    """A padded feed for `x` (and `y`, weights); `kind` is "tf" or "python".
+
+    `y` may be None (a model trained by add_loss or by its own step). `inputs`: the
+    model's declared (name, shape) inputs, to check array features against up front.
+    """
     if x is None:
         raise bad_value("x", None, "arrays, a tf.data.Dataset, a PyDataset or a generator",
                         "pass the training inputs")
@@ -576,9 +643,10 @@ def build(
             raw=True,
         )
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    if predict:
+        y = sample_weight = None
     weights = None if predict else _user_weights(y, sample_weight, class_weight)
-    if not predict and y is None:
-        raise bad_value("y", None, "targets for every input row", "pass `y`")
+    check_inputs(x, inputs)
     size = 32 if batch_size is None else batch_size
     shuffle_rows = bool(shuffle) and not predict
     source = _ArraySource(x, y, weights, size, shuffle_rows, planner, seed)
@@ -598,7 +666,7 @@ def split_validation(
             "pass `validation_data` instead when x is a dataset or generator",
         )
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
-    rows = _num_rows([s for s in (x, y) if s is not None])
+    rows = _num_rows({"x": x, "y": y, "sample_weight": sample_weight})
     at = batching.validation_split_at(rows, validation_split)
 
     def head(s: Any) -> Any:

@@ -82,6 +82,10 @@ class BaseRoute(abc.ABC):
     def epoch_end(self, replica: Any) -> None:  # noqa: B027 - optional hook
         """Called at every epoch end (torch: re-broadcast non-trainable state)."""
 
+    def equalize(self, replica: Any) -> None:  # noqa: B027 - optional hook
+        """Make every replica's non-trainable state equal before it is read (mirrored:
+        sync-on-read BatchNorm statistics)."""
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""

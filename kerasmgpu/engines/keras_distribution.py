@@ -8,7 +8,6 @@ processes use `jax.distributed` (see `kerasmgpu.engines.startup`).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu.adapters import Family
@@ -19,29 +18,27 @@ from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
 
-def _same_seed_everywhere(keras: Any) -> None:
+def _same_seed_everywhere(family: Family) -> None:
     """Variables created under a multi-process layout must start equal everywhere.
 
     `keras.distribution.initialize()` agrees on a seed across processes unless one was
     set; we start JAX ourselves (before Keras is imported), so we do the same here.
     """
-    rng_utils = importlib.import_module("keras.src.utils.rng_utils")
-    if rng_utils.get_random_seed() is None:
-        keras.utils.set_random_seed(cluster.shared_seed() % (2**31))
+    if family.random_seed() is None:  # type: ignore[attr-defined]
+        family.keras.utils.set_random_seed(cluster.shared_seed() % (2**31))
 
 
 @contextlib.contextmanager
-def _no_distribution() -> Iterator[None]:
-    distribution_lib = importlib.import_module("keras.src.distribution.distribution_lib")
-    active = distribution_lib.distribution()
-    distribution_lib.set_distribution(None)
+def _no_distribution(keras: Any) -> Iterator[None]:
+    active = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
     try:
         yield
     finally:
-        distribution_lib.set_distribution(active)
+        keras.distribution.set_distribution(active)
 
 
-def _save_outside_the_layout(callback: Any) -> None:
+def _save_outside_the_layout(keras: Any, callback: Any) -> None:
     """Only the chief saves; Keras's saving creates throw-away variables (an optimizer
     to compare attributes against), which under a multi-process layout every process
     would have to create together. Saving runs on local arrays instead."""
@@ -49,7 +46,7 @@ def _save_outside_the_layout(callback: Any) -> None:
         hook = getattr(callback, name)
 
         def local(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
-            with _no_distribution():
+            with _no_distribution(keras):
                 return _hook(*args, **kwargs)
 
         setattr(callback, name, local)
@@ -69,19 +66,21 @@ class KerasDistributionRoute(BaseRoute):
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
             startup.ensure_jax()
             self.jax_devices = list(jax.devices())
-            _same_seed_everywhere(keras)
+            _same_seed_everywhere(family)
         else:
             gpus = [d for d in jax.devices() if d.platform == "gpu"]
             pool = gpus if gpus else jax.devices("cpu")
             self.jax_devices = [pool[d.index] for d in self.devices]
         self.distribution = keras.distribution.DataParallel(devices=self.jax_devices)
-        # kerasmgpu shards the data itself; Keras must not shard it again.
-        self.distribution.auto_shard_dataset = False
+        if hasattr(self.distribution, "auto_shard_dataset"):
+            # kerasmgpu shards the data itself; Keras must not shard it again (the
+            # attribute, and Keras's sharding of datasets, exist from Keras 3.6 on).
+            self.distribution.auto_shard_dataset = False
 
     @property
     def replicas(self) -> int:
-        mesh = self.distribution.device_mesh
-        return int(mesh.shape[mesh.axis_names.index(self.distribution.batch_dim_name)])
+        # One data-parallel axis over exactly these devices (we built the mesh).
+        return len(self.jax_devices)
 
     def scope(self) -> ContextManager[Any]:
         scope: ContextManager[Any] = self.distribution.scope()
@@ -103,7 +102,7 @@ class KerasDistributionRoute(BaseRoute):
         if cluster.launched():
             for callback in callbacks:
                 if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
-                    _save_outside_the_layout(callback)
+                    _save_outside_the_layout(self.family.keras, callback)
         return callbacks
 
     def describe(self) -> Dict[str, str]:

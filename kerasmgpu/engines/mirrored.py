@@ -8,32 +8,17 @@ Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, ContextManager, Dict, List, Sequence
 
 from kerasmgpu._errors import NotYetSupportedError
 from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import BaseRoute
 from kerasmgpu.env import cluster
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
-
-# Every strategy numbers its collective groups from 1 + `_collective_key_base` (0 by
-# default), so a second strategy of another size in the same process (gpus=2, then
-# gpus=3) joins the first one's groups and aborts: "Device CPU:0 is joining a group
-# with size3, but that group has size 2". Each of ours gets its own key range.
-_KEY_RANGE = 1_000_000
-_key_bases = itertools.count(1)
-
-
-def _new_strategy(tf: Any, devices: List[str]) -> Any:
-    strategy = tf.distribute.MirroredStrategy.__new__(tf.distribute.MirroredStrategy)
-    strategy._collective_key_base = next(_key_bases) * _KEY_RANGE  # read by __init__
-    strategy.__init__(devices=devices)
-    return strategy
-
 
 MULTI_WORKER_KERAS3 = (
     "Keras 3 with the TensorFlow backend cannot train under "
@@ -68,7 +53,6 @@ class MirroredRoute(BaseRoute):
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)
-        import tensorflow as tf
 
         self.multi_worker = cluster.launched()
         if self.multi_worker:
@@ -76,7 +60,9 @@ class MirroredRoute(BaseRoute):
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)
             self.strategy = startup.tf_strategy()
         else:
-            self.strategy = _new_strategy(tf, [d.name for d in self.devices])
+            # Each strategy gets its own collective key range: a second one of another
+            # size in this process would otherwise join the first one's groups.
+            self.strategy = tf_internals.new_mirrored_strategy([d.name for d in self.devices])
 
     @property
     def replicas(self) -> int:
@@ -87,10 +73,10 @@ class MirroredRoute(BaseRoute):
         return scope
 
     def owns(self, model: Any) -> bool:
-        strategy = getattr(model, "_distribution_strategy", None) or getattr(
-            model, "_distribute_strategy", None
-        )
-        return strategy is self.strategy
+        return self.family.distribution_strategy_of(model) is self.strategy
+
+    def equalize(self, replica: Any) -> None:
+        self.family.equalize_replica_state(replica, self.strategy)
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
@@ -127,8 +113,7 @@ class MirroredRoute(BaseRoute):
         return Feed(distributed_data, steps=feed.steps, needs_steps=True)
 
     def describe(self) -> Dict[str, str]:
-        ops = type(getattr(self.strategy.extended, "_cross_device_ops", None)
-                   or getattr(self.strategy.extended, "_collective_ops", None)).__name__
+        ops = tf_internals.all_reduce_name(self.strategy)
         return {
             "route": self.route.value,
             "engine": "tf.distribute." + type(self.strategy).__name__,

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, ContextManager, Dict, Iterator, Sequence
+from typing import Any, ContextManager, Dict, Sequence
 
-from kerasmgpu import adapters as family_module
-from kerasmgpu.adapters import Family, keras23
+from kerasmgpu.adapters.keras23 import Keras23
 from kerasmgpu.engines.base import BaseRoute
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
@@ -28,7 +27,7 @@ from kerasmgpu.routes import Route
 class MultiGpuModelRoute(BaseRoute):
     route = Route.MULTI_GPU_MODEL
 
-    def __init__(self, family: Family, devices: Sequence[Device],
+    def __init__(self, family: Keras23, devices: Sequence[Device],
                  cpu_merge: bool = True, cpu_relocation: bool = False) -> None:
         super().__init__(family, devices)
         self.cpu_merge = cpu_merge
@@ -45,27 +44,18 @@ class MultiGpuModelRoute(BaseRoute):
     def owns(self, model: Any) -> bool:
         return False
 
-    @contextlib.contextmanager
-    def _gpu_names_for_virtual_devices(self) -> Iterator[None]:
+    def _gpu_names_for_virtual_devices(self) -> ContextManager[Any]:
         if all(d.kind == "gpu" for d in self.devices):
-            yield
-            return
-        utils = _multi_gpu_utils(self.family)
-        original = utils._get_available_devices
-        names = ["/cpu:0"] + [f"/gpu:{i}" for i in range(len(self.available_devices(self.family)))]
-        utils._get_available_devices = lambda: names
-        try:
-            yield
-        finally:
-            utils._get_available_devices = original
+            return contextlib.nullcontext()
+        count = len(self.available_devices(self.family))
+        return self.family.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
 
     def parallelize(self, model: Any) -> Any:
         from kerasmgpu.training.model import STATE_ATTR, ParallelState
 
         ids = [d.index for d in self.devices]
-        utils = _multi_gpu_utils(self.family)
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
-        keras_multi_gpu_model = getattr(utils, keras23.KERAS_OWN, utils.multi_gpu_model)
+        keras_multi_gpu_model = self.family.keras_multi_gpu_model()
         inner = model
         if self.cpu_relocation:
             # Keras's own relocation clones the template with fresh weights and trains
@@ -80,8 +70,8 @@ class MultiGpuModelRoute(BaseRoute):
             parallel = keras_multi_gpu_model(
                 inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
             )
-        if family_module.is_compiled(model):
-            parallel.compile(**legacy_compile_args(self.family, model))
+        if self.family.is_compiled(model):
+            parallel.compile(**self.family.compile_args(model))
         parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                       family=self.family)
         if inner is not model:
@@ -114,24 +104,3 @@ def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
             return result
 
         parallel.__dict__[name] = types.MethodType(synced, parallel)
-
-
-def _multi_gpu_utils(family: Family) -> Any:
-    import importlib
-
-    root = family.keras.__name__  # "keras", or "tensorflow.keras" on TF < 2.4
-    return importlib.import_module(f"{root}.utils.multi_gpu_utils")
-
-
-def legacy_compile_args(family: Family, model: Any) -> Dict[str, Any]:
-    """Keras 2.3 keeps its compile arguments on the model; a fresh optimizer each."""
-    optimizer = family_module.fresh_optimizer(family, model.optimizer)
-    args = {
-        "optimizer": optimizer,
-        "loss": model.loss,
-        "metrics": list(model._compile_metrics or []),
-        "loss_weights": model.loss_weights,
-        "sample_weight_mode": model.sample_weight_mode,
-        "weighted_metrics": model._compile_weighted_metrics,
-    }
-    return args

@@ -33,11 +33,30 @@ TF_SPLIT_KERAS = Version("2.6")
 # Breakpoint: TF 2.16 ships Keras 3 as `tf.keras`; tf_keras + TF_USE_LEGACY_KERAS=1 is
 # the way back to Keras 2 there.
 TF_WITH_KERAS_3 = Version("2.16")
-# Breakpoint: `Model.compute_loss` / `compute_metrics` became public in tf.keras 2.9;
-# the mirrored route overrides both to keep padded rows out of losses and metrics.
-TF_KERAS_MIN = Version("2.9")
-# Breakpoint: Keras 3.3 added `training=` to `compute_loss`.
+# --- Verified ranges: [min, below) of each line, what the tox matrix tests -------------
+# tf.keras 2.x: 2.12 is the oldest TensorFlow with wheels for Python 3.11, where our CI
+# runs; 2.9-2.11 cannot be installed there, so they are not claimed (compat/README.md).
+TF_KERAS_MIN = Version("2.12")
+TF_KERAS_VERIFIED_BELOW = Version("2.16")
+# tf_keras (TF_USE_LEGACY_KERAS=1) starts with TF 2.16.
+TF_KERAS_LEGACY_MIN = Version("2.16")
+TF_KERAS_LEGACY_VERIFIED_BELOW = Version("2.22")
+# Keras 3 on JAX and PyTorch: 3.3, the first release with `training=` in compute_loss.
 KERAS3_MIN = Version("3.3")
+KERAS3_VERIFIED_BELOW = Version("3.16")
+# Breakpoint: Keras 3 on TensorFlow trains correctly under MirroredStrategy from 3.10
+# on (measured natively, no kerasmgpu, compat/README.md): 3.3-3.4 never all-reduce the
+# gradients (backend/tensorflow/optimizer.py reduces inside merge_call, where there is
+# no replica context), 3.5-3.7 end with other weights than one device, and 3.8-3.9
+# train right but report metrics from mirrored on-write variables that keep one
+# replica's counts; 3.10 made metric variables sync-on-read.
+KERAS3_TF_MIN = Version("3.10")
+# Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
+LEGACY_KERAS_MIN = Version("2.3.1")
+LEGACY_KERAS_VERIFIED_BELOW = Version("2.3.2")
+# A release above a verified range is refused (kerasmgpu would have to guess where its
+# hooks go); this variable lets a maintainer run the canary env on it anyway.
+UNVERIFIED_OK_ENV = "KERASMGPU_UNVERIFIED_OK"
 # Breakpoint: jax 0.4.34 added the `jax_num_cpu_devices` option; older releases only
 # read XLA_FLAGS=--xla_force_host_platform_device_count.
 JAX_NUM_CPU_DEVICES_OPTION = Version("0.4.34")
@@ -155,12 +174,37 @@ def jax_has_num_cpu_devices_option() -> bool:
     return version is not None and version >= JAX_NUM_CPU_DEVICES_OPTION
 
 
-def unsupported_version(line: KerasLine, version: Optional[Version]) -> Optional[str]:
-    """Why this Keras release is too old for kerasmgpu's route, or None."""
-    if version is None:
+def verified_range(line: KerasLine, backend: Optional[str] = None
+                   ) -> Optional[Tuple[Version, Version]]:
+    """[min, below) of the releases of `line` (on `backend`) kerasmgpu is verified on."""
+    if line is KerasLine.KERAS_3 and (backend or backend_for(line)) == "tensorflow":
+        return (KERAS3_TF_MIN, KERAS3_VERIFIED_BELOW)
+    return {
+        KerasLine.TF_KERAS: (TF_KERAS_MIN, TF_KERAS_VERIFIED_BELOW),
+        KerasLine.TF_KERAS_LEGACY: (TF_KERAS_LEGACY_MIN, TF_KERAS_LEGACY_VERIFIED_BELOW),
+        KerasLine.KERAS_3: (KERAS3_MIN, KERAS3_VERIFIED_BELOW),
+        KerasLine.LEGACY: (LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW),
+    }.get(line)
+
+
+def unverified_ok() -> bool:
+    return _truthy(os.environ.get(UNVERIFIED_OK_ENV))
+
+
+def unsupported_version(line: KerasLine, version: Optional[Version],
+                        backend: Optional[str] = None) -> Optional[str]:
+    """Why this Keras release is outside kerasmgpu's verified range, or None."""
+    span = verified_range(line, backend)
+    if version is None or span is None:
         return None
-    if line is KerasLine.TF_KERAS and version < TF_KERAS_MIN:
-        return f"tf.keras {version} (kerasmgpu needs >= {TF_KERAS_MIN})"
-    if line is KerasLine.KERAS_3 and version < KERAS3_MIN:
-        return f"Keras {version} (kerasmgpu needs >= {KERAS3_MIN})"
+    low, below = span
+    # Patch releases and pre-releases of a verified minor count as that minor.
+    base = Version(version.base_version)
+    if base < low:
+        on = f" on {backend or backend_for(line)}" if line is KerasLine.KERAS_3 else ""
+        return f"{line.value} {version}{on} (kerasmgpu needs >= {low})"
+    if base >= below and not unverified_ok():
+        return (f"{line.value} {version} (kerasmgpu is verified below {below}; "
+                f"{UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
+                "of its hooks moved)")
     return None

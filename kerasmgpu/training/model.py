@@ -1,48 +1,71 @@
 """The model `parallelize()` returns: a real Keras model whose training entry points pad.
 
-The replica is a clone of the user's model built in the route's scope (or the user's
-model itself when it was built in `kerasmgpu.scope()`). Its class is untouched - it
-saves, loads and prints as what it is - but `fit`, `evaluate`, `predict`, the
-`*_on_batch` calls and `compile` are replaced on the instance by the functions below,
-which hand Keras padded, packed batches (`parallel.feeds`) and keep the template
-model holding the trained weights (synced at the end of every epoch and of every call).
+The replica is a copy of the user's model built in the engine's scope (or the user's
+model itself when it was built in `kerasmgpu.scope()`), compiled with the user's own
+compile arguments. Its class is untouched - it saves, loads and prints as what it is,
+and what it writes holds nothing of kerasmgpu - but `fit`, `evaluate`, `predict`, the
+`*_on_batch` calls, `compile` and the three steps are replaced on the instance: the
+calls hand Keras padded batches (`kerasmgpu.data.feeds`), the steps hand the model's
+own steps the user's data and keep padding rows out of losses and metrics
+(`kerasmgpu.training.steps`).
+
+The template - the model the user passed - holds the training state: weights,
+optimizer state and (BatchNorm) moving statistics are copied into it at every epoch end
+and after every call, so "save the template model" resumes where training stopped.
+Several parallel models of one template stay correct: each pulls the template's state
+when another one has written it since.
 """
 
 from __future__ import annotations
 
 import inspect
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-from kerasmgpu import adapters as family_module
 from kerasmgpu._errors import bad_value
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds
 from kerasmgpu.env import cluster
-from kerasmgpu.training import steps as overrides
+from kerasmgpu.training import steps as step_hooks
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the engine's surface, seen from here: scope(), planner, hooks
     from kerasmgpu.engines.base import BaseRoute
 
 STATE_ATTR = "_kerasmgpu"
+# On the template: how many times a parallel model has written its state into it.
+VERSION_ATTR = "_kerasmgpu_version"
+
+_STEP_KINDS = {"train_step": "train", "test_step": "test"}
 
 
 @dataclass
 class ParallelState:
     template: Any
     route: BaseRoute
-    family: Family
-    all_weighted: bool = False
+    family: Adapter
+    report: step_hooks.StepReport
     user_compile: Optional[Dict[str, Any]] = None
+    has_compiled_loss: bool = False
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
+    synced_version: int = 0
+    warned_optimizer: bool = False
 
-    def feed(self, x: Any, *, training: bool = True, **kwargs: Any) -> feeds.Feed:
-        """`training`: a feed of fit() (train or validation), read epoch after epoch."""
+    def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
+             **kwargs: Any) -> feeds.Feed:
+        """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
+        after epoch by fit()."""
         if cluster.launched() and kwargs.get("shuffle"):
             # Every worker must shuffle the same way, or shards would overlap.
             kwargs.setdefault("seed", cluster.shared_seed())
-        feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x, **kwargs)
+        inputs = self.family.model_inputs(model) if model is not None else None
+        feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x,
+                           inputs=inputs, predict=kind == "predict", **kwargs)
+        if kind != "predict":
+            self.report.pads[kind] = feed.pads
+            if feed.padding_example:
+                self.report.padding_example[kind] = feed.padding_example
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
@@ -59,13 +82,20 @@ def is_parallel(model: Any) -> bool:
     return state_of(model) is not None
 
 
-# --- weights ----------------------------------------------------------------------------
+# --- the training state: replica <-> template ---------------------------------------------
+
+
+def _version(template: Any) -> int:
+    return int(template.__dict__.get(VERSION_ATTR, 0))
 
 
 def sync_template(replica: Any) -> None:
-    """Copy the replica's weights into the template (no-op when they are one model)."""
+    """Copy the replica's training state into the template (no-op when one model)."""
     state = state_of(replica)
-    if state is None or state.template is replica:
+    if state is None:
+        return
+    state.route.equalize(replica)
+    if state.template is replica:
         return
     template = state.template
     weights = replica.get_weights()
@@ -74,6 +104,31 @@ def sync_template(replica: Any) -> None:
         # the first batch; build the template the same way so it can hold the weights.
         template.build(replica.input_shape)
     template.set_weights(weights)
+    if not copy_optimizer_state(state.family, replica, template) and not state.warned_optimizer:
+        state.warned_optimizer = True
+        warnings.warn(
+            "kerasmgpu: the template's optimizer does not have the layout of the parallel "
+            "model's, so the template receives the weights but not the optimizer state "
+            "(saving the template then restarts the optimizer). Fix: save the parallel "
+            "model itself to keep the optimizer state.",
+            stacklevel=3,
+        )
+    version = _version(template) + 1
+    template.__dict__[VERSION_ATTR] = version
+    state.synced_version = version
+
+
+def pull_template(replica: Any) -> None:
+    """Before a call: take the template's state if another parallel model wrote it."""
+    state = state_of(replica)
+    if state is None or state.template is replica:
+        return
+    version = _version(state.template)
+    if version == state.synced_version:
+        return
+    copy_weights(state.template, replica)
+    copy_optimizer_state(state.family, state.template, replica, scope=state.route.scope())
+    state.synced_version = version
 
 
 def copy_weights(source: Any, target: Any) -> None:
@@ -81,61 +136,108 @@ def copy_weights(source: Any, target: Any) -> None:
         target.set_weights(source.get_weights())
 
 
-def carry_optimizer_state(state: ParallelState, source: Any, replica: Any) -> bool:
-    """Give the replica's fresh optimizer the template optimizer's slots, if it has any."""
-    old = family_module.optimizer_variables(source)
-    if not old or replica.optimizer is None:
+def build_template_optimizer(adapter: Adapter, template: Any) -> None:
+    """Create the template optimizer's slots now, outside any engine scope.
+
+    The template receives the optimizer state at every epoch end - from inside fit(),
+    where the engine's scope is active and a variable created for the template would
+    be placed (and refused) there.
+    """
+    optimizer = getattr(template, "optimizer", None)
+    if optimizer is not None and template.trainable_variables:
+        adapter.build_optimizer(optimizer, template.trainable_variables)
+
+
+def copy_optimizer_state(adapter: Adapter, source: Any, target: Any, scope: Any = None) -> bool:
+    """Give `target`'s optimizer `source`'s optimizer state (iterations, slots).
+
+    `scope`: the engine scope to build `target`'s optimizer in, when it is a replica.
+    True when done (or nothing to do); False when the layouts differ.
+    """
+    old_optimizer = getattr(source, "optimizer", None)
+    new_optimizer = getattr(target, "optimizer", None)
+    if old_optimizer is None or new_optimizer is None or old_optimizer is new_optimizer:
+        return True
+    old = adapter.optimizer_variables(old_optimizer)
+    if not old:
+        return True
+    if scope is not None and len(adapter.optimizer_variables(new_optimizer)) < len(old):
+        with scope:
+            adapter.build_optimizer(new_optimizer, target.trainable_variables)
+    new = adapter.optimizer_variables(new_optimizer)
+    if len(new) != len(old) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(old, new)):
         return False
-    with state.route.scope():
-        if hasattr(replica.optimizer, "build"):
-            replica.optimizer.build(replica.trainable_variables)
-    new = family_module.optimizer_variables(replica.optimizer)
-    if len(new) != len(old) or any(
-        tuple(a.shape) != tuple(b.shape) for a, b in zip(old, new)
-    ):
-        return False
-    for target, value in zip(new, old):
-        target.assign(value.numpy() if hasattr(value, "numpy") else value)
+    for variable, value in zip(new, old):
+        variable.assign(value.numpy() if hasattr(value, "numpy") else value)
     return True
 
 
 # --- compile -----------------------------------------------------------------------------
 
 
-def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
-    """Compile the replica in scope with padding-aware losses and metrics."""
+def hook_metrics(replica: Any) -> None:
+    """Wrap the replica's loss trackers and metrics (idempotent; new ones as they come)."""
     state = state_of(replica)
     assert state is not None
-    fam = state.family
+    adapter = state.family
+    trackers = adapter.loss_trackers(replica)
+    for tracker in trackers:
+        adapter.wrap_update_state(tracker, step_hooks.tracker_update(adapter))
+    tracked = {id(t) for t in trackers}
+    for metric in adapter.metric_leaves(replica):
+        if id(metric) not in tracked:
+            adapter.wrap_update_state(metric, step_hooks.masked_update(adapter, metric))
+
+
+def _on_compiled_metric(replica: Any) -> Callable[[Any], None]:
+    def on_metric(metric: Any) -> None:
+        state = state_of(replica)
+        if state is None:
+            return
+        adapter = state.family
+        if any(metric is t for t in adapter.loss_trackers(replica)):
+            adapter.wrap_update_state(metric, step_hooks.tracker_update(adapter))
+        else:
+            adapter.wrap_update_state(metric, step_hooks.masked_update(adapter, metric))
+
+    return on_metric
+
+
+def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
+    """Compile the replica in scope with the user's arguments, then hook its losses and
+    metrics. Nothing of kerasmgpu is compiled in: what the model saves is the user's."""
+    state = state_of(replica)
+    assert state is not None
+    adapter = state.family
     args = {k: v for k, v in args.items() if v is not None or k == "loss"}
+    scaled = step_hooks.reduction_is_mean(adapter, args.get("loss"))
+    if scaled is None:
+        raise bad_value(
+            "loss", args.get("loss"),
+            "losses that all reduce by a mean (the default) or all by a sum",
+            "give every output's loss the same `reduction`, or train with batches that "
+            "divide by the replica count",
+        )
     state.user_compile = dict(args)
+    state.has_compiled_loss = args.get("loss") is not None
     compiled = dict(args)
     with state.route.scope():
-        if state.template is replica:
-            compiled["optimizer"] = args.get("optimizer")
-        else:
-            compiled["optimizer"] = family_module.fresh_optimizer(fam, args.get("optimizer"))
-        compiled["loss"] = overrides.wrap_losses(fam, args.get("loss"), replica)
-        metrics = family_module.map_leaves(
-            lambda m: family_module.fresh_metric(fam, m), args.get("metrics")
-        )
-        weighted = family_module.map_leaves(
-            lambda m: family_module.fresh_metric(fam, m), args.get("weighted_metrics")
-        )
-        state.all_weighted = False
-        if fam.keras3 and not weighted:
-            # Keras 3 gives sample weights only to weighted metrics; making every metric
-            # weighted lets the mask keep padding rows out of all of them.
-            compiled["weighted_metrics"], compiled["metrics"] = metrics, None
-            state.all_weighted = True
-        else:
-            compiled["metrics"], compiled["weighted_metrics"] = metrics, weighted
+        if state.template is not replica:
+            compiled["optimizer"] = adapter.fresh_optimizer(args.get("optimizer"))
+            for key in ("metrics", "weighted_metrics"):
+                compiled[key] = step_hooks.map_structure(adapter.fresh_metric, args.get(key)) if args.get(
+                    key) is not None else None
         compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
         state.originals["compile"](replica, **compiled)
+    adapter.check_internals(replica)
+    adapter.install_loss_hook(
+        replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
+    adapter.install_metrics_hook(replica, _on_compiled_metric(replica))
     state.route.prepare_compiled(replica)
 
 
-def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any, **kw: Any) -> Dict[str, Any]:
+def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any, **kw: Any
+                            ) -> Dict[str, Any]:
     bound = inspect.signature(original).bind(replica, *a, **kw)
     bound.apply_defaults()
     args = dict(bound.arguments)
@@ -148,20 +250,26 @@ def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any,
 # --- the replaced methods ---------------------------------------------------------------------
 
 
+def _state(model: Any) -> ParallelState:
+    state = state_of(model)
+    assert state is not None
+    pull_template(model)
+    return state
+
+
 def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1,
          verbose: Any = "auto", callbacks: Any = None, validation_split: float = 0.0,
          validation_data: Any = None, shuffle: Any = True, class_weight: Any = None,
          sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: Any = None,
          validation_steps: Any = None, validation_batch_size: Any = None,
          validation_freq: Any = 1, **kwargs: Any) -> Any:
-    state = state_of(self)
-    assert state is not None
+    state = _state(self)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
     train_feed = state.feed(
-        x, y=y, sample_weight=sample_weight, class_weight=class_weight,
-        batch_size=batch_size, shuffle=shuffle,
+        x, kind="train", model=self, y=y, sample_weight=sample_weight,
+        class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
     )
     if steps_per_epoch is None and train_feed.needs_steps:
         steps_per_epoch = train_feed.steps
@@ -169,8 +277,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     if validation_data is not None:
         vx, vy, vsw = feeds._unpack(validation_data)
         val_feed = state.feed(
-            vx, y=vy, sample_weight=vsw, batch_size=validation_batch_size or batch_size,
-            training=False,
+            vx, kind="test", model=self, y=vy, sample_weight=vsw,
+            batch_size=validation_batch_size or batch_size, training=False,
         )
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
@@ -191,16 +299,15 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
 def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
               verbose: Any = "auto", sample_weight: Any = None, steps: Any = None,
               callbacks: Any = None, return_dict: bool = False, **kwargs: Any) -> Any:
-    state = state_of(self)
-    assert state is not None
+    state = _state(self)
     if kwargs.get("_use_cached_eval_dataset"):
         # fit()'s own validation pass: the data is already a padded feed.
         return state.originals["evaluate"](
             self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
-    feed = state.feed(x, y=y, sample_weight=sample_weight, batch_size=batch_size,
-                      training=False)
+    feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
+                      batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
         steps = feed.steps
     with state.route.scope():
@@ -212,8 +319,7 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
-    state = state_of(self)
-    assert state is not None
+    state = _state(self)
     if cluster.launched():
         # Each worker would only see its own rows; every worker holds all the weights,
         # so each predicts everything on its own (on the template, one device).
@@ -221,32 +327,40 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
         template = state.template
         return type(template).predict(template, x, batch_size=batch_size, verbose=verbose,
                                       steps=steps, callbacks=callbacks, **kwargs)
-    feed = state.feed(x, batch_size=batch_size, predict=True, training=False)
+    feed = state.feed(x, kind="predict", model=self, batch_size=batch_size, training=False)
     with state.route.scope():
         outputs = state.originals["predict"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks, **kwargs
         )
-    return overrides.strip_padding(outputs)
+    return step_hooks.strip_padding(outputs)
 
 
 def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
-    state = state_of(self)
-    assert state is not None
-    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
+    state = _state(self)
+    xb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
     with state.route.scope():
-        logs = state.originals["train_on_batch"](self, xb, yb, sample_weight=packed, **kwargs)
+        logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
     sync_template(self)
     return logs
 
 
 def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
-    state = state_of(self)
-    assert state is not None
-    xb, yb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
+    state = _state(self)
+    xb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
     with state.route.scope():
-        return state.originals["test_on_batch"](self, xb, yb, sample_weight=packed, **kwargs)
+        return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
+
+
+def _placeholder(x: Any) -> Any:
+    """A sample_weight argument for the *_on_batch calls: the bundle carries the real
+    ones, but Keras 3.3-3.9 on JAX fail on `sample_weight=None` there ('NoneType' object
+    has no attribute 'shape' when distributing the batch)."""
+    import numpy as np
+
+    rows = int(feeds._leaves(x)[0].shape[0])
+    return np.ones((rows,), np.float32)
 
 
 def _predict_on_batch(self: Any, x: Any) -> Any:
@@ -267,33 +381,20 @@ def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
         # `template.save()` records the compile configuration like a one-device model.
         fam = state.family
         own = dict(user_args)
-        own["optimizer"] = family_module.fresh_optimizer(fam, user_args.get("optimizer"))
+        own["optimizer"] = fam.fresh_optimizer(user_args.get("optimizer"))
         for key in ("metrics", "weighted_metrics"):
-            own[key] = family_module.map_leaves(
-                lambda m: family_module.fresh_metric(fam, m), user_args.get(key)
-            )
+            if own.get(key) is not None:
+                own[key] = step_hooks.map_structure(fam.fresh_metric, own[key])
         own = {k: v for k, v in own.items() if v is not None or k == "loss"}
         type(template).compile(template, **own)
-
-
-def _get_compile_config(self: Any) -> Any:
-    """The user's compile configuration, not the padding-aware one we compiled with."""
-    state = state_of(self)
-    assert state is not None
-    template = state.template
-    if template is not self and family_module.is_compiled(template):
-        return template.get_compile_config()
-    if state.user_compile is None:
-        return None
-    config_type: Any = type(getattr(self, "_compile_config", None))
-    return config_type(**state.user_compile).serialize()
+        build_template_optimizer(fam, template)
 
 
 def _sync_callback(state: ParallelState, replica: Any) -> Any:
     base = state.family.keras.callbacks.Callback
 
     class SyncTemplate(base):  # type: ignore[misc, valid-type]
-        """Keeps the template holding the trained weights after every epoch."""
+        """Keeps the template holding the training state after every epoch."""
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             state.route.epoch_end(replica)
@@ -310,11 +411,10 @@ _REPLACED: Dict[str, Callable[..., Any]] = {
     "test_on_batch": _test_on_batch,
     "predict_on_batch": _predict_on_batch,
     "compile": _compile,
-    "get_compile_config": _get_compile_config,
 }
 
 
-def attach(replica: Any, template: Any, route: BaseRoute, fam: Family) -> Any:
+def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
     """Make `replica` the parallel model for `template` on `route`; returns `replica`."""
     if is_parallel(replica):
         raise bad_value(
@@ -322,45 +422,53 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Family) -> Any:
             "the original (template) model", "call parallelize() once, on the template",
         )
     klass = type(replica)
-    state = ParallelState(template=template, route=route, family=fam)
-    for name in list(_REPLACED) + ["compute_loss", "compute_metrics", "predict_step"]:
-        state.originals[name] = getattr(klass, name)
+    report = step_hooks.StepReport(fam, route.planner.replicas, type(template).__name__)
+    state = ParallelState(template=template, route=route, family=fam, report=report,
+                          synced_version=_version(template))
+    names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
+                               "compute_metrics"]
+    for name in names:
+        original = getattr(klass, name, None)
+        if original is not None:
+            state.originals[name] = original
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
-    replica.__dict__["compute_loss"] = types.MethodType(
-        overrides.make_compute_loss(fam, state.originals["compute_loss"]), replica
-    )
-    replica.__dict__["compute_metrics"] = types.MethodType(
-        overrides.make_compute_metrics(
-            fam, state.originals["compute_metrics"], lambda: state.all_weighted
-        ),
-        replica,
-    )
+
+    def after(kind: str, frame: step_hooks.Frame, model: Any) -> None:
+        report.after(kind, frame, model, state.has_compiled_loss)
+
+    for name, kind in _STEP_KINDS.items():
+        replica.__dict__[name] = types.MethodType(
+            step_hooks.make_step(fam, state.originals[name], kind, hook_metrics, after), replica)
     replica.__dict__["predict_step"] = types.MethodType(
-        overrides.make_predict_step(fam, state.originals["predict_step"]), replica
-    )
+        step_hooks.make_predict_step(fam, state.originals["predict_step"], hook_metrics), replica)
+    for name in ("compute_loss", "compute_metrics"):
+        if name in state.originals:
+            replica.__dict__[name] = types.MethodType(
+                step_hooks.make_unbundling(state.originals[name]), replica)
     route.prepare_replica(replica)
     return replica
 
 
-def parallel_copy(route: BaseRoute, fam: Family, template: Any) -> Any:
-    """Clone `template` into the route's scope, copy weights, compile like it."""
+def parallel_copy(route: BaseRoute, fam: Adapter, template: Any) -> Any:
+    """Copy `template` into the route's scope, copy its state, compile like it."""
     with route.scope():
-        replica = family_module.clone_model(fam, template)
+        replica = fam.clone_model(template)
         copy_weights(template, replica)
     attach(replica, template, route, fam)
-    if family_module.is_compiled(template):
-        compile_replica(replica, family_module.compile_args(template))
-        carry_optimizer_state(state_of(replica), template.optimizer, replica)  # type: ignore[arg-type]
+    if fam.is_compiled(template):
+        compile_replica(replica, fam.compile_args(template))
+        copy_optimizer_state(fam, template, replica, scope=route.scope())
+        build_template_optimizer(fam, template)
     return replica
 
 
-def adopt(route: BaseRoute, fam: Family, model: Any) -> Any:
+def adopt(route: BaseRoute, fam: Adapter, model: Any) -> Any:
     """A model built in the route's scope trains as it is: no copy, weights shared."""
     attach(model, model, route, fam)
-    if family_module.is_compiled(model):
-        compile_replica(model, family_module.compile_args(model))
+    if fam.is_compiled(model):
+        compile_replica(model, fam.compile_args(model))
     return model

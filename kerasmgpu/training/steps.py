@@ -1,350 +1,350 @@
-"""Per-step overrides that make padded batches give single-device results.
+"""Step hooks that make padded batches give single-device results, whatever the step.
 
-A replica built by kerasmgpu always receives, as its `sample_weight`, the packed
-(rows, 3) array of `kerasmgpu.batching` (scale, mask, user weight). These overrides use
-only Keras's public override points (`compute_loss`, `compute_metrics`,
-`predict_step`, a `Loss` subclass) so they work the same on tf.keras 2.x, tf_keras and
-Keras 3 on every backend:
+Every batch kerasmgpu hands Keras is `(x, bundle)`. The bundle is a dict holding the
+*packing* of the batch - per fed row, the batch's scale `padded / real` and a mask (1
+real, 0 padding), see `kerasmgpu.batching` - and, when the user gave them, the targets
+and sample weights (gathered like the rows). Then:
 
-* losses: each compiled loss is wrapped in `PackedLoss`, which weights rows by
-  `scale * mask * weight` (mean reductions) or `mask * weight` (sums): the exact
-  single-device value and gradient;
-* metrics: padding rows get weight 0 through the metric sample weights (Keras 3: every
-  compiled metric is made a weighted metric) or through a Keras mask (tf.keras 2.x,
-  where unweighted metrics are updated with the mask);
-* the loss tracker: Keras weights each step's loss by the *fed* row count; one extra
-  update with weight `rows * (1/scale - 1)` (negative for padded steps) brings the
-  running mean back to real-count weighting, so epoch losses match single-device ones;
-* predict: the step returns the mask beside the outputs so the padding rows can be
-  dropped whatever the input was.
+* **the step** - the model's own `train_step` / `test_step` / `predict_step`, Keras's
+  or the user's override - is called with the data as the user gave it (`x`, `(x, y)`
+  or `(x, y, sample_weight)`, as `keras.utils.pack_x_y_sample_weight` forms it; JAX's
+  stateless `(state, data)` form included). While it runs, the bundle's packing is this
+  thread's *active packing* (`active()`);
+* **losses** - Keras's compiled loss (what `compute_loss` and `compiled_loss` call)
+  multiplies each row's sample weight by `scale * mask` (mean reductions) or `mask`
+  (sums) while a packing is active: the exact single-device value and gradient;
+* **metrics** - every metric updated during the step with batch-shaped values gets the
+  mask as (part of) its sample weight, so padding rows count for nothing;
+* **loss trackers** - Keras weights each step's loss by the fed row count; while a
+  packing is active that weight is divided by `scale`, i.e. counted by real rows;
+* **predict** - the step returns the mask beside the outputs; padding rows are dropped.
+
+A step that computes its loss outside Keras's compiled loss (a GAN, a VAE trained by
+`add_loss`, a hand-written loss), or updates a metric that takes no sample weight,
+cannot be told about padding. Such a step is exact on batches that divide by the
+replica count; when a batch may be padded kerasmgpu warns once (`StepReport`).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import weakref
-from typing import Any, Callable, Dict, Optional, Tuple
+import contextlib
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from kerasmgpu.adapters import Family
-from kerasmgpu.batching import MASK, PACKED_COLUMNS, SCALE, WEIGHT
+from kerasmgpu.adapters import Adapter
+from kerasmgpu.batching import MASK, SCALE
+from kerasmgpu.data.bundle import (
+    ORDER_KEY,
+    PACKING_KEY,
+    SAMPLE_WEIGHT_KEY,
+    Y_KEY,
+    is_bundle,
+    split,
+)
 
 PRED_KEY = "kerasmgpu_outputs"
 MASK_KEY = "kerasmgpu_mask"
+ORDER_OUT_KEY = "kerasmgpu_order"
 
 # Reductions whose value is a mean over rows: they need the padded/real scale.
-_MEAN_REDUCTIONS = {"sum_over_batch_size", "mean", "auto"}
+MEAN_REDUCTIONS = frozenset({"sum_over_batch_size", "mean", "auto", "mean_with_sample_weight"})
 
 
-def _flatten(structure: Any) -> list:
-    if structure is None:
-        return []
+# --- the active packing ------------------------------------------------------------------
+
+
+@dataclass
+class Frame:
+    """One step's packing, and what the step did with it (read when it returns)."""
+
+    packed: Any
+    loss_weighted: bool = False  # Keras's compiled loss applied the padding weights
+    unweightable_metric: Optional[str] = None  # a metric updated without sample_weight
+
+
+_local = threading.local()
+
+
+def current() -> Optional[Frame]:
+    """This thread's active packing (steps of different replicas run on their own
+    threads under tf.distribute, each with its own)."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def active(packed: Any) -> Iterator[Frame]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    frame = Frame(packed)
+    stack.append(frame)
+    try:
+        yield frame
+    finally:
+        stack.pop()
+
+
+# --- losses ---------------------------------------------------------------------------------
+
+
+def _nested(value: Any) -> bool:
+    return isinstance(value, (dict, list, tuple))
+
+
+def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
+    """`fn` applied to the leaves of nested lists, tuples and dicts."""
     if isinstance(structure, dict):
-        return [leaf for key in sorted(structure) for leaf in _flatten(structure[key])]
+        return {k: map_structure(fn, v) for k, v in structure.items()}
     if isinstance(structure, (list, tuple)):
-        return [leaf for item in structure for leaf in _flatten(item)]
-    return [structure]
-
-
-def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
-    if isinstance(structure, dict):
-        return {k: _map(fn, v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_map(fn, v) for v in structure)
+        return type(structure)(map_structure(fn, v) for v in structure)
     return fn(structure)
 
 
-def is_packed(sample_weight: Any) -> bool:
-    leaves = _flatten(sample_weight)
-    if not leaves:
-        return False
-    shape = getattr(leaves[0], "shape", None)
-    if shape is None or len(shape) != 2:
-        return False
-    # Generator-fed datasets can lose the static width (tf.keras 2.x relaxes it).
-    return shape[-1] in (PACKED_COLUMNS, None)
+def _times(adapter: Adapter, weight: Any, sample_weight: Any) -> Any:
+    """`sample_weight * weight`, broadcast over the sample weight's extra axes."""
+    if sample_weight is None:
+        return weight
+    rank = adapter.rank(sample_weight) or 1
+    return adapter.multiply(sample_weight,
+                            adapter.expand_to_rank(adapter.to_float(weight, like=sample_weight),
+                                                   rank))
 
 
-def first_packed(sample_weight: Any) -> Any:
-    return _flatten(sample_weight)[0]
+def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
+              ) -> Callable[[Any, Any, Any], Any]:
+    """What Keras's compiled loss calls for its sample weight while a packing is active.
+
+    `scaled`: the compiled losses reduce by a mean (weight rows by `scale * mask`) rather
+    than a sum (`mask` alone).
+    """
+
+    def hook(y_true: Any, y_pred: Any, sample_weight: Any) -> Any:
+        frame = current()
+        if frame is None:
+            return sample_weight
+        on_call()
+        frame.loss_weighted = True
+        mask = adapter.column(frame.packed, MASK)
+        weight = adapter.multiply(mask, adapter.column(frame.packed, SCALE)) if scaled else mask
+        if _nested(sample_weight):
+            return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
+        return _times(adapter, weight, sample_weight)
+
+    return hook
 
 
-# --- losses ------------------------------------------------------------------------------
+def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
+    """Whether every loss of a compile `loss=` argument reduces by a mean (True), by a
+    sum (False), or both kinds occur (None)."""
+    kinds = set()
 
-
-def _reduction_name(loss: Any) -> str:
-    return str(getattr(loss, "reduction", "sum_over_batch_size") or "none").lower()
-
-
-@functools.cache
-def packed_loss_type(family: Family) -> type:
-    """`PackedLoss` for this Keras: a `Loss` that reads the packed sample weights."""
-    losses = family.keras.losses
-    base = losses.Loss
-    root = family.keras.__name__.split(".")[0]
-    wrapper: Any = getattr(losses, "LossFunctionWrapper", None)
-    if wrapper is None:  # tf.keras 2.x does not export it
-        wrapper = importlib.import_module(
-            ("keras" if root == "tensorflow" else root) + ".src.losses"
-        ).LossFunctionWrapper
-
-    class PackedLoss(base):  # type: ignore[misc, valid-type]
-        """The user's loss, weighted so padding rows count for nothing."""
-
-        def __init__(self, identifier: Any) -> None:
-            self.identifier = identifier
-            self.owner: Any = None  # weakref to the replica, for its per-output tracker
-            self._inner: Any = None
-            if not (isinstance(identifier, str) and identifier.lower() in ("crossentropy", "ce")):
-                self._inner = self._resolve(identifier)
-            name = getattr(self._inner, "name", None) or str(identifier)
-            reduction = getattr(self._inner, "reduction", None) or (
-                "sum_over_batch_size" if family.keras3 else "auto"
-            )
-            if family.keras3:
-                super().__init__(name=name, reduction=reduction)
-            else:
-                super().__init__(reduction=reduction, name=name)
-
-        @staticmethod
-        def _resolve(identifier: Any) -> Any:
-            loss = losses.get(identifier)
-            if not isinstance(loss, base):
-                name = identifier if isinstance(identifier, str) else getattr(
-                    loss, "__name__", "loss"
-                )
-                loss = wrapper(loss, name=name)
-            if not family.keras3:
-                # tf.keras refuses mean reductions inside a strategy unless the loss
-                # is owned by `compile`; this one is, through the wrapper.
-                loss._allow_sum_over_batch_size = True
-            return loss
-
-        def inner(self, y_true: Any, y_pred: Any) -> Any:
-            if self._inner is None:
-                # "crossentropy" picks binary / sparse / categorical from the shapes,
-                # as Keras 3's compile does (keras/src/trainers/compile_utils.py).
-                compile_utils = importlib.import_module("keras.src.trainers.compile_utils")
-                self._inner = compile_utils.get_loss(self.identifier, y_true, y_pred)
-            return self._inner
-
-        def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
-            inner = self.inner(y_true, y_pred)
-            if not is_packed(sample_weight):
-                return inner(y_true, y_pred, sample_weight=sample_weight)
-            packed = sample_weight
-            weight = packed[:, MASK] * packed[:, WEIGHT]
-            if _reduction_name(inner) in _MEAN_REDUCTIONS:
-                weight = weight * packed[:, SCALE]
-            value = inner(y_true, y_pred, sample_weight=weight)
-            self._correct_output_tracker(value, packed, y_pred)
-            return value
-
-        def _correct_output_tracker(self, value: Any, packed: Any, y_pred: Any) -> None:
-            """Multi-output models track each output's loss too, weighted by fed rows."""
-            model = self.owner() if self.owner is not None else None
-            tracker = _output_loss_tracker(family, model, self) if model is not None else None
-            if tracker is None:
-                return
-            if family.keras3:
-                # Keras 3 weights this tracker by the *static* batch size; when that is
-                # unknown (TF graphs) every step counts once, padded or not: nothing to
-                # correct.
-                if _flatten(y_pred)[0].shape[0] is None:
-                    return
-                value = value * _traced_replicas(family)  # what the tracker receives
-            elif _reduction_name(self._inner) == "sum":
-                value = value * _traced_replicas(family)
-            _reweight_to_real_rows(family, tracker, value, packed)
-
-        def call(self, y_true: Any, y_pred: Any) -> Any:  # pragma: no cover - unused
-            return self._inner.call(y_true, y_pred)
-
-        def get_config(self) -> Dict[str, Any]:
-            inner = self._inner
-            return inner.get_config() if inner is not None else {"name": self.name}
-
-    PackedLoss.__name__ = PackedLoss.__qualname__ = "PackedLoss"
-    return PackedLoss
-
-
-def wrap_losses(family: Family, loss: Any, model: Any = None) -> Any:
-    """Every loss leaf in a `PackedLoss`; one object per output, owned by `model`."""
-    cls = packed_loss_type(family)
-    outputs = len(getattr(model, "outputs", None) or []) if model is not None else 0
-    if outputs > 1 and loss is not None and not isinstance(loss, (list, tuple, dict)):
-        # One loss for every output: Keras would share one object between outputs;
-        # separate objects let each find its own per-output tracker.
-        loss = [loss] * outputs
-
-    def wrap(leaf: Any) -> Any:
+    def visit(leaf: Any) -> None:
         if leaf is None:
-            return leaf
-        identifier: Any = getattr(leaf, "identifier", leaf) if isinstance(leaf, cls) else leaf
-        wrapped = cls(identifier)
-        if model is not None:
-            wrapped.owner = weakref.ref(model)
-        return wrapped
+            return
+        reduction = getattr(leaf, "reduction", None)
+        if reduction is None and not isinstance(leaf, str) and not callable(leaf):
+            return
+        name = str(reduction or "sum_over_batch_size").lower().rsplit(".", 1)[-1]
+        kinds.add(name in MEAN_REDUCTIONS)
 
-    return _map(wrap, loss)
-
-
-def _output_loss_tracker(family: Family, model: Any, loss: Any) -> Any:
-    """The per-output loss `Mean` Keras updates for `loss`, if the model has several."""
-    if family.keras3:
-        container = getattr(model, "_compile_loss", None)
-        flat = getattr(container, "_flat_losses", None) or []
-        trackers = list(getattr(container, "metrics", None) or [])
-        owners = [getattr(entry, "loss", None) for entry in flat]
-    else:
-        container = getattr(model, "compiled_loss", None)
-        trackers = list(getattr(container, "_per_output_metrics", None) or [])
-        owners = list(getattr(container, "_losses", None) or [])
-    if len(trackers) != len(owners) or len(trackers) < 2:
+    map_structure(visit, loss)
+    if len(kinds) > 1:
         return None
-    for owner, tracker in zip(owners, trackers):
-        if owner is loss:
-            return tracker
-    return None
+    return kinds.pop() if kinds else True
 
 
-# --- the overrides --------------------------------------------------------------------------
+# --- metrics ----------------------------------------------------------------------------------
 
 
-def _traced_replicas(family: Family) -> Any:
-    """How many replica traces each add to the loss tracker (TF: one per replica)."""
-    if family.backend == "tensorflow" or not family.keras3:
-        import tensorflow as tf
+def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
+    """A metric's update_state that weights padding rows 0 while a packing is active."""
 
-        return tf.distribute.get_strategy().num_replicas_in_sync
-    return 1
+    def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
+        where = params.index("sample_weight") if "sample_weight" in params else None
 
+        def update_state(*args: Any, **kwargs: Any) -> Any:
+            frame = current()
+            if frame is None:
+                return original(*args, **kwargs)
+            if where is None:
+                frame.unweightable_metric = getattr(metric, "name", type(metric).__name__)
+                return original(*args, **kwargs)
+            args = list(args)
+            weight = kwargs.pop("sample_weight", args.pop(where) if len(args) > where else None)
+            values = args[where - 1] if 0 < where <= len(args) else None
+            if values is None or not adapter.rank(values) or not _same_rows(
+                    adapter, values, frame.packed):
+                # Not one value per row (a scalar, another length): not ours to mask.
+                return original(*args, sample_weight=weight, **kwargs)
+            mask = adapter.column(frame.packed, MASK)
+            if weight is None:
+                weight = mask
+            else:
+                weight = _times(adapter, mask, weight)
+            return original(*args, sample_weight=weight, **kwargs)
 
-def _loss_tracker(family: Family, model: Any) -> Any:
-    if family.keras3:
-        return getattr(model, "_loss_tracker", None)
-    container = getattr(model, "compiled_loss", None)
-    # tf.keras 2.13+ / tf_keras: `_total_loss_mean`; 2.9-2.12: `_loss_metric`.
-    return getattr(container, "_total_loss_mean", None) or getattr(container, "_loss_metric", None)
+        return update_state
 
-
-def correct_tracker(family: Family, model: Any, total: Any, sample_weight: Any) -> None:
-    """Re-weight this step's tracked loss from fed rows to real rows (see module doc)."""
-    tracker = _loss_tracker(family, model)
-    if tracker is None or total is None:
-        return
-    _reweight_to_real_rows(family, tracker, total * _traced_replicas(family),
-                           first_packed(sample_weight))
-
-
-def _reweight_to_real_rows(family: Family, tracker: Any, value: Any, packed: Any) -> None:
-    """Top up a loss tracker that weighted this step by its fed rows: with the extra
-    weight rows * (real/fed - 1) it has counted the step by its real rows."""
-    rows = family.cast(family.rows(packed), "float32")
-    tracked = family.stop_gradient(value)
-    weight = family.cast(rows * (1.0 / packed[0, SCALE] - 1.0), tracked.dtype)
-    tracker.update_state(tracked, sample_weight=weight)
+    return make  # type: ignore[return-value]
 
 
-def make_compute_loss(family: Family, original: Callable[..., Any]) -> Callable[..., Any]:
-    if family.keras3:
-
-        def compute_loss(
-            self: Any,
-            x: Any = None,
-            y: Any = None,
-            y_pred: Any = None,
-            sample_weight: Any = None,
-            training: bool = True,
-        ) -> Any:
-            total = original(self, x, y, y_pred, sample_weight, training=training)
-            if is_packed(sample_weight):
-                correct_tracker(family, self, total, sample_weight)
-            return total
-
-    else:
-
-        def compute_loss(  # type: ignore[misc]
-            self: Any, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None
-        ) -> Any:
-            total = original(self, x, y, y_pred, sample_weight)
-            if is_packed(sample_weight):
-                correct_tracker(family, self, total, sample_weight)
-            return total
-
-    return compute_loss
+def _same_rows(adapter: Adapter, values: Any, packed: Any) -> bool:
+    a, b = adapter.static_rows(values), adapter.static_rows(packed)
+    return a is None or b is None or a == b
 
 
-def _set_mask(family: Family, tensor: Any, mask: Any) -> None:
-    """Attach a Keras mask (padding rows False) to an output, keeping any it has."""
-    if family.keras3:
-        masking = importlib.import_module("keras.src.backend")
-        existing = masking.get_keras_mask(tensor)
-        ops = family.keras.ops
-        mask = ops.cast(mask, "bool")
-        if existing is not None:
-            while len(mask.shape) < len(existing.shape):
-                mask = ops.expand_dims(mask, -1)
-            mask = ops.logical_and(existing, mask)
-        masking.set_keras_mask(tensor, mask)
-    else:
-        import tensorflow as tf
+def tracker_update(adapter: Adapter) -> Callable[[Callable[..., Any], List[str]], Callable[..., Any]]:
+    """A loss tracker's update_state that counts a padded step by its real rows."""
 
-        mask = tf.cast(mask, tf.bool)
-        existing = getattr(tensor, "_keras_mask", None)
-        if existing is not None:
-            while mask.shape.rank < existing.shape.rank:
-                mask = tf.expand_dims(mask, -1)
-            mask = tf.logical_and(existing, mask)
-        tensor._keras_mask = mask
+    def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
+        def update_state(values: Any, sample_weight: Any = None, **kwargs: Any) -> Any:
+            frame = current()
+            if frame is None or sample_weight is None:
+                return original(values, sample_weight=sample_weight, **kwargs)
+            scale = adapter.column(frame.packed, SCALE)[0]
+            rows = adapter.to_float(sample_weight, like=scale)
+            return original(values, sample_weight=rows / scale, **kwargs)
+
+        return update_state
+
+    return make
 
 
-def make_compute_metrics(
-    family: Family, original: Callable[..., Any], all_weighted: Callable[[], bool]
-) -> Callable[..., Any]:
-    def compute_metrics(self: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
-        if not is_packed(sample_weight):
-            return original(self, x, y, y_pred, sample_weight)
-        if family.keras3 and all_weighted():
-            # Every compiled metric was made a weighted one: the mask is its weight.
-            weights = _map(lambda p: p[:, MASK], sample_weight)
-        else:
-            packed = first_packed(sample_weight)
-            for output in _flatten(y_pred):
-                _set_mask(family, output, packed[:, MASK])
-            weights = _map(lambda p: p[:, WEIGHT] * p[:, MASK], sample_weight)
-        return original(self, x, y, y_pred, weights)
-
-    return compute_metrics
+# --- what a step did: the one-time warning --------------------------------------------------
 
 
-def split_predict_data(data: Any) -> Tuple[Any, Optional[Any]]:
-    """Our predict feeds yield (x, packed); anything else is passed through."""
-    if isinstance(data, tuple) and len(data) == 2 and is_packed(data[1]):
-        return data[0], data[1]
-    return data, None
+@dataclass
+class StepReport:
+    """Warns once per step kind when a step cannot be told about padding rows."""
+
+    adapter: Adapter
+    replicas: int
+    model_name: str
+    # Per step kind ("train", "test"): True (a batch will be padded), None (may be), False.
+    pads: Dict[str, Optional[bool]] = field(default_factory=dict)
+    padding_example: Dict[str, str] = field(default_factory=dict)
+    warned: set = field(default_factory=set)
+
+    def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
+        if kind in self.warned or self.pads.get(kind, None) is False:
+            return
+        reasons = []
+        if not frame.loss_weighted:
+            reasons.append(
+                f"its {kind}_step computes the loss without Keras's compiled loss "
+                "(self.compute_loss / self.compiled_loss)" if has_compiled_loss else
+                "it has no compiled loss (its loss comes from add_loss or its own step)")
+        elif self.adapter.has_call_time_losses(model):
+            reasons.append("it adds loss terms computed from the batch (add_loss)")
+        if frame.unweightable_metric:
+            reasons.append(f"its metric {frame.unweightable_metric!r} takes no sample_weight")
+        if not reasons:
+            return
+        self.warned.add(kind)
+        when = self.padding_example.get(kind) or (
+            f"a global batch whose size is not a multiple of {self.replicas}")
+        certainty = "will be" if self.pads.get(kind) else "may be"
+        warnings.warn(
+            f"kerasmgpu: {self.model_name}: {'; '.join(reasons)}, so kerasmgpu cannot keep "
+            f"padding rows out of it. {when[0].upper() + when[1:]} {certainty} padded to a "
+            f"multiple of the {self.replicas} replicas with copies of its own rows, and "
+            "those copies count there: results differ from one device on padded batches "
+            "only. Fix: make the batch size and the number of samples multiples of "
+            f"{self.replicas} (or drop the remainder), or compute the loss with "
+            "self.compute_loss(x, y, y_pred, sample_weight) and metrics that take a "
+            "sample_weight.",
+            stacklevel=2,
+        )
 
 
-def make_predict_step(family: Family, original: Callable[..., Any]) -> Callable[..., Any]:
-    if family.keras3 and family.backend == "jax":
+# --- the step overrides -------------------------------------------------------------------
 
-        def predict_step(self: Any, state: Any, data: Any) -> Any:
-            x, packed = split_predict_data(data)
-            if packed is None:
+
+def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
+              before: Callable[[Any], None],
+              after: Callable[[str, Frame, Any], None]) -> Callable[..., Any]:
+    """The model's own `train_step` / `test_step`, fed the user's data (see module doc)."""
+
+    def run(model: Any, data: Any, call: Callable[[Any], Any]) -> Any:
+        parts = split(data)
+        if parts is None:
+            return call(data)
+        x, y, sample_weight, packed = parts
+        with active(packed) as frame:
+            before(model)
+            result = call(adapter.pack_data(x, y, sample_weight))
+        after(kind, frame, model)
+        return result
+
+    if adapter.stateless_steps:
+
+        def stateless_step(self: Any, state: Any, data: Any) -> Any:
+            return run(self, data, lambda d: original(self, state, d))
+
+        return stateless_step
+
+    def step(self: Any, data: Any) -> Any:
+        return run(self, data, lambda d: original(self, d))
+
+    return step
+
+
+def make_predict_step(adapter: Adapter, original: Callable[..., Any],
+                      before: Callable[[Any], None]) -> Callable[..., Any]:
+    """The model's own `predict_step` on `(x,)`; mask and order travel beside its outputs."""
+
+    def wrap(outputs: Any, data: Any) -> Any:
+        b = data[1]
+        out = {PRED_KEY: outputs, MASK_KEY: adapter.column(b[PACKING_KEY], MASK)}
+        if ORDER_KEY in b:
+            out[ORDER_OUT_KEY] = b[ORDER_KEY]
+        return out
+
+    if adapter.stateless_steps:
+
+        def stateless_step(self: Any, state: Any, data: Any) -> Any:
+            parts = split(data)
+            if parts is None:
                 return original(self, state, data)
-            outputs, non_trainable = original(self, state, (x,))
-            return {PRED_KEY: outputs, MASK_KEY: packed[:, MASK]}, non_trainable
+            with active(parts[3]):
+                before(self)
+                outputs, non_trainable = original(self, state, (parts[0],))
+            return wrap(outputs, data), non_trainable
 
-        return predict_step
+        return stateless_step
 
-    def predict_step_one(self: Any, data: Any) -> Any:
-        x, packed = split_predict_data(data)
-        if packed is None:
+    def step(self: Any, data: Any) -> Any:
+        parts = split(data)
+        if parts is None:
             return original(self, data)
-        outputs = original(self, (x,))
-        return {PRED_KEY: outputs, MASK_KEY: packed[:, MASK]}
+        with active(parts[3]):
+            before(self)
+            outputs = original(self, (parts[0],))
+        return wrap(outputs, data)
 
-    return predict_step_one
+    return step
+
+
+def make_unbundling(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`compute_loss` / `compute_metrics` that accept a bundle in the `y` slot.
+
+    Keras 3 builds a model's losses and metrics before fit/evaluate from a raw batch
+    (`_symbolic_build`); what it unpacks from `(x, bundle)` puts the bundle where `y`
+    goes. Anything else passes through untouched.
+    """
+
+    def unbundled(self: Any, x: Any = None, y: Any = None, y_pred: Any = None,
+                  sample_weight: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if is_bundle(y):
+            with active(y[PACKING_KEY]):
+                return original(self, x, y.get(Y_KEY), y_pred, y.get(SAMPLE_WEIGHT_KEY),
+                                *args, **kwargs)
+        return original(self, x, y, y_pred, sample_weight, *args, **kwargs)
+
+    return unbundled
 
 
 def strip_padding(outputs: Any) -> Any:
@@ -353,5 +353,8 @@ def strip_padding(outputs: Any) -> Any:
 
     if not isinstance(outputs, dict) or MASK_KEY not in outputs:
         return outputs
-    keep = np.asarray(outputs[MASK_KEY]).reshape(-1) > 0.5
-    return _map(lambda leaf: np.asarray(leaf)[keep], outputs[PRED_KEY])
+    keep = np.flatnonzero(np.asarray(outputs[MASK_KEY]).reshape(-1) > 0.5)
+    if ORDER_OUT_KEY in outputs:
+        order = np.asarray(outputs[ORDER_OUT_KEY]).reshape(-1, 2)[keep]
+        keep = keep[np.lexsort((order[:, 1], order[:, 0]))]
+    return map_structure(lambda leaf: np.asarray(leaf)[keep], outputs[PRED_KEY])

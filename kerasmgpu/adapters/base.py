@@ -1,0 +1,349 @@
+"""The surface every Keras-line adapter has, and what all lines share.
+
+An adapter is the only object in kerasmgpu that reaches into Keras: its namespace, the
+few tensor ops the step hooks need, and - in the per-line subclasses - every private
+name (`_attr`, `keras.src.*`, `tensorflow.python.*`). Everything above it (feeds, the
+training hooks, the engines) calls the named methods here, so a Keras release that
+moves an internal breaks one adapter with a clear `InternalsChanged`, never the
+numbers.
+
+Each subclass states the releases it was verified on (`VERIFIED`, from
+`kerasmgpu.env.versions`); `kerasmgpu.adapters.load` refuses a release outside them
+unless the user opts in.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
+
+from packaging.version import Version
+
+from kerasmgpu._errors import bad_type
+from kerasmgpu.env.versions import KerasLine
+
+# Hooks are recorded on the objects they wrap under this attribute, so that a second
+# install (a recompile, a second fit) never stacks a wrapper on a wrapper.
+HOOKED = "_kerasmgpu_hooked"
+
+COMPILE_KEYS = (
+    "optimizer",
+    "loss",
+    "loss_weights",
+    "metrics",
+    "weighted_metrics",
+    "run_eagerly",
+    "steps_per_execution",
+    "jit_compile",
+)
+
+
+class InternalsChanged(RuntimeError):
+    """A Keras internal kerasmgpu relies on is missing or has another shape."""
+
+
+def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
+    if isinstance(structure, dict):
+        return {k: _map(fn, v) for k, v in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        return type(structure)(_map(fn, v) for v in structure)
+    return fn(structure)
+
+
+def _leaves(structure: Any) -> List[Any]:
+    if structure is None:
+        return []
+    if isinstance(structure, dict):
+        return [leaf for key in sorted(structure) for leaf in _leaves(structure[key])]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in _leaves(item)]
+    return [structure]
+
+
+class Adapter:
+    """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
+
+    # [min, below): the releases of this line the tox matrix verifies.
+    VERIFIED: ClassVar[Tuple[Version, Version]]
+    LABEL: ClassVar[str]
+
+    def __init__(self, line: KerasLine, keras: ModuleType, backend: str,
+                 version: Optional[Version]) -> None:
+        self.line = line
+        self.keras = keras
+        self.backend = backend
+        self.version = version
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.LABEL} {self.version} backend={self.backend}>"
+
+    # Adapters are compared and hashed by what they adapt, so that caches keyed on them
+    # (one PackedLoss-style class per line, say) are shared between instances.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Adapter) and (self.line, self.backend) == (other.line,
+                                                                          other.backend)
+
+    def __hash__(self) -> int:
+        return hash((self.line, self.backend))
+
+    @property
+    def keras3(self) -> bool:
+        return self.line is KerasLine.KERAS_3
+
+    @property
+    def stateless_steps(self) -> bool:
+        """Steps take `(state, data)` (Keras 3 on JAX) instead of `(data)`."""
+        return False
+
+    @property
+    def peeks_before_each_run(self) -> bool:
+        """fit/evaluate pull one batch through a throw-away iterator first."""
+        return False
+
+    def fail(self, what: str, detail: str) -> InternalsChanged:
+        """The error for an internal that moved: names the release and the fix."""
+        low, below = self.VERIFIED
+        return InternalsChanged(
+            f"kerasmgpu cannot train on {self.LABEL} {self.version}: {what} ({detail}). "
+            f"kerasmgpu is verified on {self.LABEL} {low} to below {below}, and refuses to "
+            "guess rather than give different numbers. Fix: install a verified release, "
+            f'e.g. `pip install "{self.pin_hint()}"`, or upgrade kerasmgpu.'
+        )
+
+    def pin_hint(self) -> str:
+        low, below = self.VERIFIED
+        return f"{self.DIST}>={low},<{below}"
+
+    DIST: ClassVar[str] = "keras"
+
+    # --- Keras objects ------------------------------------------------------------------
+
+    @property
+    def Model(self) -> type:
+        model_class: type = self.keras.Model
+        return model_class
+
+    def is_model(self, obj: Any) -> bool:
+        return isinstance(obj, self.keras.Model)
+
+    def is_compiled(self, model: Any) -> bool:
+        raise NotImplementedError
+
+    def compile_args(self, model: Any) -> Dict[str, Any]:
+        """The arguments `model.compile()` was called with, as live objects."""
+        raise NotImplementedError
+
+    def pack_data(self, x: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        """Data as Keras hands it to a step: `x`, `(x,)`, `(x, y)` or `(x, y, sw)`."""
+        return self.keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+
+    def python_dataset_type(self) -> type:
+        """`keras.utils.PyDataset` on Keras 3, `Sequence` on Keras 2."""
+        utils = self.keras.utils
+        base: type = getattr(utils, "PyDataset", None) or utils.Sequence
+        return base
+
+    def python_dataset_init(self, instance: Any, **options: Any) -> None:
+        """Initialise a PyDataset subclass (Keras 3 takes worker options, Keras 2 none)."""
+
+    def fresh_optimizer(self, optimizer: Any) -> Any:
+        """A new optimizer with the same configuration, to be built inside a scope.
+
+        An optimizer's variables belong to the device layout it was built under; Keras 3
+        on JAX fails with "Received incompatible devices ... sgd/iteration" when one
+        created outside a `DataParallel` scope is reused, so replicas get a fresh one.
+        """
+        if optimizer is None:
+            return None
+        if isinstance(optimizer, str):
+            return self.keras.optimizers.get(optimizer)
+        try:
+            return type(optimizer).from_config(optimizer.get_config())
+        except Exception as exc:
+            raise bad_type(
+                "optimizer",
+                optimizer,
+                "an optimizer that round-trips through get_config()/from_config()",
+                "build and compile the model inside `with kerasmgpu.scope():` (no copy is "
+                "made then), or give your optimizer a get_config() that from_config() "
+                "accepts",
+            ) from exc
+
+    def fresh_metric(self, metric: Any) -> Any:
+        """Metric objects hold state; a replica gets its own copy, strings stay strings."""
+        if isinstance(metric, self.keras.metrics.Metric):
+            return type(metric).from_config(metric.get_config())
+        return metric
+
+    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+        variables = getattr(optimizer, "variables", None)
+        if callable(variables):  # tf.keras 2.x optimizers expose it as a method
+            variables = variables()
+        return list(variables or [])
+
+    def build_optimizer(self, optimizer: Any, variables: List[Any]) -> None:
+        """Create the optimizer's slots for `variables` (no-op once built)."""
+        build = getattr(optimizer, "build", None)
+        if build is not None:
+            build(variables)
+
+    def clone_model(self, model: Any) -> Any:
+        """A structural copy of `model` (weights are copied by the caller)."""
+        try:
+            clone = self.keras.models.clone_model(model)
+            if len(clone.weights) != len(model.weights) and model.weights:
+                self.build_like(clone, model)
+            if len(clone.weights) != len(model.weights):
+                raise ValueError(
+                    f"the copy has {len(clone.weights)} weights, the model {len(model.weights)}"
+                )
+            return clone
+        except (NotImplementedError, TypeError, ValueError, AttributeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise bad_type(
+                "model",
+                f"a subclassed model that cannot be copied ({type(model).__qualname__}: "
+                f"{first[:160]})",
+                "a Sequential or functional model, or a subclassed model whose get_config() "
+                "and from_config() rebuild it",
+                "build and compile it inside `with kerasmgpu.scope():` and pass it to "
+                "parallelize() (no copy is made then), or implement get_config()",
+                raw=True,
+            ) from exc
+
+    def build_like(self, clone: Any, model: Any) -> None:
+        """Build a subclassed clone for the shapes the original was built for."""
+        raise NotImplementedError
+
+    def model_inputs(self, model: Any) -> Optional[List[Tuple[str, Tuple[Optional[int], ...]]]]:
+        """(name, shape) of each declared model input, or None when unknown."""
+        inputs = None
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):
+            return None
+        if not inputs:
+            return None
+        out = []
+        for tensor in inputs:
+            shape = getattr(tensor, "shape", None)
+            if shape is None:
+                return None
+            dims = tuple(None if d is None else int(d) for d in tuple(shape))
+            name = str(getattr(tensor, "name", "") or "input").split(":")[0]
+            out.append((name, dims))
+        return out
+
+    # --- tensor ops used inside steps ---------------------------------------------------
+
+    @functools.cached_property
+    def _tf(self) -> Any:
+        import tensorflow as tf
+
+        return tf
+
+    def rank(self, x: Any) -> Optional[int]:
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            return 0
+        try:
+            return len(shape)
+        except (TypeError, ValueError):  # a TF shape of unknown rank
+            return None
+
+    def static_rows(self, x: Any) -> Optional[int]:
+        shape = getattr(x, "shape", None)
+        try:
+            value = shape[0] if shape is not None and len(shape) else None
+        except (TypeError, ValueError, IndexError):
+            return None
+        return None if value is None else int(value)
+
+    def column(self, packed: Any, index: int) -> Any:
+        return packed[:, index]
+
+    def to_float(self, x: Any, like: Any = None) -> Any:
+        raise NotImplementedError
+
+    def multiply(self, a: Any, b: Any) -> Any:
+        return a * b
+
+    def expand_to_rank(self, w: Any, rank: int) -> Any:
+        raise NotImplementedError
+
+    def ones_like_rows(self, packed: Any) -> Any:
+        raise NotImplementedError
+
+    # --- hooks the training layer installs -----------------------------------------------
+
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+        """Make Keras's compiled loss call `hook(y_true, y_pred, sample_weight)` for the
+        sample weight it uses (the hook returns it, or a new one)."""
+        raise NotImplementedError
+
+    def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
+        """Call `on_metric(metric)` for every compiled metric before Keras updates it."""
+        raise NotImplementedError
+
+    def loss_trackers(self, model: Any) -> List[Any]:
+        """The loss `Mean`s Keras updates with `sample_weight=<fed rows>` each step."""
+        raise NotImplementedError
+
+    def has_call_time_losses(self, model: Any) -> bool:
+        """Whether the last call added losses computed from its inputs (add_loss)."""
+        raise NotImplementedError
+
+    def metric_leaves(self, model: Any) -> List[Any]:
+        """Every Metric object of the model, containers flattened."""
+        out: List[Any] = []
+        seen: set = set()
+
+        def visit(metric: Any) -> None:
+            if id(metric) in seen:
+                return
+            seen.add(id(metric))
+            inner = self.inner_metrics(metric)
+            if inner:
+                for m in inner:
+                    visit(m)
+            else:
+                out.append(metric)
+
+        for metric in list(getattr(model, "metrics", None) or []):
+            visit(metric)
+        return out
+
+    def inner_metrics(self, metric: Any) -> List[Any]:
+        """The metrics a container metric holds ([] for a plain metric)."""
+        return []
+
+    def wrap_update_state(self, metric: Any,
+                          make: Callable[[Callable[..., Any], List[str]], Callable[..., Any]]
+                          ) -> bool:
+        """Replace `metric.update_state` by `make(original, params)`, once.
+
+        `params` names update_state's parameters as the class declares them (tf.keras
+        wraps the bound method on each instance, hiding its signature). Returns True if
+        the metric was wrapped now.
+        """
+        if metric.__dict__.get(HOOKED):
+            return False
+        params = [name for name in inspect.signature(type(metric).update_state).parameters
+                  if name != "self"]
+        original = metric.update_state
+        metric.__dict__["update_state"] = make(original, params)
+        metric.__dict__[HOOKED] = True
+        return True
+
+    def check_internals(self, model: Any) -> None:
+        """Raise `InternalsChanged` if an internal the hooks need is not where expected."""
+
+    # --- engines ------------------------------------------------------------------------
+
+    def distribution_strategy_of(self, model: Any) -> Any:
+        return None
+
+    def equalize_replica_state(self, model: Any, strategy: Any) -> None:
+        """Make every replica's copy of non-trainable state equal (BatchNorm moments)."""

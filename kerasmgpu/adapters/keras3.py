@@ -1,0 +1,203 @@
+"""Keras 3 (TensorFlow, JAX and PyTorch backends): every internal kerasmgpu touches.
+
+Verified on the releases of `env.versions.KERAS3_VERIFIED` (the tox matrix runs the
+oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
+
+* `model._compile_loss` (a `CompileLoss`): its `call` is wrapped on the instance so
+  the padding weights join the sample weight of every compiled loss; its `metrics` are
+  the per-output loss trackers (3.5+; absent before, so `getattr(..., [])`).
+* `model._compile_metrics` (a `CompileMetrics`): its `update_state` is wrapped on the
+  instance, and its `metrics` (public property) lists the metrics it builds lazily.
+* `model._loss_tracker`: the `Mean` every backend's step updates with the fed rows.
+* `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers.
+* `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
+* `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, List, Optional
+
+from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.env.versions import verified_range
+
+
+class Keras3(Adapter):
+    LABEL = "Keras"
+    DIST = "keras"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        span = verified_range(self.line, self.backend)
+        assert span is not None
+        self.VERIFIED = span
+
+    @property
+    def stateless_steps(self) -> bool:
+        return self.backend == "jax"
+
+    @property
+    def peeks_before_each_run(self) -> bool:
+        # With a strategy active, Keras 3 on TF builds the model from a batch pulled
+        # through a fresh iterator before fit/evaluate (`_maybe_symbolic_build`).
+        return self.backend == "tensorflow"
+
+    def is_compiled(self, model: Any) -> bool:
+        return bool(getattr(model, "compiled", False))
+
+    def compile_args(self, model: Any) -> Dict[str, Any]:
+        config = getattr(getattr(model, "_compile_config", None), "config", None)
+        if not isinstance(config, dict):
+            raise self.fail("a compiled model has no `_compile_config.config`",
+                            f"found {type(getattr(model, '_compile_config', None)).__name__}")
+        args = {k: v for k, v in config.items() if k in COMPILE_KEYS}
+        args["optimizer"] = getattr(model, "optimizer", None) or args.get("optimizer")
+        return args
+
+    def python_dataset_init(self, instance: Any, **options: Any) -> None:
+        type(instance).__mro__[1].__init__(instance, **options)
+
+    def build_like(self, clone: Any, model: Any) -> None:
+        clone.build_from_config(model.get_build_config())
+
+    # --- ops ------------------------------------------------------------------------------
+
+    def to_float(self, x: Any, like: Any = None) -> Any:
+        ops = self.keras.ops
+        dtype = getattr(like, "dtype", None) or "float32"
+        return ops.cast(x, dtype)
+
+    def multiply(self, a: Any, b: Any) -> Any:
+        return self.keras.ops.multiply(a, b)
+
+    def expand_to_rank(self, w: Any, rank: int) -> Any:
+        ops = self.keras.ops
+        while len(w.shape) < rank:
+            w = ops.expand_dims(w, -1)
+        return w
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def _compile_loss(self, model: Any) -> Any:
+        return getattr(model, "_compile_loss", None)
+
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+        container = self._compile_loss(model)
+        if container is None:
+            return  # compiled without a loss: only add_loss terms, nothing to weight
+        if getattr(container, HOOKED, False):
+            container.__dict__[HOOKED + "_fn"] = hook
+            return
+        original = getattr(container, "call", None)
+        if original is None or not callable(original):
+            raise self.fail("`CompileLoss.call` is missing", type(container).__name__)
+
+        def call(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            current = container.__dict__[HOOKED + "_fn"]
+            return original(y_true, y_pred, current(y_true, y_pred, sample_weight))
+
+        container.__dict__["call"] = call
+        container.__dict__[HOOKED + "_fn"] = hook
+        container.__dict__[HOOKED] = True
+
+    def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
+        container = getattr(model, "_compile_metrics", None)
+        if container is None:
+            return
+        container.__dict__[HOOKED + "_fn"] = on_metric
+        if getattr(container, HOOKED, False):
+            return
+        original = container.update_state
+
+        def update_state(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            if not container.built:
+                # Built lazily from the first batch; build now so that the metrics it
+                # makes can be hooked before this very update.
+                container.build(y_true, y_pred)
+            for metric in self.inner_metrics(container):
+                container.__dict__[HOOKED + "_fn"](metric)
+            return original(y_true, y_pred, sample_weight)
+
+        container.__dict__["update_state"] = update_state
+        container.__dict__[HOOKED] = True
+
+    def inner_metrics(self, metric: Any) -> List[Any]:
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, (list, tuple)):
+            flat: List[Any] = []
+            for m in inner:
+                nested = self.inner_metrics(m)
+                flat.extend(nested if nested else [m])
+            return [m for m in flat if m is not None]
+        return []
+
+    def loss_trackers(self, model: Any) -> List[Any]:
+        trackers = []
+        total = getattr(model, "_loss_tracker", None)
+        if total is not None:
+            trackers.append(total)
+        container = self._compile_loss(model)
+        if container is not None:
+            # Per-output loss trackers (Keras >= 3.5); they exist once the container is
+            # built, which fit's symbolic build does before the first step.
+            trackers.extend(list(getattr(container, "metrics", None) or []))
+        return trackers
+
+    def has_call_time_losses(self, model: Any) -> bool:
+        for layer in [model, *model._flatten_layers(include_self=False)]:
+            if getattr(layer, "_losses", None):
+                return True
+        return False
+
+    def check_internals(self, model: Any) -> None:
+        if not self.is_compiled(model):
+            return
+        if getattr(model, "_loss_tracker", None) is None:
+            raise self.fail("a compiled model has no `_loss_tracker`",
+                            "the loss Mean that Keras weights by fed rows")
+        container = self._compile_loss(model)
+        if container is not None and not callable(getattr(container, "call", None)):
+            raise self.fail("`_compile_loss.call` is missing", type(container).__name__)
+        if not hasattr(model, "_compile_metrics"):
+            raise self.fail("a compiled model has no `_compile_metrics`", "CompileMetrics")
+        if not hasattr(model, "_flatten_layers"):
+            raise self.fail("models have no `_flatten_layers`", "layer traversal")
+
+    # --- engines ----------------------------------------------------------------------------
+
+    def distribution_strategy_of(self, model: Any) -> Any:
+        return getattr(model, "_distribute_strategy", None)
+
+    def random_seed(self) -> Optional[int]:
+        """The seed given to `keras.utils.set_random_seed`, or None."""
+        rng_utils = importlib.import_module("keras.src.utils.rng_utils")
+        getter = getattr(rng_utils, "get_random_seed", None)
+        if getter is None:
+            raise self.fail("`keras.src.utils.rng_utils.get_random_seed` is missing",
+                            "needed to agree on a seed across processes")
+        seed: Optional[int] = getter()
+        return seed
+
+    def equalize_replica_state(self, model: Any, strategy: Any) -> None:
+        if strategy is None:
+            return
+        _equalize_on_read(model.non_trainable_variables, strategy)
+
+
+def _equalize_on_read(variables: List[Any], strategy: Any) -> None:
+    """Give every replica the aggregated value of its sync-on-read variables.
+
+    BatchNormalization's moving statistics are sync-on-read under tf.distribute: each
+    replica updates its own copy from its shard, and reading outside a replica gives
+    their mean. The template receives that mean; without this the parallel model would
+    keep predicting with per-replica values that differ from it.
+    """
+    import tensorflow as tf
+
+    with strategy.scope():
+        for variable in variables:
+            value = getattr(variable, "value", variable)
+            target = value if hasattr(value, "assign") else variable
+            if isinstance(target, tf.Variable) or hasattr(target, "assign"):
+                target.assign(tf.convert_to_tensor(target.read_value()))

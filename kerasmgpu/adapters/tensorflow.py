@@ -1,0 +1,40 @@
+"""TensorFlow's own runtime internals (tf.distribute), shared by every TF-backed line.
+
+Not a Keras line: the `mirrored` engine drives tf.distribute the same way under tf.keras
+2.x, tf_keras and Keras 3 on TensorFlow. Verified on TensorFlow 2.12-2.21 (the TF
+releases of the tox matrix). What is touched:
+
+* `MirroredStrategy._collective_key_base`, read by `__init__`: every strategy numbers
+  its collective groups from 1 + this base (0 by default), so a second strategy of
+  another size in one process (gpus=2, then gpus=3) joins the first one's groups and
+  aborts ("Device CPU:0 is joining a group with size3, but that group has size 2").
+* `strategy.extended._cross_device_ops` / `_collective_ops`: only to name the
+  all-reduce in `describe()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, List
+
+_KEY_RANGE = 1_000_000
+_key_bases = itertools.count(1)
+
+
+def new_mirrored_strategy(devices: List[str]) -> Any:
+    """A MirroredStrategy over `devices` whose collective keys clash with no other."""
+    import tensorflow as tf
+
+    cls = tf.distribute.MirroredStrategy
+    strategy = cls.__new__(cls)
+    strategy._collective_key_base = next(_key_bases) * _KEY_RANGE
+    strategy.__init__(devices=devices)
+    return strategy
+
+
+def all_reduce_name(strategy: Any) -> str:
+    """The class name of the strategy's all-reduce implementation (for describe())."""
+    extended = strategy.extended
+    ops = getattr(extended, "_cross_device_ops", None) or getattr(
+        extended, "_collective_ops", None)
+    return type(ops).__name__ if ops is not None else "unknown"

@@ -1,0 +1,208 @@
+"""tf.keras 2.x (the `keras` 2.12-2.15 package behind `tf.keras`) and tf_keras 2.16+.
+
+Verified on the releases of `env.versions` (`TF_KERAS_*`, `TF_KERAS_LEGACY_*`; the tox
+matrix runs tf.keras 2.12, 2.13, 2.15 and tf_keras 2.16, 2.18, 2.21). What is read or
+wrapped here:
+
+* `model.compiled_loss` (a `LossesContainer`): replaced on the instance by a proxy whose
+  call adds the padding weights to the sample weight; `build(y_pred)` and `built` are
+  used to build it first. Its loss trackers: `_total_loss_mean` (2.13+) or
+  `_loss_metric` (2.12), and `_per_output_metrics`.
+* `model.compiled_metrics` (a `MetricsContainer`): `update_state` wrapped on the
+  instance; `build(y_pred, y_true)`, `built` and `metrics`.
+* `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
+  `_user_losses` / `_user_metrics` ...), `model._distribution_strategy`,
+  `model._build_input_shape` (2.12, for subclassed copies), `layer._losses`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.adapters.keras3 import _equalize_on_read
+from kerasmgpu.env.versions import (
+    TF_KERAS_LEGACY_MIN,
+    TF_KERAS_LEGACY_VERIFIED_BELOW,
+    TF_KERAS_MIN,
+    TF_KERAS_VERIFIED_BELOW,
+    KerasLine,
+)
+
+
+class _CompiledLoss:
+    """Stands in for `model.compiled_loss`: Keras's own container, with our weights.
+
+    `LossesContainer.__call__` is where tf.keras (and every custom `train_step` written
+    in its style: `self.compiled_loss(y, y_pred, regularization_losses=self.losses)`)
+    computes the compiled loss; a special method cannot be replaced on an instance, so
+    the model gets this proxy, which forwards everything else to the container.
+    """
+
+    def __init__(self, container: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+        self.__dict__["_kerasmgpu_container"] = container
+        self.__dict__["_kerasmgpu_fn"] = hook
+        self.__dict__[HOOKED] = True
+
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None,
+                 regularization_losses: Any = None) -> Any:
+        container = self.__dict__["_kerasmgpu_container"]
+        if not container.built:
+            container.build(y_pred)
+        weights = self.__dict__["_kerasmgpu_fn"](y_true, y_pred, sample_weight)
+        return container(y_true, y_pred, sample_weight=weights,
+                         regularization_losses=regularization_losses)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_kerasmgpu_container"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_kerasmgpu_container"], name, value)
+
+
+class TfKeras2(Adapter):
+    DIST = "tensorflow"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.line is KerasLine.TF_KERAS_LEGACY:
+            self.VERIFIED = (TF_KERAS_LEGACY_MIN, TF_KERAS_LEGACY_VERIFIED_BELOW)
+            self.LABEL = "tf_keras"
+            self.DIST = "tf-keras"
+        else:
+            self.VERIFIED = (TF_KERAS_MIN, TF_KERAS_VERIFIED_BELOW)
+            self.LABEL = "tf.keras"
+
+    def is_compiled(self, model: Any) -> bool:
+        return bool(getattr(model, "_is_compiled", False))
+
+    def compile_args(self, model: Any) -> Dict[str, Any]:
+        config = getattr(getattr(model, "_compile_config", None), "config", None)
+        if isinstance(config, dict):
+            args = {k: v for k, v in config.items() if k in COMPILE_KEYS}
+        else:  # tf.keras 2.12 keeps them only on the containers
+            loss = self._container(model, "compiled_loss")
+            metrics = self._container(model, "compiled_metrics")
+            if loss is None or not hasattr(loss, "_user_losses"):
+                raise self.fail("a compiled model has no `compiled_loss._user_losses`",
+                                "the compile arguments")
+            args = {
+                "loss": loss._user_losses,
+                "loss_weights": getattr(loss, "_user_loss_weights", None),
+                "metrics": getattr(metrics, "_user_metrics", None),
+                "weighted_metrics": getattr(metrics, "_user_weighted_metrics", None),
+            }
+        args["optimizer"] = getattr(model, "optimizer", None) or args.get("optimizer")
+        for key in ("run_eagerly", "jit_compile"):
+            private = getattr(model, "_" + key, None)
+            if private is not None:
+                args.setdefault(key, private)
+        return args
+
+    def build_like(self, clone: Any, model: Any) -> None:
+        get_config = getattr(model, "get_build_config", None)
+        if get_config is not None and getattr(clone, "build_from_config", None) is not None:
+            config = get_config()
+            if config:
+                clone.build_from_config(config)
+                return
+        shape = getattr(model, "_build_input_shape", None)
+        if shape is None:
+            raise ValueError("the model was not built with a known input shape")
+        clone.build(shape)
+
+    # --- ops ------------------------------------------------------------------------------
+
+    def to_float(self, x: Any, like: Any = None) -> Any:
+        tf = self._tf
+        dtype = getattr(like, "dtype", None) or tf.float32
+        return tf.cast(x, dtype)
+
+    def expand_to_rank(self, w: Any, rank: int) -> Any:
+        tf = self._tf
+        while w.shape.rank is not None and w.shape.rank < rank:
+            w = tf.expand_dims(w, -1)
+        return w
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _container(model: Any, name: str) -> Any:
+        value = model.__dict__.get(name)
+        if isinstance(value, _CompiledLoss):
+            return value.__dict__["_kerasmgpu_container"]
+        return getattr(model, name, None)
+
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+        container = self._container(model, "compiled_loss")
+        if container is None:
+            return
+        model.__dict__["compiled_loss"] = _CompiledLoss(container, hook)
+
+    def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
+        container = getattr(model, "compiled_metrics", None)
+        if container is None:
+            return
+        container.__dict__[HOOKED + "_fn"] = on_metric
+        if container.__dict__.get(HOOKED):
+            return
+        original = container.update_state
+
+        def update_state(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            if not container.built:
+                container.build(y_pred, y_true)
+            for metric in container.metrics:
+                container.__dict__[HOOKED + "_fn"](metric)
+            return original(y_true, y_pred, sample_weight)
+
+        container.__dict__["update_state"] = update_state
+        container.__dict__[HOOKED] = True
+
+    def loss_trackers(self, model: Any) -> List[Any]:
+        container = self._container(model, "compiled_loss")
+        if container is None:
+            return []
+        trackers = []
+        # 2.13+: `_total_loss_mean`; 2.12: `_loss_metric`.
+        total = getattr(container, "_total_loss_mean", None) or getattr(
+            container, "_loss_metric", None)
+        if total is not None:
+            trackers.append(total)
+        per_output = getattr(container, "_per_output_metrics", None) or []
+        trackers.extend(m for m in per_output if m is not None)
+        return trackers
+
+    def has_call_time_losses(self, model: Any) -> bool:
+        for layer in [model, *model._flatten_layers(include_self=False)]:
+            if getattr(layer, "_losses", None):
+                return True
+        return False
+
+    def check_internals(self, model: Any) -> None:
+        if not self.is_compiled(model):
+            return
+        loss = self._container(model, "compiled_loss")
+        if loss is not None:
+            for name in ("build", "built"):
+                if not hasattr(loss, name):
+                    raise self.fail(f"`compiled_loss.{name}` is missing", type(loss).__name__)
+            if getattr(loss, "_total_loss_mean", None) is None and getattr(
+                    loss, "_loss_metric", None) is None:
+                raise self.fail("`compiled_loss` has no loss tracker",
+                                "_total_loss_mean / _loss_metric")
+        metrics = getattr(model, "compiled_metrics", None)
+        if metrics is not None and not all(hasattr(metrics, n) for n in ("build", "built",
+                                                                       "metrics")):
+            raise self.fail("`compiled_metrics` lacks build/built/metrics", type(metrics).__name__)
+        if not hasattr(model, "_flatten_layers"):
+            raise self.fail("models have no `_flatten_layers`", "layer traversal")
+
+    # --- engines ----------------------------------------------------------------------------
+
+    def distribution_strategy_of(self, model: Any) -> Any:
+        return getattr(model, "_distribution_strategy", None)
+
+    def equalize_replica_state(self, model: Any, strategy: Any) -> None:
+        if strategy is None:
+            return
+        _equalize_on_read(model.non_trainable_variables, strategy)

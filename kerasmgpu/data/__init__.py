@@ -1,0 +1,1 @@
+"""User input -> padded global batches (`feeds`), each `(x, bundle)` (`bundle`)."""

@@ -1,0 +1,59 @@
+"""The second element of every batch kerasmgpu feeds: `(x, bundle)`.
+
+The bundle is a dict holding the *packing* of the batch (per fed row, the batch's scale
+`padded / real` and a mask 1 real / 0 padding, see `kerasmgpu.batching`) and, when the
+user gave them, the targets and sample weights, gathered like the rows. Its keys are
+part of the structure a traced step is specialised on, so only present parts have one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+PACKING_KEY = "kerasmgpu_packing"
+Y_KEY = "y"
+SAMPLE_WEIGHT_KEY = "sample_weight"
+# Predict only: (rows, 2) int32, the batch number and each fed row's position in it.
+# Keras 3.3-3.9 on JAX hand the shards of a batch to the devices in set order
+# (`distribute_data_input` zips them with `layout.addressable_devices`), so the rows of
+# a predicted batch can come back permuted; the order key puts them back.
+ORDER_KEY = "kerasmgpu_order"
+
+
+def bundle(packed: Any, y: Any = None, sample_weight: Any = None, order: Any = None
+           ) -> Dict[str, Any]:
+    out: Dict[str, Any] = {PACKING_KEY: packed}
+    if order is not None:
+        out[ORDER_KEY] = order
+    if y is not None:
+        out[Y_KEY] = y
+    if sample_weight is not None:
+        out[SAMPLE_WEIGHT_KEY] = sample_weight
+    return out
+
+
+def is_bundle(obj: Any) -> bool:
+    return isinstance(obj, dict) and PACKING_KEY in obj
+
+
+def order_key(batch: int, rows: int) -> np.ndarray:
+    """The ORDER_KEY array of batch number `batch` with `rows` fed rows."""
+    key = np.empty((rows, 2), np.int32)
+    key[:, 0] = batch
+    key[:, 1] = np.arange(rows, dtype=np.int32)
+    return key
+
+
+def split(data: Any) -> Optional[Tuple[Any, Any, Any, Any]]:
+    """(x, y, sample_weight, packed) of a batch kerasmgpu fed; None for any other data.
+
+    `(x, bundle)` from a feed, or `(x, bundle, placeholder)` from the *_on_batch calls
+    (Keras packs their `x, y, sample_weight` arguments as they are; the bundle holds the
+    real sample weights).
+    """
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3) and is_bundle(data[1]):
+        b = data[1]
+        return data[0], b.get(Y_KEY), b.get(SAMPLE_WEIGHT_KEY), b[PACKING_KEY]
+    return None

@@ -1,0 +1,1 @@
+"""The parallel model (`model`) and the step hooks that keep padding out (`steps`)."""
