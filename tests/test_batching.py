@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from kerasmgpu import batching
 
+pytestmark = pytest.mark.core
+
 sizes = st.integers(min_value=1, max_value=600)
 replicas = st.integers(min_value=1, max_value=16)
 

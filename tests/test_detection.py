@@ -15,6 +15,8 @@ from kerasmgpu.env import versions as detection
 from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
 
+pytestmark = pytest.mark.core
+
 
 def _fake_versions(monkeypatch: pytest.MonkeyPatch, versions: Dict[str, Optional[str]]) -> None:
     def dist_version(name: str) -> Optional[Version]:
@@ -109,8 +111,20 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
     assert not kerasmgpu.is_chief()
 
 
-def test_too_old_releases_are_named() -> None:
-    assert "needs >= 2.9" in detection.unsupported_version(KerasLine.TF_KERAS, Version("2.8.4"))
-    assert "needs >= 3.3" in detection.unsupported_version(KerasLine.KERAS_3, Version("3.1.0"))
-    assert detection.unsupported_version(KerasLine.TF_KERAS, Version("2.15.0")) is None
-    assert detection.unsupported_version(KerasLine.LEGACY, Version("2.3.1")) is None
+def test_releases_outside_the_verified_ranges_are_named(monkeypatch) -> None:
+    monkeypatch.delenv(detection.UNVERIFIED_OK_ENV, raising=False)
+    unsupported = detection.unsupported_version
+    assert "needs >= 2.12" in unsupported(KerasLine.TF_KERAS, Version("2.11.1"))
+    assert unsupported(KerasLine.TF_KERAS, Version("2.12.0")) is None
+    assert unsupported(KerasLine.TF_KERAS, Version("2.15.1")) is None
+    assert "needs >= 3.3" in unsupported(KerasLine.KERAS_3, Version("3.2.1"), "jax")
+    assert unsupported(KerasLine.KERAS_3, Version("3.3.3"), "jax") is None
+    # Keras 3 on TensorFlow: wrong under MirroredStrategy before 3.10 (compat/README.md).
+    assert "needs >= 3.10" in unsupported(KerasLine.KERAS_3, Version("3.8.0"), "tensorflow")
+    assert unsupported(KerasLine.KERAS_3, Version("3.15.1"), "tensorflow") is None
+    assert "verified below 3.16" in unsupported(KerasLine.KERAS_3, Version("3.16.0"), "jax")
+    assert unsupported(KerasLine.KERAS_3, Version("3.15.2rc1"), "jax") is None
+    assert unsupported(KerasLine.LEGACY, Version("2.3.1")) is None
+    monkeypatch.setenv(detection.UNVERIFIED_OK_ENV, "1")
+    assert unsupported(KerasLine.KERAS_3, Version("3.16.0"), "jax") is None
+    assert "needs >= 3.3" in unsupported(KerasLine.KERAS_3, Version("3.2.1"), "jax")

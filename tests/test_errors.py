@@ -8,7 +8,7 @@ from helpers import IN_PROCESS, ON_JAX, VIRTUAL, keras_module, mlp, requires
 
 import kerasmgpu
 
-pytestmark = requires(in_process=True)
+pytestmark = [requires(in_process=True), pytest.mark.core]
 if IN_PROCESS:
     keras = keras_module()
 
@@ -113,7 +113,9 @@ def test_subclassed_model_that_cannot_be_cloned() -> None:
     with pytest.raises(TypeError) as info:
         kerasmgpu.parallelize(net, gpus=2)
     text = _message(info)
-    assert "kerasmgpu.scope()" in text
+    # Our fix comes first; what Keras said follows it.
+    assert text.index("Fix:") < text.index("What Keras said"), text
+    assert "kerasmgpu.scope()" in text.split("What Keras said")[0]
     for a, b in zip(before, net.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -166,3 +168,46 @@ def test_subclassed_model_with_a_config_is_cloned_and_trains() -> None:
     np.testing.assert_allclose(h1.history["loss"], h2.history["loss"], rtol=1e-5)
     for a, b in zip(single.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# --- data mistakes: our errors, the same on every route, before anything runs ------------
+
+
+@pytest.fixture
+def fresh_pmodel():
+    template = mlp(keras)
+    pmodel = kerasmgpu.parallelize(template, gpus=2)
+    before = [w.copy() for w in template.get_weights()]
+    yield pmodel
+    for a, b in zip(before, template.get_weights()):  # nothing trained
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(before, pmodel.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_zero_rows(fresh_pmodel) -> None:
+    empty = np.zeros((0, 20), "float32")
+    with pytest.raises(ValueError) as info:
+        fresh_pmodel.fit(empty, np.zeros(0, "int64"), verbose=0)
+    assert "0 rows" in _message(info)
+    with pytest.raises(ValueError, match="0 rows"):
+        fresh_pmodel.evaluate(empty, np.zeros(0, "int64"), verbose=0)
+
+
+def test_row_counts_name_each_array(fresh_pmodel) -> None:
+    x = np.zeros((10, 20), "float32")
+    with pytest.raises(ValueError) as info:
+        fresh_pmodel.fit(x, np.zeros(9, "int64"), sample_weight=np.ones(11), verbose=0)
+    text = _message(info)
+    assert "x has 10" in text and "y has 9" in text and "sample_weight has 11" in text
+
+
+def test_feature_width_names_the_input_and_both_shapes(fresh_pmodel) -> None:
+    x = np.zeros((1001, 19), "float32")
+    with pytest.raises(ValueError) as info:
+        fresh_pmodel.fit(x, np.zeros(1001, "int64"), batch_size=50, verbose=0)
+    text = _message(info)
+    # Global shapes, not a replica's slice of them.
+    assert "(1001, 19)" in text and "(None, 20)" in text, text
+    with pytest.raises(ValueError, match=r"\(1001, 19\)"):
+        fresh_pmodel.predict(x, verbose=0)

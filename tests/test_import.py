@@ -22,6 +22,8 @@ CODE = f"""
 import json, sys
 before = set(sys.modules)
 import kerasmgpu
+
+pytestmark = pytest.mark.core
 kerasmgpu.Route, kerasmgpu.KerasLine, kerasmgpu.environment()
 new = {{m.split(".")[0] for m in set(sys.modules) - before}}
 imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]

@@ -42,6 +42,7 @@ from helpers import (
 import kerasmgpu
 from kerasmgpu import legacy
 from kerasmgpu.env.devices import Device
+from kerasmgpu.env.versions import KerasLine
 
 pytestmark = pytest.mark.skipif(
     not (IN_PROCESS or ON_LEGACY),
@@ -95,8 +96,9 @@ def _marker_data() -> Any:
 # --- multi_gpu_model trains like one device ---------------------------------------------
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("gpus", _gpus_params())
-def test_multi_gpu_model_trains_like_one_device(gpus: Any) -> None:
+def test_multi_gpu_model_trains_like_one_device(gpus: Any, tmp_path: Any) -> None:
     single = mlp(keras)
     template = mlp(keras, compile=False)  # as in the Keras docs: compile the result
     pmodel = legacy.multi_gpu_model(template, gpus=gpus)
@@ -109,6 +111,13 @@ def test_multi_gpu_model_trains_like_one_device(gpus: Any) -> None:
     assert_history_close(h1, h2)
     assert_weights_close(single, template)  # "save the template model" saves these
     assert_weights_close(single, pmodel)
+    # The saved template predicts what the parallel model and one device predict.
+    path = str(tmp_path / ("template.keras" if LINE is KerasLine.KERAS_3 else "template.h5"))
+    template.save(path)
+    loaded = keras.models.load_model(path)
+    expected = single.predict(X, batch_size=47, verbose=0)
+    np.testing.assert_allclose(loaded.predict(X, batch_size=47, verbose=0), expected, atol=1e-5)
+    np.testing.assert_allclose(pmodel.predict(X, batch_size=47, verbose=0), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -165,6 +174,7 @@ def test_more_gpus_than_exist_says_what_exists() -> None:
         legacy.multi_gpu_model(mlp(keras, compile=False), gpus=[0, too_many])
 
 
+@pytest.mark.core
 @pytest.mark.parametrize(
     "gpus,error",
     [("2", TypeError), (True, TypeError), (2.0, TypeError), ([0, "1"], TypeError),
@@ -227,6 +237,7 @@ def test_make_parallel_bad_gpu_count(gpu_count: Any, error: type) -> None:
         legacy.make_parallel(mlp(keras, compile=False), gpu_count)
 
 
+@pytest.mark.core
 def test_make_parallel_drops_nothing() -> None:
     """keras-extras' slices dropped `rows % gpu_count` rows; the last row must train here.
 

@@ -37,6 +37,7 @@ def _pair(**build: object):
     return mlp(keras, **build), mlp(keras, **build)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_done_when_1001_samples_batch_50(replicas: int) -> None:
     """The issue's acceptance case: batch 50 over 1001 samples, built outside any scope."""
@@ -57,6 +58,7 @@ def test_done_when_1001_samples_batch_50(replicas: int) -> None:
     np.testing.assert_allclose(p1, p2, atol=1e-5)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize(
     "rows,batch",
     [(101, 50), (7, 4), (3, 10), (64, 32)],
@@ -74,6 +76,7 @@ def test_any_batch_and_dataset_size(rows: int, batch: int) -> None:
     assert pmodel.predict(x, batch_size=batch, verbose=0).shape == (rows, 3)
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_sample_weight_class_weight_and_validation(replicas: int) -> None:
     rng = np.random.default_rng(3)
@@ -113,6 +116,7 @@ def _python_batches(x: np.ndarray, y: np.ndarray, batch: int):
     return Batches()
 
 
+@pytest.mark.core
 def test_pydataset_or_sequence_input() -> None:
     single, template = _pair()
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
@@ -137,6 +141,7 @@ def test_generator_input() -> None:
     assert_weights_close(single, template)
 
 
+@pytest.mark.core
 @requires(tf=True)
 def test_tf_data_input_with_partial_batch() -> None:
     import tensorflow as tf
@@ -154,6 +159,7 @@ def test_tf_data_input_with_partial_batch() -> None:
     np.testing.assert_allclose(p, single.predict(X, verbose=0), atol=1e-5)
 
 
+@pytest.mark.core
 def test_on_batch_calls() -> None:
     single, template = _pair()
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
@@ -188,6 +194,7 @@ def test_uncompiled_template_is_compiled_on_the_result(tmp_path) -> None:
                                rtol=1e-5)
 
 
+@pytest.mark.core
 def test_compiled_template_optimizer_state_is_carried() -> None:
     single = mlp(keras, optimizer=keras.optimizers.Adam(1e-2))
     template = mlp(keras, optimizer=keras.optimizers.Adam(1e-2))

@@ -98,6 +98,11 @@ class Adapter:
         return False
 
     @property
+    def weights_follow_output_rank(self) -> bool:
+        """Expand the padding weights to each output's rank (see Keras3)."""
+        return False
+
+    @property
     def peeks_before_each_run(self) -> bool:
         """fit/evaluate pull one batch through a throw-away iterator first."""
         return False
@@ -201,17 +206,20 @@ class Adapter:
                 )
             return clone
         except (NotImplementedError, TypeError, ValueError, AttributeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise bad_type(
+            # Ours first: the fix must not sit below twenty lines of Keras's message.
+            error = bad_type(
                 "model",
-                f"a subclassed model that cannot be copied ({type(model).__qualname__}: "
-                f"{first[:160]})",
+                f"a subclassed model that cannot be copied ({type(model).__qualname__})",
                 "a Sequential or functional model, or a subclassed model whose get_config() "
                 "and from_config() rebuild it",
                 "build and compile it inside `with kerasmgpu.scope():` and pass it to "
                 "parallelize() (no copy is made then), or implement get_config()",
                 raw=True,
-            ) from exc
+            )
+            detail = " ".join(str(exc).split())
+            error.args = (f"{error.args[0]}\n(What Keras said when copying it: "
+                          f"{type(exc).__name__}: {detail[:400]})",)
+            raise error from exc
 
     def build_like(self, clone: Any, model: Any) -> None:
         """Build a subclassed clone for the shapes the original was built for."""
@@ -272,6 +280,11 @@ class Adapter:
 
     def expand_to_rank(self, w: Any, rank: int) -> Any:
         raise NotImplementedError
+
+    def unscale_for_replicas(self, loss: Any) -> Any:
+        """A loss as one device computes it, from what Keras's compiled loss returned
+        inside a replica (identity where Keras does not scale for distribution)."""
+        return loss
 
     def ones_like_rows(self, packed: Any) -> Any:
         raise NotImplementedError

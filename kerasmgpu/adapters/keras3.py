@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional
 
+from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
 from kerasmgpu.env.versions import verified_range
 
@@ -36,6 +37,14 @@ class Keras3(Adapter):
     @property
     def stateless_steps(self) -> bool:
         return self.backend == "jax"
+
+    @property
+    def weights_follow_output_rank(self) -> bool:
+        # Keras 3 multiplies a (batch,) sample weight into the loss values as they are:
+        # a per-element loss of shape (batch, 4) does not broadcast against it (tf.keras
+        # weights per row). A (batch, 1, ...) weight broadcasts against both, and Keras
+        # squeezes it where the loss values have one axis less.
+        return True
 
     @property
     def peeks_before_each_run(self) -> bool:
@@ -58,6 +67,20 @@ class Keras3(Adapter):
     def python_dataset_init(self, instance: Any, **options: Any) -> None:
         type(instance).__mro__[1].__init__(instance, **options)
 
+    def clone_model(self, model: Any) -> Any:
+        # Keras 3.9+ compile a functional clone from the model's *serialized* compile
+        # config (models/cloning.py), which fails for losses and metrics that do not
+        # serialize (a local function) - and kerasmgpu compiles the copy itself, with the
+        # live objects. Clone the model as if uncompiled.
+        compiled = bool(getattr(model, "compiled", False))
+        if not compiled:
+            return super().clone_model(model)
+        model.compiled = False
+        try:
+            return super().clone_model(model)
+        finally:
+            model.compiled = compiled
+
     def build_like(self, clone: Any, model: Any) -> None:
         clone.build_from_config(model.get_build_config())
 
@@ -76,6 +99,17 @@ class Keras3(Adapter):
         while len(w.shape) < rank:
             w = ops.expand_dims(w, -1)
         return w
+
+    def unscale_for_replicas(self, loss: Any) -> Any:
+        # Keras 3 on TensorFlow divides every loss by the replica count inside a
+        # tf.distribute replica (losses/loss.py scale_loss_for_distribution; its own
+        # steps multiply back before tracking). JAX and torch see global values.
+        if self.backend != "tensorflow":
+            return loss
+        import tensorflow as tf
+
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -182,22 +216,9 @@ class Keras3(Adapter):
     def equalize_replica_state(self, model: Any, strategy: Any) -> None:
         if strategy is None:
             return
-        _equalize_on_read(model.non_trainable_variables, strategy)
-
-
-def _equalize_on_read(variables: List[Any], strategy: Any) -> None:
-    """Give every replica the aggregated value of its sync-on-read variables.
-
-    BatchNormalization's moving statistics are sync-on-read under tf.distribute: each
-    replica updates its own copy from its shard, and reading outside a replica gives
-    their mean. The template receives that mean; without this the parallel model would
-    keep predicting with per-replica values that differ from it.
-    """
-    import tensorflow as tf
-
-    with strategy.scope():
-        for variable in variables:
-            value = getattr(variable, "value", variable)
-            target = value if hasattr(value, "assign") else variable
-            if isinstance(target, tf.Variable) or hasattr(target, "assign"):
-                target.assign(tf.convert_to_tensor(target.read_value()))
+        # BatchNormalization's moving statistics are mirrored on-write variables in
+        # Keras 3 whose per-replica copies each follow their own shard (reads return
+        # replica 0's); kerasmgpu averages them, so every replica and the template hold
+        # one state.
+        tf_internals.equalize_across_replicas(
+            [getattr(v, "value", v) for v in model.non_trainable_variables], strategy)

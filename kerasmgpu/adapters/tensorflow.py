@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, List
 
+import numpy as np
+
 _KEY_RANGE = 1_000_000
 _key_bases = itertools.count(1)
 
@@ -38,3 +40,20 @@ def all_reduce_name(strategy: Any) -> str:
     ops = getattr(extended, "_cross_device_ops", None) or getattr(
         extended, "_collective_ops", None)
     return type(ops).__name__ if ops is not None else "unknown"
+
+
+def equalize_across_replicas(variables: List[Any], strategy: Any) -> None:
+    """Give every replica's copy of each variable the mean of the copies.
+
+    Uses public tf.distribute calls only (`experimental_local_results`, a cross-replica
+    `assign`, which sets every copy of a mirrored or MEAN sync-on-read variable).
+    """
+    with strategy.scope():
+        for variable in variables:
+            copies = strategy.experimental_local_results(variable)
+            if len(copies) <= 1:
+                continue
+            values = [np.asarray(copy) for copy in copies]
+            if all(np.array_equal(values[0], other) for other in values[1:]):
+                continue
+            variable.assign(np.mean(values, axis=0).astype(values[0].dtype))

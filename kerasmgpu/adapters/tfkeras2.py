@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
+from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
-from kerasmgpu.adapters.keras3 import _equalize_on_read
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -205,4 +205,7 @@ class TfKeras2(Adapter):
     def equalize_replica_state(self, model: Any, strategy: Any) -> None:
         if strategy is None:
             return
-        _equalize_on_read(model.non_trainable_variables, strategy)
+        # BatchNormalization's moving statistics are sync-on-read (MEAN) here: each
+        # replica updates its own copy from its shard and reads outside a replica give
+        # their mean, which the template receives; the replicas get it too.
+        tf_internals.equalize_across_replicas(model.non_trainable_variables, strategy)

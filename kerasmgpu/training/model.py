@@ -46,11 +46,14 @@ class ParallelState:
     route: BaseRoute
     family: Adapter
     report: step_hooks.StepReport
-    user_compile: Optional[Dict[str, Any]] = None
     has_compiled_loss: bool = False
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
     synced_version: int = 0
     warned_optimizer: bool = False
+    # Step kinds whose step is the user's own ("train", "test"), not Keras's.
+    custom_steps: set = field(default_factory=set)
+    # The train metrics' results, read before fit's validation pass resets them.
+    train_results: Optional[Dict[str, Any]] = None
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              **kwargs: Any) -> feeds.Feed:
@@ -63,9 +66,7 @@ class ParallelState:
         feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x,
                            inputs=inputs, predict=kind == "predict", **kwargs)
         if kind != "predict":
-            self.report.pads[kind] = feed.pads
-            if feed.padding_example:
-                self.report.padding_example[kind] = feed.padding_example
+            self.report.feeding(kind, feed.pads, feed.padding_example)
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
@@ -210,16 +211,7 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
     assert state is not None
     adapter = state.family
     args = {k: v for k, v in args.items() if v is not None or k == "loss"}
-    scaled = step_hooks.reduction_is_mean(adapter, args.get("loss"))
-    if scaled is None:
-        raise bad_value(
-            "loss", args.get("loss"),
-            "losses that all reduce by a mean (the default) or all by a sum",
-            "give every output's loss the same `reduction`, or train with batches that "
-            "divide by the replica count",
-        )
-    state.user_compile = dict(args)
-    state.has_compiled_loss = args.get("loss") is not None
+    scaled = _loss_scaling(adapter, args.get("loss"))
     compiled = dict(args)
     with state.route.scope():
         if state.template is not replica:
@@ -229,6 +221,29 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
                     key) is not None else None
         compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
         state.originals["compile"](replica, **compiled)
+    install_hooks(replica, args.get("loss"), scaled)
+
+
+def _loss_scaling(adapter: Adapter, loss: Any) -> bool:
+    scaled = step_hooks.reduction_is_mean(adapter, loss)
+    if scaled is None:
+        raise bad_value(
+            "loss", loss,
+            "losses that all reduce by a mean (the default) or all by a sum",
+            "give every output's loss the same `reduction`, or train with batches that "
+            "divide by the replica count",
+        )
+    return scaled
+
+
+def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> None:
+    """Hook a compiled replica's loss, metrics and loss trackers (no recompile)."""
+    state = state_of(replica)
+    assert state is not None
+    adapter = state.family
+    if scaled is None:
+        scaled = _loss_scaling(adapter, loss)
+    state.has_compiled_loss = loss is not None
     adapter.check_internals(replica)
     adapter.install_loss_hook(
         replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
@@ -283,7 +298,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    callbacks = state.route.worker_callbacks(list(callbacks or [])) + [_sync_callback(state, self)]
+    callbacks = ([_logs_callback(state, self)] + state.route.worker_callbacks(list(callbacks or []))
+                 + [_sync_callback(state, self)])
     with state.route.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
@@ -302,19 +318,50 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
     state = _state(self)
     if kwargs.get("_use_cached_eval_dataset"):
         # fit()'s own validation pass: the data is already a padded feed.
-        return state.originals["evaluate"](
+        if "train" in state.custom_steps:
+            state.train_results = _metric_results(self)
+        results = state.originals["evaluate"](
             self, x, y, batch_size=batch_size, verbose=verbose, sample_weight=sample_weight,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
+        return _fixed_results(state, self, results, return_dict)
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
         steps = feed.steps
     with state.route.scope():
-        return state.originals["evaluate"](
+        results = state.originals["evaluate"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks,
-            return_dict=return_dict, **kwargs,
+            return_dict=return_dict or "test" in state.custom_steps, **kwargs,
         )
+    return _fixed_results(state, self, results, return_dict)
+
+
+def _metric_results(model: Any) -> Dict[str, Any]:
+    import numpy as np
+
+    out = {}
+    for key, value in dict(model.get_metrics_result()).items():
+        array = np.asarray(value)
+        out[key] = float(array) if array.ndim == 0 else array
+    return out
+
+
+def _fixed_results(state: ParallelState, model: Any, results: Any, return_dict: bool) -> Any:
+    """A user's own test_step returns what each replica's metrics read locally (e.g.
+    `{m.name: m.result() ...}` inside a tf.distribute replica), and replicas hold
+    unequal real-row counts when a batch was padded; the metrics' own results, read
+    across replicas, are the one-device numbers."""
+    if "test" not in state.custom_steps or not isinstance(results, dict):
+        return results
+    fixed = dict(results)
+    for key, value in _metric_results(model).items():
+        if key in fixed:
+            fixed[key] = value
+    if return_dict:
+        return fixed
+    values = list(fixed.values())
+    return values[0] if len(values) == 1 else values
 
 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
@@ -390,6 +437,27 @@ def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
         build_template_optimizer(fam, template)
 
 
+def _logs_callback(state: ParallelState, replica: Any) -> Any:
+    """First of the callbacks: an epoch's logs as one device reports them.
+
+    A user's own train_step returns what each replica's metrics read locally; Keras
+    averages those over the replicas, which is the one-device figure only when every
+    replica saw as many real rows. The metrics' results read across replicas are.
+    """
+    base = state.family.keras.callbacks.Callback
+
+    class OneDeviceLogs(base):  # type: ignore[misc, valid-type]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            results, state.train_results = state.train_results, None
+            if "train" not in state.custom_steps or logs is None:
+                return
+            for key, value in (results or _metric_results(replica)).items():
+                if key in logs:
+                    logs[key] = value
+
+    return OneDeviceLogs()
+
+
 def _sync_callback(state: ParallelState, replica: Any) -> Any:
     base = state.family.keras.callbacks.Callback
 
@@ -431,6 +499,9 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
         original = getattr(klass, name, None)
         if original is not None:
             state.originals[name] = original
+    for name, kind in _STEP_KINDS.items():
+        if not _is_keras_own(state.originals[name]):
+            state.custom_steps.add(kind)
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state
@@ -453,6 +524,11 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
     return replica
 
 
+def _is_keras_own(function: Any) -> bool:
+    module = getattr(function, "__module__", "") or ""
+    return module.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+
+
 def parallel_copy(route: BaseRoute, fam: Adapter, template: Any) -> Any:
     """Copy `template` into the route's scope, copy its state, compile like it."""
     with route.scope():
@@ -470,5 +546,7 @@ def adopt(route: BaseRoute, fam: Adapter, model: Any) -> Any:
     """A model built in the route's scope trains as it is: no copy, weights shared."""
     attach(model, model, route, fam)
     if fam.is_compiled(model):
-        compile_replica(model, fam.compile_args(model))
+        # Compiled in scope by the user (maybe through its own compile signature, as a
+        # GAN's): hook what is there, recompile nothing.
+        install_hooks(model, fam.compile_args(model).get("loss"))
     return model

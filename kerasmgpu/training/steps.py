@@ -129,11 +129,48 @@ def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
         frame.loss_weighted = True
         mask = adapter.column(frame.packed, MASK)
         weight = adapter.multiply(mask, adapter.column(frame.packed, SCALE)) if scaled else mask
-        if _nested(sample_weight):
-            return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
-        return _times(adapter, weight, sample_weight)
+        if not adapter.weights_follow_output_rank:
+            if _nested(sample_weight):
+                return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
+            return _times(adapter, weight, sample_weight)
+        return _per_output(adapter, weight, sample_weight, y_pred)
 
     return hook
+
+
+def _per_output(adapter: Adapter, weight: Any, sample_weight: Any, y_pred: Any) -> Any:
+    """The padding weight times the sample weight, shaped for each output's rank."""
+
+    def one(w: Any, output: Any) -> Any:
+        combined = _times(adapter, weight, w)
+        return adapter.expand_to_rank(combined, max(adapter.rank(output) or 1,
+                                                    adapter.rank(combined) or 1))
+
+    if _nested(y_pred):
+        if _nested(sample_weight) and _same_structure(sample_weight, y_pred):
+            return _zip_map(one, sample_weight, y_pred)
+        if _nested(sample_weight):
+            return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
+        return map_structure(lambda output: one(sample_weight, output), y_pred)
+    if _nested(sample_weight):
+        return map_structure(lambda w: one(w, y_pred), sample_weight)
+    return one(sample_weight, y_pred)
+
+
+def _same_structure(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same_structure(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_structure(x, y) for x, y in zip(a, b))
+    return not _nested(a) and not _nested(b)
+
+
+def _zip_map(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    if isinstance(a, dict):
+        return {k: _zip_map(fn, a[k], b[k]) for k in a}
+    if isinstance(a, (list, tuple)):
+        return type(a)(_zip_map(fn, x, y) for x, y in zip(a, b))
+    return fn(a, b)
 
 
 def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
@@ -184,6 +221,8 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
                 weight = mask
             else:
                 weight = _times(adapter, mask, weight)
+            if adapter.weights_follow_output_rank:
+                weight = adapter.expand_to_rank(weight, adapter.rank(values) or 1)
             return original(*args, sample_weight=weight, **kwargs)
 
         return update_state
@@ -202,8 +241,16 @@ def tracker_update(adapter: Adapter) -> Callable[[Callable[..., Any], List[str]]
     def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
         def update_state(values: Any, sample_weight: Any = None, **kwargs: Any) -> Any:
             frame = current()
-            if frame is None or sample_weight is None:
+            if frame is None:
                 return original(values, sample_weight=sample_weight, **kwargs)
+            if sample_weight is None:
+                # A step of the user's own tracks the loss itself (the Keras guides:
+                # `metric.update_state(loss)`). What it got from Keras's compiled loss
+                # is divided by the replica count where Keras scales losses for
+                # tf.distribute; one device tracks the whole value.
+                if frame.loss_weighted:
+                    values = adapter.unscale_for_replicas(values)
+                return original(values, **kwargs)
             scale = adapter.column(frame.packed, SCALE)[0]
             rows = adapter.to_float(sample_weight, like=scale)
             return original(values, sample_weight=rows / scale, **kwargs)
@@ -218,7 +265,12 @@ def tracker_update(adapter: Adapter) -> Callable[[Callable[..., Any], List[str]]
 
 @dataclass
 class StepReport:
-    """Warns once per step kind when a step cannot be told about padding rows."""
+    """Warns once per step kind when a step cannot be told about padding rows.
+
+    What a step does is learned when it is traced (`after`); whether a batch will be
+    padded when a feed is built (`pads`). Either may come first - a traced step is
+    reused by later calls - so each of them checks.
+    """
 
     adapter: Adapter
     replicas: int
@@ -226,11 +278,11 @@ class StepReport:
     # Per step kind ("train", "test"): True (a batch will be padded), None (may be), False.
     pads: Dict[str, Optional[bool]] = field(default_factory=dict)
     padding_example: Dict[str, str] = field(default_factory=dict)
+    # Per step kind: why its step cannot be told about padding ([] when it can).
+    opaque: Dict[str, List[str]] = field(default_factory=dict)
     warned: set = field(default_factory=set)
 
     def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
-        if kind in self.warned or self.pads.get(kind, None) is False:
-            return
         reasons = []
         if not frame.loss_weighted:
             reasons.append(
@@ -241,7 +293,19 @@ class StepReport:
             reasons.append("it adds loss terms computed from the batch (add_loss)")
         if frame.unweightable_metric:
             reasons.append(f"its metric {frame.unweightable_metric!r} takes no sample_weight")
-        if not reasons:
+        if reasons or kind not in self.opaque:
+            self.opaque[kind] = reasons
+        self.check(kind)
+
+    def feeding(self, kind: str, pads: Optional[bool], example: Optional[str]) -> None:
+        self.pads[kind] = pads
+        if example:
+            self.padding_example[kind] = example
+        self.check(kind)
+
+    def check(self, kind: str) -> None:
+        reasons = self.opaque.get(kind)
+        if not reasons or kind in self.warned or self.pads.get(kind, None) is False:
             return
         self.warned.add(kind)
         when = self.padding_example.get(kind) or (

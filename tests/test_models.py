@@ -1,0 +1,402 @@
+"""The models of the Keras guides, on 2 and 3 devices, against one device.
+
+Written from the patterns the Keras guides teach (our own code): a custom `train_step`
+on each backend (TensorFlow's GradientTape, JAX's stateless step), `fit(x)` without
+targets for a model trained by `add_loss`, a GAN with two optimizers, multi-input /
+multi-output models with dict inputs and per-output losses and metrics, per-element
+and sequence losses, BatchNormalization and Dropout, a Sequential without an `Input`.
+Where the math allows (no randomness, no per-replica batch statistics) the parallel
+model must give one device's numbers; elsewhere it must train, and the template and the
+parallel model must agree.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from helpers import (
+    IN_PROCESS,
+    LINE,
+    ON_JAX,
+    REPLICAS,
+    assert_history_close,
+    assert_weights_close,
+    deterministic_weights,
+    keras_module,
+    requires,
+    seed_all,
+)
+
+import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
+
+pytestmark = requires(in_process=True)
+
+if IN_PROCESS:
+    keras = keras_module()
+KERAS3 = LINE is KerasLine.KERAS_3
+
+RNG = np.random.default_rng(7)
+X = RNG.normal(size=(61, 6)).astype("float32")
+Y = (X @ RNG.normal(size=(6, 1)) + 0.1 * RNG.normal(size=(61, 1))).astype("float32")
+
+
+def _guide_model_class():
+    """The "Customizing what happens in fit()" model: its own train_step, `x, y = data`."""
+    if ON_JAX:
+        import jax
+
+        class GuideModel(keras.Model):
+            def compute_loss_and_updates(self, trainable, non_trainable, x, y, training=False):
+                y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x,
+                                                            training=training)
+                loss = self.compute_loss(x, y, y_pred)
+                return loss, (y_pred, non_trainable)
+
+            def train_step(self, state, data):
+                trainable, non_trainable, optimizer_vars, metrics_vars = state
+                x, y = data
+                grad_fn = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+                (loss, (y_pred, non_trainable)), grads = grad_fn(
+                    trainable, non_trainable, x, y, training=True)
+                trainable, optimizer_vars = self.optimizer.stateless_apply(
+                    optimizer_vars, grads, trainable)
+                new_metrics_vars, logs = [], {}
+                for metric in self.metrics:
+                    start = len(new_metrics_vars)
+                    this = metrics_vars[start:start + len(metric.variables)]
+                    if metric.name == "loss":
+                        this = metric.stateless_update_state(this, loss)
+                    else:
+                        this = metric.stateless_update_state(this, y, y_pred)
+                    logs[metric.name] = metric.stateless_result(this)
+                    new_metrics_vars += this
+                return logs, (trainable, non_trainable, optimizer_vars, new_metrics_vars)
+
+        return GuideModel
+    import tensorflow as tf
+
+    if KERAS3:
+
+        class GuideModel(keras.Model):
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    y_pred = self(x, training=True)
+                    loss = self.compute_loss(y=y, y_pred=y_pred)
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply(gradients, self.trainable_variables)
+                for metric in self.metrics:
+                    if metric.name == "loss":
+                        metric.update_state(loss)
+                    else:
+                        metric.update_state(y, y_pred)
+                return {m.name: m.result() for m in self.metrics}
+
+        return GuideModel
+
+    class GuideModel(keras.Model):  # tf.keras / tf_keras guide form
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compiled_loss(y, y_pred, regularization_losses=self.losses)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            self.compiled_metrics.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    return GuideModel
+
+
+def _guide_model():
+    seed_all(keras, 3)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(5, activation="tanh")(inputs)
+    model = _guide_model_class()(inputs, keras.layers.Dense(1)(hidden))
+    deterministic_weights(model, 3)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_custom_train_step_gets_x_y_and_matches_one_device(replicas: int) -> None:
+    """61 rows, batch 10: the last batch (1 row) is padded; the guide's step is exact."""
+    single, template = _guide_model(), _guide_model()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1 = single.fit(X, Y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # exact: no padding warning expected
+        h2 = pmodel.fit(X, Y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+    np.testing.assert_allclose(single.predict(X, verbose=0), pmodel.predict(X, verbose=0),
+                               atol=1e-5)
+
+
+def _autoencoder(units: int = 3):
+    """Trained by `add_loss` only: the reconstruction error is added by a layer."""
+
+    class Reconstruction(keras.layers.Layer):
+        def call(self, inputs):
+            original, rebuilt = inputs
+            ops = keras.ops if KERAS3 else __import__("tensorflow").math
+            self.add_loss(ops.reduce_mean(ops.square(original - rebuilt)) if not KERAS3
+                          else ops.mean(ops.square(original - rebuilt)))
+            return rebuilt
+
+    seed_all(keras, 5)
+    inputs = keras.Input((6,))
+    code = keras.layers.Dense(units, activation="tanh")(inputs)
+    rebuilt = keras.layers.Dense(6)(code)
+    model = keras.Model(inputs, Reconstruction()([inputs, rebuilt]))
+    deterministic_weights(model, 5)
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    return model
+
+
+@pytest.mark.core
+def test_fit_without_targets_add_loss_model() -> None:
+    """fit(x) with no y: exact when the batches divide; a padded batch is announced."""
+    replicas = REPLICAS[-1]
+    x = X[:60]
+    single, template = _autoencoder(), _autoencoder()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    batch = 6 * replicas  # divides: no padding anywhere
+    h1 = single.fit(x, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        h2 = pmodel.fit(x, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+    # 61 rows leave a padded last batch: the add_loss term cannot be told about it.
+    with pytest.warns(UserWarning, match="add_loss|no compiled loss") as record:
+        pmodel.fit(X, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    message = str(record[0].message)
+    assert f"multiple of the {replicas} replicas" in message and "Fix:" in message
+
+
+def _two_headed():
+    """Dict inputs, two named outputs, a loss and a metric per output."""
+    seed_all(keras, 11)
+    a = keras.Input((4,), name="a")
+    b = keras.Input((3,), name="b")
+    merged = keras.layers.Concatenate()([a, b])
+    hidden = keras.layers.Dense(6, activation="relu")(merged)
+    score = keras.layers.Dense(1, name="score")(hidden)
+    label = keras.layers.Dense(3, activation="softmax", name="label")(hidden)
+    model = keras.Model({"a": a, "b": b}, {"score": score, "label": label})
+    deterministic_weights(model, 11)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss={"score": "mse", "label": "sparse_categorical_crossentropy"},
+        loss_weights={"score": 1.0, "label": 0.5},
+        metrics={"score": ["mae"], "label": ["accuracy"]},
+    )
+    return model
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_dict_inputs_and_per_output_losses_and_metrics(replicas: int) -> None:
+    inputs = {"a": X[:, :4], "b": X[:, 3:6]}
+    targets = {"score": Y, "label": (np.abs(Y[:, 0]) * 3).astype("int64") % 3}
+    single, template = _two_headed(), _two_headed()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    kwargs = dict(batch_size=10, epochs=2, shuffle=False, verbose=0,
+                  validation_data=(inputs, targets))
+    h1 = single.fit(inputs, targets, **kwargs)
+    h2 = pmodel.fit(inputs, targets, **kwargs)
+    assert_history_close(h1, h2, rtol=2e-5)
+    assert_weights_close(single, template)
+    e1 = single.evaluate(inputs, targets, batch_size=7, verbose=0, return_dict=True)
+    e2 = pmodel.evaluate(inputs, targets, batch_size=7, verbose=0, return_dict=True)
+    assert e1.keys() == e2.keys()
+    for key in e1:
+        np.testing.assert_allclose(e1[key], e2[key], rtol=2e-5, err_msg=key)
+    p1, p2 = single.predict(inputs, batch_size=7, verbose=0), pmodel.predict(
+        inputs, batch_size=7, verbose=0)
+    for key in ("score", "label"):
+        np.testing.assert_allclose(p1[key], p2[key], atol=1e-5)
+
+
+def _per_element(units: int = 4):
+    """Keras 2.3's multi-input test model: output (batch, 4), a loss without a mean."""
+    seed_all(keras, 13)
+    left, right = keras.Input((5,)), keras.Input((3,))
+    merged = keras.layers.Concatenate()([keras.layers.Dense(units)(left), right])
+    model = keras.Model([left, right], keras.layers.Dense(units)(merged))
+    deterministic_weights(model, 13)
+
+    def per_element(y_true, y_pred):  # (batch, 4): no reduction over the last axis
+        return (y_true - y_pred) ** 2
+
+    model.compile(optimizer=keras.optimizers.SGD(0.02), loss=per_element)
+    return model
+
+
+@pytest.mark.core
+def test_per_element_loss_with_padding() -> None:
+    replicas = 2
+    xs = [X[:, :5], X[:, 3:6]]
+    ys = np.tile(Y, (1, 4))
+    single, template = _per_element(), _per_element()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1 = single.fit(xs, ys, batch_size=9, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(xs, ys, batch_size=9, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
+def _sequence_tagger():
+    """Per-timestep outputs (batch, time, classes) and per-timestep targets."""
+    seed_all(keras, 17)
+    inputs = keras.Input((5, 3))
+    hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+    outputs = keras.layers.Dense(3, activation="softmax")(hidden)
+    model = keras.Model(inputs, outputs)
+    deterministic_weights(model, 17)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_sequence_outputs_with_temporal_weights() -> None:
+    replicas = REPLICAS[-1]
+    x = RNG.normal(size=(43, 5, 3)).astype("float32")
+    y = RNG.integers(0, 3, size=(43, 5)).astype("int64")
+    temporal = RNG.uniform(0.0, 2.0, size=(43, 5)).astype("float32")
+    single, template = _sequence_tagger(), _sequence_tagger()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1 = single.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+    if KERAS3:  # tf.keras wants sample_weight_mode="temporal" for 2-D weights
+        e1 = single.evaluate(x, y, sample_weight=temporal, batch_size=8, verbose=0)
+        e2 = pmodel.evaluate(x, y, sample_weight=temporal, batch_size=8, verbose=0)
+        np.testing.assert_allclose(e1, e2, rtol=1e-5)
+
+
+def test_sequential_without_input() -> None:
+    def build():
+        seed_all(keras, 19)
+        model = keras.Sequential([keras.layers.Dense(4, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    single, template = build(), build()
+    single.build((None, 6))
+    template.build((None, 6))
+    deterministic_weights(single, 19)
+    deterministic_weights(template, 19)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    h1 = single.fit(X, Y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(X, Y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
+def _batchnorm_dropout():
+    seed_all(keras, 23)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8)(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    hidden = keras.layers.Activation("relu")(hidden)
+    hidden = keras.layers.Dropout(0.3)(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_batchnorm_template_and_parallel_model_agree(replicas: int) -> None:
+    """Per-replica statistics can't equal one device's, but after training the template
+    and the parallel model hold the same state: they predict and evaluate alike."""
+    template = _batchnorm_dropout()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    pmodel.fit(X, Y, batch_size=12, epochs=3, verbose=0)
+    moving = [w for w in template.weights if "moving" in w.name]
+    assert moving and all(np.abs(np.asarray(w)).sum() > 0 for w in moving)
+    np.testing.assert_allclose(template.predict(X, verbose=0), pmodel.predict(X, verbose=0),
+                               atol=1e-5)
+    np.testing.assert_allclose(template.evaluate(X, Y, verbose=0),
+                               pmodel.evaluate(X, Y, verbose=0), rtol=1e-5)
+
+
+def _gan():
+    """The guide's GAN: two sub-models, two optimizers, its own train_step."""
+    latent = 4
+    seed_all(keras, 29)
+    generator = keras.Sequential([keras.Input((latent,)), keras.layers.Dense(6)])
+    discriminator = keras.Sequential([keras.Input((6,)),
+                                      keras.layers.Dense(1, activation="sigmoid")])
+
+    if ON_JAX:
+        return None  # the stateless JAX form of a GAN is its own guide; covered by JAX's step
+
+    import tensorflow as tf
+
+    class GAN(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.generator, self.discriminator = generator, discriminator
+            self.d_tracker = keras.metrics.Mean(name="d_loss")
+            self.g_tracker = keras.metrics.Mean(name="g_loss")
+
+        def call(self, x):
+            return self.discriminator(x)
+
+        @property
+        def metrics(self):
+            return [self.d_tracker, self.g_tracker]
+
+        def compile(self, d_optimizer, g_optimizer, loss_fn):
+            super().compile()
+            self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+        def train_step(self, real):
+            if isinstance(real, tuple):
+                real = real[0]
+            rows = tf.shape(real)[0]
+            noise = tf.random.normal((rows, latent))
+            fake = self.generator(noise)
+            images = tf.concat([fake, real], axis=0)
+            labels = tf.concat([tf.ones((rows, 1)), tf.zeros((rows, 1))], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(images))
+            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+            with tf.GradientTape() as tape:
+                g_loss = self.loss_fn(tf.zeros((rows, 1)),
+                                      self.discriminator(self.generator(noise)))
+            grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+            self.d_tracker.update_state(d_loss)
+            self.g_tracker.update_state(g_loss)
+            return {"d_loss": self.d_tracker.result(), "g_loss": self.g_tracker.result()}
+
+    gan = GAN()
+    gan.build((None, 6))
+    return gan
+
+
+@requires(tf=True)
+def test_gan_with_two_optimizers_trains_in_scope(tmp_path) -> None:
+    """A GAN's sub-models and optimizers live in the engine: build it in scope()."""
+    with kerasmgpu.scope(gpus=REPLICAS[-1]):
+        gan = _gan()
+        gan.compile(keras.optimizers.Adam(0.001), keras.optimizers.Adam(0.001),
+                    keras.losses.BinaryCrossentropy())
+    pgan = kerasmgpu.parallelize(gan, gpus=REPLICAS[-1])
+    history = pgan.fit(X, batch_size=12, epochs=2, verbose=0)
+    assert set(history.history) == {"d_loss", "g_loss"}
+    assert all(np.isfinite(v) for v in history.history["d_loss"] + history.history["g_loss"])
+    path = tmp_path / "generator.weights.h5"
+    gan.generator.save_weights(str(path))
+    copy = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6)])
+    copy.load_weights(str(path))
+    assert_weights_close(copy, gan.generator)
