@@ -610,6 +610,7 @@ def _nvml_facts() -> Dict[str, Any]:
 
 def collect() -> Facts:
     """Read the machine: versions, variables, devices (starts the framework), NVML."""
+    from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
 
     internal: List[str] = []
@@ -626,8 +627,8 @@ def collect() -> Facts:
         keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
         variables={k: os.environ[k] for k in WATCHED if k in os.environ},
-        launched=_common.launched(), process_index=detection.process_index(),
-        process_count=detection.process_count(),
+        launched=_common.launched(), process_index=cluster.process_index(),
+        process_count=cluster.process_count(),
     )
     try:
         from kerasmgpu.env import devices as devices_module
