@@ -361,8 +361,8 @@ def line_label(env: Environment) -> str:
 def no_keras_message() -> str:
     return explain(
         "keras", "no Keras installed", "tf.keras 2.x, tf_keras, Keras 3 or Keras <= 2.3",
-        'install one, e.g. `pip install "kerasmgpu[tensorflow]"` or '
-        '`pip install "kerasmgpu[jax]"`', raw=True,
+        'install one, e.g. `pip install tensorflow` or `pip install keras "jax[cpu]"`',
+        raw=True,
     )
 
 

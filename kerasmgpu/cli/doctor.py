@@ -359,7 +359,10 @@ def findings(facts: Facts) -> List[Finding]:
     if facts.keras_line == KerasLine.NONE:
         out.append(Finding(
             BLOCKING, "no_keras", "no Keras is installed (nor TensorFlow's tf.keras).",
-            'pip install "kerasmgpu[tensorflow]", "kerasmgpu[jax]" or "kerasmgpu[torch]"',
+            # Framework packages by name: the kerasmgpu[...] extras resolve only once
+            # kerasmgpu is on the package index.
+            'install one: pip install tensorflow (tf.keras; Keras 3 on TensorFlow), '
+            'pip install keras "jax[cpu]" or pip install keras torch',
         ))
     out.extend(_version_findings(facts))
     if facts.virtual_error:
@@ -393,7 +396,7 @@ def findings(facts: Facts) -> List[Finding]:
             BLOCKING, "keras_import_failed",
             f"{facts.keras_line} failed to import: {facts.keras_import_error}",
             "reinstall Keras and its framework with matching versions "
-            '(e.g. pip install "kerasmgpu[tensorflow]")',
+            '(e.g. pip install -U tensorflow)',
         ))
     torch_outside = facts.backend == "torch" and not facts.launched
     if torch_outside:
