@@ -227,7 +227,7 @@ class _AroundKeras(importlib.abc.MetaPathFinder):
             with contextlib.suppress(ValueError):  # another thread got there first
                 sys.meta_path.remove(self)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module
         return spec
 
 

@@ -471,12 +471,12 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     contenders = [Contender(keras, args, n, data, report) for n in counts]
     for i, contender in enumerate(contenders, start=1):
         contender.warm_up(f"warm-up [{i}/{len(counts)}]")
-    for r in range(args.rounds):
+    for done in range(args.rounds):
         # Reversed every other round: no count always runs right after another.
-        order = contenders if r % 2 == 0 else contenders[::-1]
+        order = contenders if done % 2 == 0 else contenders[::-1]
         for contender in order:
-            contender.measure(f"round {r + 1}/{args.rounds}")
-        report.line(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+            contender.measure(f"round {done + 1}/{args.rounds}")
+        report.line(f"  round {done + 1}/{args.rounds}: " + ", ".join(
             f"replicas={c.replicas} {c.samples_per_s[-1]:.0f}/s" for c in contenders))
     figures = scaling({c.replicas: c.samples_per_s for c in contenders})
     measured = []
