@@ -516,7 +516,7 @@ def test_bench_pure_helpers() -> None:
 
 
 @pytest.mark.parametrize("step,seconds,fixed,timed", [
-    (0.01, 2.0, None, 223),     # 200 steps wanted: 7 epochs of 32 steps, the first starts
+    (0.01, 2.0, None, 217),     # 200 steps wanted: 7 epochs of 32 steps, 31 timed in each
     (1.0, 2.0, None, 2),        # slow steps: still 2 timed steps
     (0.01, 2.0, 5, 5),          # --steps 5 wins over --seconds
     (float("nan"), 2.0, None, 31),
@@ -525,9 +525,17 @@ def test_bench_sizes_each_measurement_by_time(step: float, seconds: float, fixed
                                               timed: int) -> None:
     chunk, epochs = bench.plan_steps(step, seconds, fixed)
     assert chunk <= bench.CHUNK_STEPS
-    assert chunk * epochs - 1 == timed
+    assert bench.timed_steps(chunk, epochs) == timed
     if fixed is None and step == 0.01:
         assert timed * step >= seconds  # long enough: the timed steps last >= --seconds
+
+
+def test_bench_times_steps_inside_epochs_only() -> None:
+    # 2 epochs of 3 steps; the 10 s gap between them (iterator set-up, weight sync)
+    # is not a training step.
+    times = [0.0, 1.0, 2.0, 12.0, 13.0, 14.0]
+    assert bench.within_epochs(times, 3) == 4.0
+    assert bench.timed_steps(3, 2) == 4
 
 
 @pytest.mark.parametrize("text", ["0,2", "1,1", "a,b", ""])

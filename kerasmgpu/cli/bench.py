@@ -10,7 +10,9 @@ gets `--warmup` untimed steps (compilation, first-batch allocation), which also 
 step to size the measurements: enough steps for `--seconds` each (or exactly
 `--steps`). Then `--rounds` rounds measure every count once each, interleaved (the
 order reversed every other round), so a machine that gets busier or quieter during the
-run weighs on every count alike. A step counts as done when its loss is on the host.
+run weighs on every count alike. A step counts as done when its loss is on the host;
+the time between epochs of a measurement (its input repeats every `CHUNK_STEPS` steps)
+is left out, as it holds per-epoch work that real, long epochs spread thin.
 
 Reported per count: the median samples/s over the rounds and its min-max, the speedup
 over 1 replica (1 is always measured) as the median of each round's ratio with its
@@ -86,7 +88,11 @@ DEFAULT_WARMUP = 5
 DEFAULT_OUTPUT = "bench-out"
 SEED = 7
 # Steps per epoch of a measurement's input: it repeats, epoch after epoch, so that a
-# long measurement does not need its whole length of data in memory.
+# long measurement does not need its whole length of data in memory. Only the steps
+# inside an epoch are timed: the gap across an epoch boundary holds per-epoch work
+# (Keras 3 on TensorFlow re-creates its dataset iterator: 80 ms against 7 ms steps
+# here; kerasmgpu syncs the template's weights) that a real epoch of thousands of
+# steps spreads thin, and that would dominate epochs this short.
 CHUNK_STEPS = 32
 MAX_STEPS = 100_000
 
@@ -190,8 +196,8 @@ def scaling(rounds: Dict[int, Sequence[float]]) -> List[Dict[str, float]]:
 
 def plan_steps(step_seconds: float, seconds: float, fixed: Optional[int]) -> Tuple[int, int]:
     """(steps per epoch, epochs) of one measurement: at least `fixed` timed steps, or
-    enough for `seconds` at `step_seconds` a step. The first step only starts the
-    clock, so a measurement runs one step more than it times."""
+    enough for `seconds` at `step_seconds` a step. An epoch's first step only starts
+    its clock, so an epoch of c steps times c - 1 (see `timed_steps`)."""
     if fixed is not None:
         wanted = fixed
     elif step_seconds > 0 and math.isfinite(step_seconds):
@@ -200,7 +206,17 @@ def plan_steps(step_seconds: float, seconds: float, fixed: Optional[int]) -> Tup
         wanted = CHUNK_STEPS - 1
     wanted = max(2, min(wanted, MAX_STEPS))
     chunk = min(CHUNK_STEPS, wanted + 1)
-    return chunk, math.ceil((wanted + 1) / chunk)
+    return chunk, math.ceil(wanted / (chunk - 1))
+
+
+def timed_steps(chunk: int, epochs: int) -> int:
+    return epochs * (chunk - 1)
+
+
+def within_epochs(times: Sequence[float], chunk: int) -> float:
+    """Seconds between step ends inside each epoch, the gaps across epochs left out."""
+    return sum(times[i + 1] - times[i] for i in range(len(times) - 1)
+               if (i + 1) % chunk != 0)
 
 
 def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Optional[str]:
@@ -355,11 +371,11 @@ class Contender:
 
     @property
     def timed_steps(self) -> int:
-        return self.chunk * self.epochs - 1
+        return timed_steps(self.chunk, self.epochs)
 
     def measure(self, label: str) -> float:
         times = self._fit(self.chunk, self.epochs, label)
-        seconds = times[-1] - times[0]
+        seconds = within_epochs(times, self.chunk)
         self.seconds.append(seconds)
         self.samples_per_s.append(self.batch * self.timed_steps / seconds
                                   if seconds > 0 else float("nan"))
