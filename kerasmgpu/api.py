@@ -91,7 +91,8 @@ def parallelize(
     split evenly over the replicas (a remainder is padded and masked, never dropped);
     losses, metrics and weights equal single-device training on the same batches.
     The model you pass keeps receiving the trained weights (save it as usual).
-    With one device the model is returned unchanged.
+    With one device - `gpus=1`, `gpus=[0]`, or the only one there is - the model is
+    returned unchanged; `gpus=[k]` trains a one-replica copy on device k.
     """
     if model is None:
         from kerasmgpu._errors import bad_type
@@ -102,8 +103,9 @@ def parallelize(
         if active.owns(model) and active.devices == selected:
             adopted: ModelT = active.parallelize(model)
             return adopted
-    if len(selected) <= 1 and cls.single_device_passthrough(fam):
-        if not any(d.kind == "gpu" for d in selected):
+    if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
+        # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
+        if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
     parallel: ModelT = cls(fam, selected).parallelize(model)
@@ -172,7 +174,7 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
         return dict(state.route.describe())
     try:
         fam, cls, selected = _prepare(gpus, None)
-        if len(selected) <= 1 and cls.single_device_passthrough(fam):
+        if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
         return dict(cls(fam, selected).describe())

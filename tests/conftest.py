@@ -16,7 +16,11 @@ import pytest
 from helpers import ENV
 from hypothesis import HealthCheck, settings
 
-import kerasmgpu  # noqa: F401  (applies the virtual device request)
+from kerasmgpu.env.devices import apply_environment_request
+
+# `import kerasmgpu` applies the request - unless kerasmgpu was imported before it was
+# set here (the keras23 env's sitecustomize imports kerasmgpu.keras23 at start-up).
+apply_environment_request()
 
 # The batching properties are pure and cheap, but CI runs every env at once on 2 cores:
 # a 200 ms deadline or a slow-generation check would then fail on load, not on a bug.

@@ -35,7 +35,8 @@ ENVIRONMENT_KEYS = {"keras_line", "keras_version", "backend", "python", "keras",
 ROUTE_KEYS = {"route", "engine", "replicas", "devices", "all_reduce", "why", "error"}
 FINDING_KEYS = {"severity", "code", "message", "advice"}
 RESULT_KEYS = {"replicas", "global_batch", "per_replica_batch", "padding_rows", "steps",
-               "seconds", "samples_per_s", "speedup", "efficiency"}
+               "rounds", "seconds", "samples_per_s", "samples_per_s_min", "samples_per_s_max",
+               "samples_per_s_rounds", "speedup", "speedup_min", "speedup_max", "efficiency"}
 
 
 def fresh_env(**extra: str) -> Dict[str, str]:
@@ -198,6 +199,29 @@ def test_no_gpu_and_no_virtual_devices_cannot_train() -> None:
     assert not doctor.can_train(facts, found)
 
 
+def test_not_ready_without_gpu_says_why_demo_runs_anyway() -> None:
+    # `kerasmgpu demo` says OK on this machine right before the doctor says NOT READY:
+    # both outputs must say why (demo makes virtual devices itself, doctor does not).
+    text = doctor.render(doctor.build_report(keras3_tf(devices=(cpu(0, virtual=False),),
+                                                       variables={})))
+    assert "NOT READY" in text
+    assert "`kerasmgpu demo` and `bench` still run" in text
+    assert "`kerasmgpu doctor --virtual 2` checks that setup" in text
+    blocked = doctor.render(doctor.build_report(keras3_tf(
+        devices=(cpu(0, virtual=False),), internal_errors=("KeyError: 'x'",))))
+    assert "NOT READY" in blocked and "still run" not in blocked  # not the reason then
+
+
+def test_virtual_flag_is_named_as_the_source_of_the_devices() -> None:
+    found = doctor.findings(keras3_tf(variables={}, virtual_flag=3))
+    no_gpu = next(f for f in found if f.code == "no_gpu")
+    assert no_gpu.severity == INFO and "(--virtual 3)" in no_gpu.message
+    ignored = doctor.findings(keras3_tf(devices=(gpu(0), gpu(1)), variables={},
+                                        virtual_flag=2))
+    assert "--virtual 2 asks for virtual devices but GPUs are visible" in next(
+        f.message for f in ignored if f.code == "virtual_devices_ignored")
+
+
 def test_one_gpu_is_a_warning_naming_cuda_visible_devices() -> None:
     facts = keras3_tf(devices=(gpu(0),), variables={"CUDA_VISIBLE_DEVICES": "0"},
                       nvml={"available": True, "devices": [{"name": "H100"}, {"name": "H100"}]})
@@ -260,7 +284,7 @@ def test_report_schema_and_rendering_from_made_up_facts() -> None:
 def test_doctor_turns_a_crash_into_a_blocking_finding(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    def explode() -> Facts:
+    def explode(*args: Any) -> Facts:
         raise RuntimeError("unexpected")
 
     monkeypatch.setattr(doctor, "collect", explode)
@@ -268,6 +292,62 @@ def test_doctor_turns_a_crash_into_a_blocking_finding(
     report = json.loads(capsys.readouterr().out)
     assert report["findings"][0]["code"] == "internal_error"
     assert "RuntimeError: unexpected" in report["findings"][0]["message"]
+
+
+# --- quiet by default ------------------------------------------------------------------------
+
+NOISE = [  # as TensorFlow 2.15 and 2.21 print them on this machine
+    "2026-12-01 04:37:15.033981: E external/local_xla/xla/stream_executor/cuda/cuda_dnn.cc:"
+    "9261] Unable to register cuDNN factory: Attempting to register factory for plugin cuDNN",
+    "2026-12-01 04:37:15.250534: W tensorflow/compiler/tf2tensorrt/utils/py_utils.cc:38] "
+    "TF-TRT Warning: Could not find TensorRT",
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1796101345.149745   27164 port.cc:153] oneDNN custom operations are on.",
+    "E0000 00:00:1796101373.287938   27164 cuda_platform.cc:52] failed call to cuInit: "
+    "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
+    "TensorFlow with the appropriate compiler flags.",
+    "Using TensorFlow backend.",
+]
+KEPT = [
+    "kerasmgpu demo 0.1.0: one small model trained on 2 replicas",
+    "Traceback (most recent call last):",
+    "UserWarning: kerasmgpu: one device available",
+    "F0000 00:00:1796101373.287938   27164 cuda_platform.cc:52] a fatal error",
+    "Error: 2026-12-01 04:37:15.033981: E looks like a log line but is not one",
+]
+
+
+@pytest.mark.parametrize("line", NOISE)
+def test_framework_start_up_lines_are_noise(line: str) -> None:
+    assert _common.is_framework_noise(line)
+
+
+@pytest.mark.parametrize("line", KEPT)
+def test_everything_else_is_kept(line: str) -> None:
+    assert not _common.is_framework_noise(line)
+
+
+def test_the_filter_drops_noise_written_to_file_descriptor_2(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    # C++ writes to the descriptor, not to sys.stderr: filter there.
+    with _common.framework_output_filtered(verbose=False):
+        os.write(2, (NOISE[4] + "\n").encode())
+        os.write(2, b"a real error\n")
+    with _common.framework_output_filtered(verbose=True):
+        os.write(2, (NOISE[3] + "\n").encode())
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["a real error", NOISE[3]]
+
+
+def test_route_json_has_one_type_per_field() -> None:
+    described = {"route": "keras_distribution", "replicas": "2",
+                 "devices": "TpuDevice(id=0, process_index=0), TpuDevice(id=1, process_index=0)"}
+    shown = _common.route_json(described)
+    assert shown is not None and shown["replicas"] == 2
+    assert shown["devices"] == ["TpuDevice(id=0, process_index=0)",
+                                "TpuDevice(id=1, process_index=0)"]
+    assert _common.route_json(None) is None
 
 
 # --- doctor on this machine ----------------------------------------------------------------
@@ -308,7 +388,46 @@ def test_doctor_without_gpu_or_virtual_devices_exits_1() -> None:
     report = json.loads(done.stdout)
     no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
     assert no_gpu["severity"] == WARNING and "KERASMGPU_VIRTUAL_DEVICES" in no_gpu["advice"]
+    # Why `kerasmgpu demo` runs on this machine although the doctor says not ready:
+    assert "kerasmgpu demo" in no_gpu["message"]
+    assert "kerasmgpu doctor --virtual 2" in no_gpu["advice"]
     assert report["ok"] is False
+    assert not [line for line in done.stderr.splitlines()
+                if _common.is_framework_noise(line)], done.stderr[:3000]
+
+
+@pytest.mark.slow
+def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
+    from kerasmgpu import nvml
+
+    if nvml.available():
+        pytest.skip("this machine has NVIDIA GPUs")
+    done = run_kerasmgpu(["doctor", "--virtual", "2", "--json"], fresh_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and len(report["devices"]) == 2
+    no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
+    assert no_gpu["severity"] == INFO and "(--virtual 2)" in no_gpu["message"]
+
+
+@pytest.mark.slow
+@requires(tf_data=True)
+def test_verbose_shows_what_the_quiet_default_hides() -> None:
+    # TensorFlow prints C++ log lines as it starts on every release here (cuDNN/cuFFT
+    # factories on 2.15; oneDNN and cuInit on 2.21), so --verbose must show some.
+    env = fresh_env(KERAS_BACKEND="tensorflow")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as in a user's shell
+    code = ("import sys, kerasmgpu.cli\n"
+            "sys.exit(kerasmgpu.cli.main(['doctor', '--json'] + sys.argv[1:]))\n")
+    runs = {flag: subprocess.run([sys.executable, "-c", code, *flag], capture_output=True,
+                                 text=True, timeout=SUBPROCESS_TIMEOUT, env=env, cwd=str(ROOT))
+            for flag in ((), ("--verbose",))}
+    noise = {flag: [line for line in done.stderr.splitlines()
+                    if _common.is_framework_noise(line)] for flag, done in runs.items()}
+    assert noise[("--verbose",)], runs[("--verbose",)].stderr[:3000]
+    assert not noise[()], noise[()]
+    for done in runs.values():
+        json.loads(done.stdout)  # stdout stays one JSON object either way
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -328,12 +447,18 @@ def test_demo_trains_two_replicas_like_one_device() -> None:
     assert result["parallel"]["val_accuracy"] == pytest.approx(
         result["single"]["val_accuracy"], abs=0.01)
     assert result["single"]["val_accuracy"] > 0.5  # 2 epochs already learn the digits
-    assert result["route"]["replicas"] == "2"
+    assert result["route"]["replicas"] == 2 and len(result["route"]["devices"]) == 2
     assert result["batch_split"]["last"].startswith("global batch 37 -> 2 replicas x 19 rows")
+    # No GPU and no KERASMGPU_VIRTUAL_DEVICES: the demo made its devices itself, and
+    # says how `kerasmgpu doctor` (which alone sees one CPU device) sees them too.
+    assert result["virtual_devices_made_by_demo"] is True
     # The readable report went to stderr.
     for text in ("validation accuracy", "max weight difference", "verdict: OK",
-                 "share this machine's", "batch split"):
+                 "share this machine's", "batch split", "`kerasmgpu doctor --virtual 2`"):
         assert text in done.stderr
+    # Quiet by default: no framework start-up lines (TensorFlow's C++ log, cuInit).
+    assert not [line for line in done.stderr.splitlines()
+                if _common.is_framework_noise(line)], done.stderr[:3000]
 
 
 @requires(in_process=True)
@@ -376,10 +501,41 @@ def test_bench_pure_helpers() -> None:
     assert bench.default_counts(8) == [1, 2, 4, 8]
     assert bench.global_batch(64, "per-replica", 4) == 256
     assert bench.global_batch(64, "global", 4) == 64
-    rows = bench.scaling([(1, 100.0), (2, 150.0), (4, 200.0)])
+    # Speedups pair each round with the same round's replicas=1 figure: the slow
+    # second round (a busy machine) cancels out instead of widening the spread.
+    rows = bench.scaling({1: [100.0, 50.0, 100.0], 2: [150.0, 75.0, 160.0],
+                          4: [200.0, 100.0, 180.0]})
+    assert [r["samples_per_s"] for r in rows] == [100.0, 150.0, 180.0]
+    assert [(r["samples_per_s_min"], r["samples_per_s_max"]) for r in rows] == [
+        (50.0, 100.0), (75.0, 160.0), (100.0, 200.0)]
     assert [r["speedup"] for r in rows] == [1.0, 1.5, 2.0]
+    assert [(r["speedup_min"], r["speedup_max"]) for r in rows] == [
+        (1.0, 1.0), (1.5, 1.6), (1.8, 2.0)]
     assert [r["efficiency"] for r in rows] == [1.0, 0.75, 0.5]
     assert _common.parse_counts("4, 1,2") == [1, 2, 4]
+
+
+@pytest.mark.parametrize("step,seconds,fixed,timed", [
+    (0.01, 2.0, None, 217),     # 200 steps wanted: 7 epochs of 32 steps, 31 timed in each
+    (1.0, 2.0, None, 2),        # slow steps: still 2 timed steps
+    (0.01, 2.0, 5, 5),          # --steps 5 wins over --seconds
+    (float("nan"), 2.0, None, 31),
+])
+def test_bench_sizes_each_measurement_by_time(step: float, seconds: float, fixed: Any,
+                                              timed: int) -> None:
+    chunk, epochs = bench.plan_steps(step, seconds, fixed)
+    assert chunk <= bench.CHUNK_STEPS
+    assert bench.timed_steps(chunk, epochs) == timed
+    if fixed is None and step == 0.01:
+        assert timed * step >= seconds  # long enough: the timed steps last >= --seconds
+
+
+def test_bench_times_steps_inside_epochs_only() -> None:
+    # 2 epochs of 3 steps; the 10 s gap between them (iterator set-up, weight sync)
+    # is not a training step.
+    times = [0.0, 1.0, 2.0, 12.0, 13.0, 14.0]
+    assert bench.within_epochs(times, 3) == 4.0
+    assert bench.timed_steps(3, 2) == 4
 
 
 @pytest.mark.parametrize("text", ["0,2", "1,1", "a,b", ""])
@@ -398,8 +554,9 @@ def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
     # The progress line is drawn on a terminal only; pretend to be one.
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     out_dir = tmp_path / "bench-out"
-    status = cli.main(["bench", "--replicas", "1,2", "--steps", "5", "--warmup", "2",
-                       "--batch-size", "32", "--output", str(out_dir), "--json"])
+    status = cli.main(["bench", "--replicas", "1,2", "--steps", "5", "--rounds", "2",
+                       "--warmup", "2", "--batch-size", "32", "--output", str(out_dir),
+                       "--json"])
     captured = capsys.readouterr()
     assert status == 0, captured.err[-2000:]
     printed = json.loads(captured.out)
@@ -408,14 +565,22 @@ def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(saved) == {"kerasmgpu", "config", "environment", "route", "results", "plot",
                           "notes"}
     assert saved["config"] == {"replicas": [1, 2], "model": "mlp", "batch_size": 32,
-                               "batch_policy": "per-replica", "steps": 5, "warmup": 2,
-                               "output": str(out_dir)}
+                               "batch_policy": "per-replica", "seconds": 2.0, "rounds": 2,
+                               "steps": 5, "warmup": 2, "output": str(out_dir)}
     assert saved["environment"]["device_kind"] == "virtual cpu"
+    # One JSON type per field: counts are ints, device lists are lists (as in doctor's).
+    route = saved["route"]
+    assert isinstance(route["replicas"], int) and route["replicas"] == 2
+    assert isinstance(route["devices"], list) and len(route["devices"]) == 2
+    assert isinstance(saved["environment"]["devices"], list)
     assert [r["replicas"] for r in saved["results"]] == [1, 2]
     assert [r["global_batch"] for r in saved["results"]] == [32, 64]
     for row in saved["results"]:
         assert set(row) == RESULT_KEYS
-        assert row["samples_per_s"] > 0 and row["seconds"] > 0
+        assert isinstance(row["replicas"], int) and row["steps"] == 5 and row["rounds"] == 2
+        assert len(row["samples_per_s_rounds"]) == 2 and row["seconds"] > 0
+        assert row["samples_per_s_min"] <= row["samples_per_s"] <= row["samples_per_s_max"]
+        assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
     assert saved["results"][0]["speedup"] == 1.0
     assert any("share this machine's" in note for note in saved["notes"])
     png = out_dir / "scaling.png"
@@ -432,8 +597,8 @@ def test_bench_without_matplotlib_writes_json_only(
 ) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
-    status = cli.main(["bench", "--replicas", "2", "--steps", "2", "--warmup", "1",
-                       "--batch-size", "16", "--batch-policy", "global",
+    status = cli.main(["bench", "--replicas", "2", "--steps", "2", "--rounds", "1",
+                       "--warmup", "1", "--batch-size", "16", "--batch-policy", "global",
                        "--output", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0

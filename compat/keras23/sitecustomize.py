@@ -1,9 +1,9 @@
 """Loaded at interpreter start in the `keras23` tox env only (PYTHONPATH=compat/keras23).
 
-Installs the Keras 2.3.1 runtime patches of `keras23_compat` lazily: nothing is
-imported until the first `import keras`.
+It is the line a Keras 2.3 project puts at the top of its script, `import
+kerasmgpu.keras23`, made here for every interpreter the tests start (legacy scripts run
+as written, launched workers), so that they all run Keras 2.3.1 as a user would.
+Nothing is imported until the first `import keras` but kerasmgpu itself.
 """
 
-import keras23_compat
-
-keras23_compat.install()
+import kerasmgpu.keras23  # noqa: F401

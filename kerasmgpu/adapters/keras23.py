@@ -1,7 +1,7 @@
 """Standalone Keras <= 2.3 (and tf.keras on TF < 2.4): the internals kerasmgpu touches.
 
 Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
-`compat/keras23/`.
+`keras23_runtime` (`import kerasmgpu.keras23`).
 """
 
 from __future__ import annotations

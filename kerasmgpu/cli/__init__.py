@@ -1,6 +1,6 @@
 """The `kerasmgpu` command (also `python -m kerasmgpu`).
 
-    kerasmgpu demo      train a small model on every device, beside one device
+    kerasmgpu demo      train a small model on N devices and on one, and compare them
     kerasmgpu doctor    what kerasmgpu sees, the route it would take, and what to fix
     kerasmgpu bench     samples/s and scaling efficiency for 1, 2, 4... replicas
     kerasmgpu migrate   rewrite Keras 2.3 multi_gpu_model code to kerasmgpu
@@ -20,7 +20,8 @@ from kerasmgpu._version import __version__
 
 # name -> (module, one-line help)
 COMMANDS: Dict[str, tuple] = {
-    "demo": ("kerasmgpu.cli.demo", "train a small model on every device, beside one device"),
+    "demo": ("kerasmgpu.cli.demo", "train a small model on every device and on one device, "
+             "from the same weights, and compare"),
     "doctor": ("kerasmgpu.cli.doctor", "show Keras line, devices and route; advise; exit 1 "
                "when multi-device training cannot run"),
     "bench": ("kerasmgpu.cli.bench", "measure samples/s and scaling efficiency per replica "
@@ -28,6 +29,25 @@ COMMANDS: Dict[str, tuple] = {
     "migrate": ("kerasmgpu.migrate", "rewrite Keras 2.3 multi_gpu_model code (diff by default)"),
     "launch": ("kerasmgpu.launch", "start N worker processes with their rank and coordinator"),
 }
+
+
+# The commands that import Keras. On a Keras 2.3 install they need `kerasmgpu.keras23`
+# before that import - the line a Keras 2.3 script starts with - and a user cannot add
+# it to our command, so the command does.
+_IMPORT_KERAS = ("demo", "doctor", "bench")
+
+
+def _prepare_keras23() -> None:
+    from kerasmgpu.env import versions
+
+    if versions.standalone_keras23() is None:
+        return
+    from kerasmgpu.adapters import keras23_runtime
+
+    try:
+        keras23_runtime.install()
+    except ImportError:  # no TensorFlow: the doctor reports it, demo and bench say so
+        pass
 
 
 def _usage() -> str:
@@ -53,6 +73,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if name in _IMPORT_KERAS:
+        _prepare_keras23()
     module = importlib.import_module(COMMANDS[name][0])
     run: Callable[[List[str]], int] = module.main
     return int(run(args[1:]) or 0)

@@ -16,11 +16,14 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import math
 import os
+import re
 import sys
+import threading
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from kerasmgpu._errors import explain
 from kerasmgpu.env.cluster import process_count
@@ -46,10 +49,86 @@ class UsageError(Exception):
     """A bad command line or a request this machine cannot meet; exit code 2."""
 
 
-def quiet_tensorflow() -> None:
-    """Hide TensorFlow's C++ info and warning lines unless the user chose a level."""
-    # Errors (level 2) still show; TF_CPP_MIN_LOG_LEVEL=0 brings everything back.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What frameworks print while they start, none of it about the user's run: C++ log
+# lines in absl's form ("I0000 00:00:1796101345.149745   27164 port.cc:153] ...", the
+# E0000 "failed call to cuInit" on a machine without GPUs) and in TensorFlow's own
+# ("2026-12-01 04:37:15.033981: E external/.../cuda_dnn.cc:9261] Unable to register
+# cuDNN factory"), the line absl writes before them, the continuation of TF's
+# CPU-instructions line, and Keras 2.3's banner. Fatal (F) lines are kept.
+_FRAMEWORK_NOISE = re.compile(
+    r"^(?:[IWE]\d{4} \d\d:\d\d:[\d.]+\s+\d+ \S+:\d+\] "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] \S+:\d+\] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+    r"|Using TensorFlow backend\.\s*$)"
+)
+# Python loggers of the frameworks (TensorFlow, absl, JAX's "no CUDA jaxlib" notice...).
+_FRAMEWORK_LOGGERS = ("tensorflow", "absl", "jax", "jaxlib", "keras", "tf_keras", "h5py",
+                      "torch")
+VERBOSE_HELP = ("show the frameworks' own start-up output (TensorFlow's C++ log lines, "
+                "warnings); hidden by default")
+
+
+def is_framework_noise(line: str) -> bool:
+    """Whether `line` is framework start-up output that a quiet command hides."""
+    return bool(_FRAMEWORK_NOISE.match(line))
+
+
+def quiet_frameworks(verbose: bool) -> None:
+    """Hide framework start-up output in demo, doctor and bench (unless `--verbose`).
+
+    Must run before any framework is imported: TensorFlow reads TF_CPP_MIN_LOG_LEVEL
+    once, when its C++ runtime loads. Level 3 also hides its ERROR lines, which on a
+    machine without GPUs are the expected "failed call to cuInit"; what goes wrong in
+    the command itself still reaches the user as a Python exception. The lines printed
+    before TensorFlow reads the level are filtered by `framework_output_filtered`.
+    """
+    if verbose:
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    for name in _FRAMEWORK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # The frameworks' Python warnings (deprecations of their own APIs) are not about
+    # the user's run; kerasmgpu's own start with "kerasmgpu" and still show.
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", message="kerasmgpu")
+
+
+@contextlib.contextmanager
+def framework_output_filtered(verbose: bool) -> Iterator[None]:
+    """While a framework starts, drop its log lines from standard error (file descriptor
+    2, where C++ writes) and pass everything else on as it comes.
+
+    A thread forwards the lines, so output before a crash is not held back.
+    """
+    if verbose:
+        yield
+        return
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (an embedding host): nothing to filter
+        yield
+        return
+    read_end, write_end = os.pipe()
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for raw in pipe:
+                if not is_framework_noise(raw.decode("utf-8", "replace")):
+                    os.write(saved, raw)
+
+    thread = threading.Thread(target=forward, name="kerasmgpu-stderr-filter", daemon=True)
+    thread.start()
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the thread drains and ends
+        thread.join(timeout=10)
+        os.close(saved)
 
 
 def positive_int(flag: str, example: str) -> Any:
@@ -146,17 +225,20 @@ def list_devices() -> Tuple[Device, ...]:
     return tuple(_started_environment().devices or ())
 
 
-def start(env: Environment, wanted: Optional[int]) -> Tuple[Environment, Any, Tuple[Device, ...]]:
+def start(env: Environment, wanted: Optional[int], verbose: bool = False,
+          ) -> Tuple[Environment, Any, Tuple[Device, ...]]:
     """Request `wanted` virtual devices (None: leave the request as it is), import Keras
     and start its framework: the environment as it now stands, Keras, the devices.
 
-    A broken install is one line naming the fix, not a traceback.
+    A broken install is one line naming the fix, not a traceback. Unless `verbose`,
+    the framework's start-up log lines are dropped (`framework_output_filtered`).
     """
     if wanted is not None:
         request_devices(wanted)  # before the framework starts: it fixes its device count
     try:
-        keras = keras_module(env)
-        started = _started_environment()
+        with framework_output_filtered(verbose):
+            keras = keras_module(env)
+            started = _started_environment()
     except Exception as exc:
         raise UsageError(
             f"{line_label(env)} could not start: {type(exc).__name__}: {exc}. "
@@ -226,6 +308,49 @@ def environment_summary(env: Environment, devices: Sequence[Device]) -> Dict[str
     }
 
 
+def made_virtual_note(command: str, count: int, asked: Optional[int]) -> Optional[str]:
+    """What to say when `command` split the CPU into virtual devices itself (no GPU, and
+    no KERASMGPU_VIRTUAL_DEVICES / virtual_devices() asking for that many), so that a
+    later `kerasmgpu doctor` - which by itself sees one CPU device - is no surprise."""
+    if asked is not None and asked >= count:
+        return None
+    return (f"no GPU visible: {command} made these {count} virtual CPU devices itself. "
+            f"Plain `kerasmgpu doctor` and your scripts see one CPU device; "
+            f"`kerasmgpu doctor --virtual {count}` and {VIRTUAL_DEVICES_ENV}={count} see "
+            f"{count}.")
+
+
+def _split_names(text: str) -> List[str]:
+    """"a, b (x, y), c" -> ["a", "b (x, y)", "c"]: device names may hold commas inside
+    parentheses (JAX's TPU names do)."""
+    names, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+    names.append(current.strip())
+    return [n for n in names if n]
+
+
+def route_json(description: Optional[Mapping[str, str]]) -> Optional[Dict[str, Any]]:
+    """`kerasmgpu.describe()`'s words with JSON types: `replicas` an int, `devices` a
+    list of names (as in the doctor's JSON)."""
+    if description is None:
+        return None
+    out: Dict[str, Any] = dict(description)
+    if "replicas" in out:
+        try:
+            out["replicas"] = int(out["replicas"])
+        except (TypeError, ValueError):
+            out["replicas"] = None
+    if "devices" in out:
+        out["devices"] = _split_names(str(out["devices"]))
+    return out
+
+
 def line_label(env: Environment) -> str:
     """"keras 3 3.15.1 (backend jax)" - one phrase for titles and headers."""
     version = f" {env.keras_version}" if env.keras_version else ""
@@ -236,8 +361,8 @@ def line_label(env: Environment) -> str:
 def no_keras_message() -> str:
     return explain(
         "keras", "no Keras installed", "tf.keras 2.x, tf_keras, Keras 3 or Keras <= 2.3",
-        'install one, e.g. `pip install "kerasmgpu[tensorflow]"` or '
-        '`pip install "kerasmgpu[jax]"`', raw=True,
+        'install one, e.g. `pip install tensorflow` or `pip install keras "jax[cpu]"`',
+        raw=True,
     )
 
 

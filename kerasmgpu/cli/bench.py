@@ -2,13 +2,22 @@
 
     kerasmgpu bench                                   # 1, 2, 4... up to every GPU
     kerasmgpu bench --replicas 1,2,4 --model cnn --batch-size 128 \\
-                    --batch-policy per-replica --steps 30 --output bench-out [--json]
+                    --batch-policy per-replica --seconds 2 --rounds 5 --output bench-out [--json]
 
-One process trains the same model (seeded weights, synthetic data) once per replica
+One process builds the same model (seeded weights, synthetic data) once per replica
 count: the plain model for 1, `kerasmgpu.parallelize(model, gpus=N)` for N > 1. Each
-run does `--warmup` steps (compilation, first-batch allocation) and then `--steps`
-timed steps; a step counts as done when its loss is on the host. Reported per count:
-samples/s, speedup over 1 replica (1 is always measured) and efficiency = speedup / N.
+gets `--warmup` untimed steps (compilation, first-batch allocation), which also time a
+step to size the measurements: enough steps for `--seconds` each (or exactly
+`--steps`). Then `--rounds` rounds measure every count once each, interleaved (the
+order reversed every other round), so a machine that gets busier or quieter during the
+run weighs on every count alike. A step counts as done when its loss is on the host;
+the time between epochs of a measurement (its input repeats every `CHUNK_STEPS` steps)
+is left out, as it holds per-epoch work that real, long epochs spread thin.
+
+Reported per count: the median samples/s over the rounds and its min-max, the speedup
+over 1 replica (1 is always measured) as the median of each round's ratio with its
+min-max, and efficiency = speedup / N. A spread of a few percent is normal; a wide one
+says the machine was busy - raise `--seconds` or `--rounds`.
 
 `--batch-policy per-replica` (default): the global batch is B x N, so each replica
 keeps B rows however many there are (weak scaling - how data-parallel training is
@@ -20,36 +29,44 @@ framework starts). They share the same CPU cores, so efficiency there measures t
 of splitting and all-reducing, not a speed-up.
 
 Writes `DIR/bench.json` (default DIR: ./bench-out) and `DIR/scaling.png` (throughput
-against replicas with the ideal linear line, and efficiency; needs matplotlib - without
-it the JSON is written and the plot skipped, exit 0). A progress line goes to stderr.
-Exit status: 0 on success, 2 for a bad command line or replica counts this machine
-cannot run (checked before anything trains).
+against replicas with the ideal linear line, and efficiency, each with its min-max;
+needs matplotlib - without it the JSON is written and the plot skipped, exit 0). A
+progress line goes to stderr on a terminal. Framework start-up log lines are hidden
+unless `--verbose`. Exit status: 0 on success, 2 for a bad command line or replica
+counts this machine cannot run (checked before anything trains).
 
 bench.json (`--json` prints the same object on stdout; the table goes to stderr):
 
     {"kerasmgpu": str,
      "config": {"replicas": [int], "model": "mlp" | "cnn", "batch_size": int,
-                "batch_policy": "per-replica" | "global", "steps": int, "warmup": int,
-                "output": str},
+                "batch_policy": "per-replica" | "global", "seconds": float,
+                "rounds": int, "steps": int | null, "warmup": int, "output": str},
      "environment": {"keras_line", "keras_version", "backend", "tensorflow_version",
                      "jax_version", "torch_version", "python_version", "route",
                      "device_kind": "gpu" | "virtual cpu" | "cpu", "devices": [str],
                      "gpu_name": str | null, "cpu_cores": int,
                      "virtual_devices": int | null},
-     "route": {route, engine, replicas, devices, all_reduce} | null   (kerasmgpu.describe()
-              for max(replicas), string values; null when only 1 replica is measured),
+     "route": {"route": str, "engine": str, "replicas": int, "devices": [str],
+               "all_reduce": str} | null   (kerasmgpu.describe() for max(replicas);
+              null when only 1 replica is measured),
      "results": [{"replicas": int, "global_batch": int, "per_replica_batch": int,
-                  "padding_rows": int, "steps": int, "seconds": float,
-                  "samples_per_s": float, "speedup": float, "efficiency": float}],
+                  "padding_rows": int, "steps": int, "rounds": int, "seconds": float,
+                  "samples_per_s": float, "samples_per_s_min": float,
+                  "samples_per_s_max": float, "samples_per_s_rounds": [float],
+                  "speedup": float, "speedup_min": float, "speedup_max": float,
+                  "efficiency": float}],
      "plot": str | null, "notes": [str]}
+
+`steps` is the timed steps of one measurement, `seconds` their median duration.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
+import math
 import os
+import statistics
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -62,10 +79,22 @@ from kerasmgpu.cli._common import Report, UsageError
 MODELS = ("mlp", "cnn")
 POLICIES = ("per-replica", "global")
 DEFAULT_BATCH = 128
-DEFAULT_STEPS = 30
-DEFAULT_WARMUP = 3
+# 30 steps (~0.2 s on a small CPU model) gave 1.37x and then 0.90x for the same
+# command: a measurement that short is the machine's noise. Seconds, not steps, make
+# it long enough whatever the model and devices; rounds give the median and spread.
+DEFAULT_SECONDS = 2.0
+DEFAULT_ROUNDS = 5
+DEFAULT_WARMUP = 5
 DEFAULT_OUTPUT = "bench-out"
 SEED = 7
+# Steps per epoch of a measurement's input: it repeats, epoch after epoch, so that a
+# long measurement does not need its whole length of data in memory. Only the steps
+# inside an epoch are timed: the gap across an epoch boundary holds per-epoch work
+# (Keras 3 on TensorFlow re-creates its dataset iterator: 80 ms against 7 ms steps
+# here; kerasmgpu syncs the template's weights) that a real epoch of thousands of
+# steps spreads thin, and that would dominate epochs this short.
+CHUNK_STEPS = 32
+MAX_STEPS = 100_000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,17 +116,41 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-policy", choices=POLICIES, default="per-replica",
                         help="per-replica: global batch = B x N (weak scaling, default); "
                         "global: global batch = B for every N (strong scaling)")
-    parser.add_argument("--steps", type=_common.positive_int("--steps", "30"),
-                        default=DEFAULT_STEPS, help=f"timed steps per count (default "
-                        f"{DEFAULT_STEPS})")
-    parser.add_argument("--warmup", type=_common.positive_int("--warmup", "3"),
-                        default=DEFAULT_WARMUP, help=f"untimed steps first (default "
-                        f"{DEFAULT_WARMUP})")
+    parser.add_argument("--seconds", type=_positive_float("--seconds", "2"),
+                        default=DEFAULT_SECONDS,
+                        help=f"length of each timed measurement, in seconds (default "
+                        f"{DEFAULT_SECONDS:g}); the steps are sized from the warm-up")
+    parser.add_argument("--rounds", type=_common.positive_int("--rounds", "5"),
+                        default=DEFAULT_ROUNDS,
+                        help=f"measurements per replica count, interleaved; the median is "
+                        f"reported with its min-max (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--steps", type=_common.positive_int("--steps", "100"), default=None,
+                        help="timed steps per measurement instead of --seconds")
+    parser.add_argument("--warmup", type=_common.positive_int("--warmup", "5"),
+                        default=DEFAULT_WARMUP, help=f"untimed steps first, per count "
+                        f"(default {DEFAULT_WARMUP})")
     parser.add_argument("--output", default=DEFAULT_OUTPUT,
                         help=f"folder for bench.json and scaling.png (default ./{DEFAULT_OUTPUT})")
     parser.add_argument("--json", action="store_true",
                         help="print the bench.json object on stdout (the table goes to stderr)")
+    parser.add_argument("--verbose", action="store_true", help=_common.VERBOSE_HELP)
     return parser
+
+
+def _positive_float(flag: str, example: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = 0.0
+        if not value > 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(
+                explain(flag, text, "a number of seconds > 0", f"pass e.g. {flag} {example}")
+            )
+        return value
+
+    parse.__name__ = flag
+    return parse
 
 
 # --- pure helpers ------------------------------------------------------------------------
@@ -117,14 +170,53 @@ def global_batch(batch_size: int, policy: str, replicas: int) -> int:
     return batch_size * replicas if policy == "per-replica" else batch_size
 
 
-def scaling(samples_per_s: Sequence[Tuple[int, float]]) -> List[Dict[str, float]]:
-    """Speedup over the 1-replica figure and efficiency (speedup / N) for each count."""
-    base = dict(samples_per_s).get(1)
+def scaling(rounds: Dict[int, Sequence[float]]) -> List[Dict[str, float]]:
+    """Per count: samples/s median and min-max over the rounds, and the speedup over 1
+    replica - each round's ratio to the 1-replica figure of the same round, so that
+    the ratios pair measurements taken moments apart - as median and min-max, with
+    efficiency = median speedup / N."""
+    base = list(rounds.get(1, ()))
     rows = []
-    for replicas, value in samples_per_s:
-        speedup = value / base if base else float("nan")
-        rows.append({"replicas": replicas, "speedup": speedup, "efficiency": speedup / replicas})
+    for replicas, values in rounds.items():
+        ratios = ([v / b if b else float("nan") for v, b in zip(values, base)]
+                  if base else [float("nan")])
+        speedup = statistics.median(ratios)
+        rows.append({
+            "replicas": replicas,
+            "samples_per_s": statistics.median(values),
+            "samples_per_s_min": min(values),
+            "samples_per_s_max": max(values),
+            "speedup": speedup,
+            "speedup_min": min(ratios),
+            "speedup_max": max(ratios),
+            "efficiency": speedup / replicas,
+        })
     return rows
+
+
+def plan_steps(step_seconds: float, seconds: float, fixed: Optional[int]) -> Tuple[int, int]:
+    """(steps per epoch, epochs) of one measurement: at least `fixed` timed steps, or
+    enough for `seconds` at `step_seconds` a step. An epoch's first step only starts
+    its clock, so an epoch of c steps times c - 1 (see `timed_steps`)."""
+    if fixed is not None:
+        wanted = fixed
+    elif step_seconds > 0 and math.isfinite(step_seconds):
+        wanted = math.ceil(seconds / step_seconds)
+    else:
+        wanted = CHUNK_STEPS - 1
+    wanted = max(2, min(wanted, MAX_STEPS))
+    chunk = min(CHUNK_STEPS, wanted + 1)
+    return chunk, math.ceil(wanted / (chunk - 1))
+
+
+def timed_steps(chunk: int, epochs: int) -> int:
+    return epochs * (chunk - 1)
+
+
+def within_epochs(times: Sequence[float], chunk: int) -> float:
+    """Seconds between step ends inside each epoch, the gaps across epochs left out."""
+    return sum(times[i + 1] - times[i] for i in range(len(times) - 1)
+               if (i + 1) % chunk != 0)
 
 
 def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Optional[str]:
@@ -141,12 +233,20 @@ def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Opti
     counts = [int(r["replicas"]) for r in results]
     throughput = [float(r["samples_per_s"]) for r in results]
     efficiency = [100.0 * float(r["efficiency"]) for r in results]
+    # min-max over the rounds, as error bars (absent in rows from older bench.json)
+    spread = [[t - float(r.get("samples_per_s_min", t)) for t, r in zip(throughput, results)],
+              [float(r.get("samples_per_s_max", t)) - t for t, r in zip(throughput, results)]]
+    spread_eff = [[e - 100.0 * float(r.get("speedup_min", r["speedup"])) / int(r["replicas"])
+                   for e, r in zip(efficiency, results)],
+                  [100.0 * float(r.get("speedup_max", r["speedup"])) / int(r["replicas"]) - e
+                   for e, r in zip(efficiency, results)]]
     base = next((t for n, t in zip(counts, throughput) if n == 1), throughput[0])
     figure = Figure(figsize=(10, 4.2))
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2)
     left.plot(counts, [base * n for n in counts], "--", color="gray", label="ideal (linear)")
-    left.plot(counts, throughput, "o-", color="tab:blue", label="measured")
+    left.errorbar(counts, throughput, yerr=spread, fmt="o-", color="tab:blue", capsize=4,
+                  label="measured (median, min-max)")
     left.set_xlabel("replicas")
     left.set_ylabel("samples/s")
     left.set_xticks(counts)
@@ -155,11 +255,12 @@ def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Opti
     left.legend()
     left.set_title("throughput")
     right.axhline(100.0, linestyle="--", color="gray", label="ideal (100%)")
-    right.plot(counts, efficiency, "o-", color="tab:orange", label="measured")
+    right.errorbar(counts, efficiency, yerr=spread_eff, fmt="o-", color="tab:orange",
+                   capsize=4, label="measured (median, min-max)")
     right.set_xlabel("replicas")
     right.set_ylabel("scaling efficiency (%)")
     right.set_xticks(counts)
-    right.set_ylim(0, max([110.0] + [e * 1.1 for e in efficiency]))
+    right.set_ylim(0, max([110.0] + [(e + up) * 1.1 for e, up in zip(efficiency, spread_eff[1])]))
     right.grid(alpha=0.3)
     right.legend()
     right.set_title("efficiency = speedup / replicas")
@@ -219,36 +320,78 @@ def _step_timer(keras: Any, on_step: Callable[[int], None]) -> Tuple[Any, List[f
     return cls(), times
 
 
-def _measure(keras: Any, args: argparse.Namespace, replicas: int, data: Tuple[Any, Any],
-             report: Report, label: str) -> Dict[str, Any]:
-    from kerasmgpu import api, batching
+class Contender:
+    """One replica count: its model, built and warmed up once, then measured each round."""
 
-    batch = global_batch(args.batch_size, args.batch_policy, replicas)
-    total = args.warmup + args.steps
-    x, y = data[0][: batch * total], data[1][: batch * total]
-    model = build_model(keras, args.model)
-    trained = model if replicas == 1 else api.parallelize(model, gpus=replicas)
-    callback, times = _step_timer(
-        keras, lambda done: report.progress(f"{label} replicas={replicas} step {done}/{total}")
-    )
-    trained.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
-                callbacks=[callback])
-    report.end_progress()
-    if len(times) < args.steps + 1:
-        raise RuntimeError(f"expected {total} steps, the callback saw {len(times)}")
-    seconds = times[-1] - times[-args.steps - 1]
-    plan = batching.plan_batch(batch, replicas)
-    del trained, model
-    gc.collect()
-    return {
-        "replicas": replicas,
-        "global_batch": batch,
-        "per_replica_batch": plan.per_replica,
-        "padding_rows": plan.pad,
-        "steps": args.steps,
-        "seconds": round(seconds, 4),
-        "samples_per_s": batch * args.steps / seconds if seconds > 0 else float("nan"),
-    }
+    def __init__(self, keras: Any, args: argparse.Namespace, replicas: int,
+                 data: Tuple[Any, Any], report: Report) -> None:
+        from kerasmgpu import api, batching
+
+        self.keras, self.args, self.replicas, self.report = keras, args, replicas, report
+        self.batch = global_batch(args.batch_size, args.batch_policy, replicas)
+        self.plan = batching.plan_batch(self.batch, replicas)
+        self.data = data
+        self.template = build_model(keras, args.model)
+        # gpus=1 would be the template itself; measure the plain model for 1 replica.
+        self.model = (self.template if replicas == 1
+                      else api.parallelize(self.template, gpus=replicas))
+        self.chunk, self.epochs = 1, 1
+        self.seconds: List[float] = []
+        self.samples_per_s: List[float] = []
+
+    def _fit(self, steps_per_epoch: int, epochs: int, label: str) -> List[float]:
+        total = steps_per_epoch * epochs
+        rows = self.batch * steps_per_epoch
+        x, y = self.data[0][:rows], self.data[1][:rows]
+        shown = [0.0]
+
+        def progress(done: int) -> None:
+            # A terminal line costs little, but not on every step of a fast model.
+            now = time.perf_counter()
+            if done == total or now - shown[0] > 0.25:
+                shown[0] = now
+                self.report.progress(f"{label} replicas={self.replicas} step {done}/{total}")
+
+        callback, times = _step_timer(self.keras, progress)
+        self.model.fit(x, y, batch_size=self.batch, epochs=epochs, shuffle=False, verbose=0,
+                       callbacks=[callback])
+        self.report.end_progress()
+        if len(times) != total:
+            raise RuntimeError(f"expected {total} steps, the callback saw {len(times)}")
+        return times
+
+    def warm_up(self, label: str) -> None:
+        """Compile, and time a step to size the measurements."""
+        warmup = max(self.args.warmup, 2)
+        times = self._fit(warmup, 1, label)
+        # The first step compiles; the ones after it are what a measurement repeats.
+        step = (times[-1] - times[1]) / (len(times) - 2) if len(times) > 2 else (
+            times[-1] - times[0])
+        self.chunk, self.epochs = plan_steps(step, self.args.seconds, self.args.steps)
+
+    @property
+    def timed_steps(self) -> int:
+        return timed_steps(self.chunk, self.epochs)
+
+    def measure(self, label: str) -> float:
+        times = self._fit(self.chunk, self.epochs, label)
+        seconds = within_epochs(times, self.chunk)
+        self.seconds.append(seconds)
+        self.samples_per_s.append(self.batch * self.timed_steps / seconds
+                                  if seconds > 0 else float("nan"))
+        return self.samples_per_s[-1]
+
+    def result(self) -> Dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "global_batch": self.batch,
+            "per_replica_batch": self.plan.per_replica,
+            "padding_rows": self.plan.pad,
+            "steps": self.timed_steps,
+            "rounds": len(self.samples_per_s),
+            "seconds": round(statistics.median(self.seconds), 4),
+            "samples_per_s_rounds": [round(v, 2) for v in self.samples_per_s],
+        }
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -300,8 +443,9 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
             "run bench with KERAS_BACKEND=jax or tensorflow; on torch, time your script "
             "under `kerasmgpu launch --nproc N`", raw=True,
         ))
-    wanted = counts[-1] if counts else (_common.requested_virtual() or _common.DEFAULT_VIRTUAL)
-    env, keras, devices = _common.start(env, wanted)
+    asked = _common.requested_virtual()
+    wanted = counts[-1] if counts else (asked or _common.DEFAULT_VIRTUAL)
+    env, keras, devices = _common.start(env, wanted, verbose=args.verbose)
     notes: List[str] = []
     text = args.replicas or ""
     if counts is None:
@@ -322,27 +466,40 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     kind = _common.device_kind(devices)
     if kind == "virtual cpu":
         notes.append(_common.shared_cores_note(measure="efficiency"))
+        made = _common.made_virtual_note("bench", len(devices), asked)
+        if made:
+            notes.append(made)
     summary = _common.environment_summary(env, devices)
     device_label = (f"{summary['gpu_name'] or 'GPU'} x{len(devices)}" if kind == "gpu"
                     else f"{kind} devices ({summary['cpu_cores']} cores)")
     report.line(f"kerasmgpu bench {__version__}: {args.model}, {_common.line_label(env)}, "
                 f"{device_label}")
+    length = f"{args.steps} timed steps" if args.steps else f"{args.seconds:g} s"
     report.line(f"replicas {','.join(map(str, counts))}; batch {args.batch_size} "
-                f"({args.batch_policy}); {args.warmup} warm-up + {args.steps} timed steps each")
+                f"({args.batch_policy}); {args.warmup} warm-up steps, then {args.rounds} "
+                f"rounds of {length} per count, interleaved")
     if route is not None:
         report.line(f"route: {route.get('route')} - {route.get('engine', '-')}, all-reduce: "
                     f"{route.get('all_reduce', '-')}")
 
     largest = global_batch(args.batch_size, args.batch_policy, counts[-1])
-    data = make_data(args.model, largest * (args.warmup + args.steps))
+    data = make_data(args.model, largest * max(CHUNK_STEPS, args.warmup, 2))
+    contenders = [Contender(keras, args, n, data, report) for n in counts]
+    for i, contender in enumerate(contenders, start=1):
+        contender.warm_up(f"warm-up [{i}/{len(counts)}]")
+    for done in range(args.rounds):
+        # Reversed every other round: no count always runs right after another.
+        order = contenders if done % 2 == 0 else contenders[::-1]
+        for contender in order:
+            contender.measure(f"round {done + 1}/{args.rounds}")
+        report.line(f"  round {done + 1}/{args.rounds}: " + ", ".join(
+            f"replicas={c.replicas} {c.samples_per_s[-1]:.0f}/s" for c in contenders))
+    figures = scaling({c.replicas: c.samples_per_s for c in contenders})
     measured = []
-    for i, n in enumerate(counts, start=1):
-        measured.append(_measure(keras, args, n, data, report, f"[{i}/{len(counts)}]"))
-        report.line(f"  replicas={n}: {measured[-1]['samples_per_s']:.0f} samples/s")
-    for row, extra in zip(measured, scaling([(r["replicas"], r["samples_per_s"])
-                                             for r in measured])):
-        row["speedup"] = extra["speedup"]
-        row["efficiency"] = extra["efficiency"]
+    for contender, extra in zip(contenders, figures):
+        row = contender.result()
+        row.update({k: v for k, v in extra.items() if k != "replicas"})
+        measured.append(row)
 
     os.makedirs(args.output, exist_ok=True)
     title = f"kerasmgpu bench: {args.model}, {_common.line_label(env)}, {device_label}"
@@ -352,10 +509,11 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     result: Dict[str, Any] = {
         "kerasmgpu": __version__,
         "config": {"replicas": counts, "model": args.model, "batch_size": args.batch_size,
-                   "batch_policy": args.batch_policy, "steps": args.steps,
-                   "warmup": args.warmup, "output": args.output},
+                   "batch_policy": args.batch_policy, "seconds": args.seconds,
+                   "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
+                   "output": args.output},
         "environment": summary,
-        "route": route,
+        "route": _common.route_json(route),
         "results": measured,
         "plot": plot,
         "notes": notes,
@@ -365,14 +523,19 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
         handle.write(_common.to_json(result) + "\n")
 
     report.line()
-    rows = [["replicas", "global batch", "per replica", "samples/s", "speedup", "efficiency",
-             "seconds"]]
+    rows = [["replicas", "global batch", "per replica", "steps", "samples/s", "min-max",
+             "speedup", "min-max", "efficiency"]]
     for r in measured:
         rows.append([str(r["replicas"]), str(r["global_batch"]), str(r["per_replica_batch"]),
-                     f"{r['samples_per_s']:.0f}", f"{r['speedup']:.2f}x",
-                     f"{100 * r['efficiency']:.0f}%", f"{r['seconds']:.2f}"])
+                     str(r["steps"]), f"{r['samples_per_s']:.0f}",
+                     f"{r['samples_per_s_min']:.0f}-{r['samples_per_s_max']:.0f}",
+                     f"{r['speedup']:.2f}x",
+                     f"{r['speedup_min']:.2f}-{r['speedup_max']:.2f}",
+                     f"{100 * r['efficiency']:.0f}%"])
     for line in _common.table(rows, [True] * len(rows[0])):
         report.line(line)
+    report.line(f"medians of {args.rounds} round(s); min-max over the rounds (speedup: each "
+                "round's ratio to replicas=1 in the same round)")
     report.line()
     for note in notes:
         report.line(f"note: {note}")
@@ -383,7 +546,7 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
 def main(argv: List[str]) -> int:
     """`kerasmgpu bench`; see the module docstring for options, files and exit status."""
     args = _parser().parse_args(argv)
-    _common.quiet_tensorflow()
+    _common.quiet_frameworks(args.verbose)
     report = Report(args.json)
     real_stdout = sys.stdout
     try:

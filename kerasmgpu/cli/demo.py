@@ -1,4 +1,4 @@
-"""`kerasmgpu demo`: a small real model trained on every device, beside one device.
+"""`kerasmgpu demo`: one small model trained on every device and on one device, compared.
 
     kerasmgpu demo                     # all GPUs; 2 virtual CPU devices without GPUs
     kerasmgpu demo --replicas 3 --epochs 5 --batch-size 100 [--json]
@@ -15,7 +15,10 @@ between them - which is kerasmgpu's promise: N replicas train what one device tr
 
 Without GPUs the replicas are virtual CPU devices (`kerasmgpu.virtual_devices(N)`,
 asked for before any framework starts; KERASMGPU_VIRTUAL_DEVICES=N, when set, is the
-default N). They share the same CPU cores, so samples/s there is not a speed-up.
+default N). They share the same CPU cores, so samples/s there is not a speed-up. The
+report says when the demo made them itself: `kerasmgpu doctor` sees them only with
+`--virtual N` (or KERASMGPU_VIRTUAL_DEVICES=N). Framework start-up log lines are hidden
+unless `--verbose`.
 
 The torch backend: a replica is a process there, so outside `kerasmgpu launch` the demo
 trains the single-device model only, says how to run the rest
@@ -30,10 +33,13 @@ or Keras, or more replicas than devices.
 
     {"kerasmgpu": str, "environment": {keras_line, keras_version, backend, ...,
      device_kind, devices, gpu_name, cpu_cores, virtual_devices},
-     "route": {route, engine, replicas, devices, all_reduce} | {"error": str} | null,
-              (string values, as kerasmgpu.describe() gives them; null on torch
-              outside `kerasmgpu launch`)
-     "replicas": int, "virtual": bool, "epochs": int, "batch_size": int,
+     "route": {"route": str, "engine": str, "replicas": int, "devices": [str],
+               "all_reduce": str} | {"error": str} | null,
+              (kerasmgpu.describe(); null on torch outside `kerasmgpu launch`)
+     "replicas": int, "virtual": bool,
+     "virtual_devices_made_by_demo": bool,   (no GPU and none asked for: the demo split
+              the CPU itself, which `kerasmgpu doctor` alone does not - see --virtual)
+     "epochs": int, "batch_size": int,
      "data": {dataset, train, validation, features, classes},
      "batch_split": {"full": str, "last": str | null},
      "single": RUN, "parallel": RUN | null,
@@ -51,6 +57,7 @@ import argparse
 import contextlib
 import importlib.util
 import sys
+import textwrap
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -92,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout (the report goes to stderr)")
+    parser.add_argument("--verbose", action="store_true", help=_common.VERBOSE_HELP)
     return parser
 
 
@@ -200,9 +208,11 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
     torch_single = env.backend == "torch" and not _common.launched()
-    wanted = args.replicas or _common.requested_virtual() or _common.DEFAULT_VIRTUAL
+    asked = _common.requested_virtual()
+    wanted = args.replicas or asked or _common.DEFAULT_VIRTUAL
     # On torch outside launch one process is one replica: no virtual devices to ask for.
-    env, keras, devices = _common.start(env, None if torch_single else wanted)
+    env, keras, devices = _common.start(env, None if torch_single else wanted,
+                                        verbose=args.verbose)
     # Under `kerasmgpu launch` the processes are the replicas: parallelize() takes them all.
     in_launch = _common.launched()
     replicas = 1 if torch_single or in_launch else _choose_replicas(args, devices, wanted)
@@ -235,6 +245,8 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     virtual = not _common.has_gpu(devices) and replicas > 1
     if virtual:
         notes.append(_common.shared_cores_note())
+    made = (_common.made_virtual_note("the demo", len(devices), asked)
+            if _common.all_virtual(devices) and not in_launch else None)
 
     if torch_single:
         report.line(f"kerasmgpu demo {__version__}: one small model trained on 1 device "
@@ -249,6 +261,8 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     if virtual:
         shown += f" - virtual CPU devices, sharing {_common.cpu_cores()} CPU core(s)"
     report.line(f"devices    : {shown}")
+    for text in textwrap.wrap(made or "", width=90):
+        report.line(f"             {text}")
     if route is not None and "error" not in route:
         count = route.get("replicas", "?")
         engine = (f" - {route['engine']}, {count} replica{'' if count == '1' else 's'}, "
@@ -334,9 +348,10 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     result: Dict[str, Any] = {
         "kerasmgpu": __version__,
         "environment": _common.environment_summary(env, devices),
-        "route": route,
+        "route": _common.route_json(route),
         "replicas": replicas,
         "virtual": virtual,
+        "virtual_devices_made_by_demo": made is not None,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "data": {"dataset": "sklearn.datasets.load_digits", "train": len(x),
@@ -357,7 +372,7 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
 def main(argv: List[str]) -> int:
     """`kerasmgpu demo`; see the module docstring for options and exit status."""
     args = _parser().parse_args(argv)
-    _common.quiet_tensorflow()
+    _common.quiet_frameworks(args.verbose)
     from kerasmgpu.env.cluster import is_chief
 
     report = Report(args.json, silent=not is_chief())

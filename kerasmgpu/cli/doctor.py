@@ -1,7 +1,9 @@
 """`kerasmgpu doctor`: what kerasmgpu sees, the route it would take, and what to fix.
 
-    kerasmgpu doctor            # readable report
-    kerasmgpu doctor --json     # one JSON object on stdout (schema below)
+    kerasmgpu doctor                # readable report
+    kerasmgpu doctor --json         # one JSON object on stdout (schema below)
+    kerasmgpu doctor --virtual 2    # without GPUs: 2 virtual CPU devices, as demo and bench
+    kerasmgpu doctor --verbose      # also the frameworks' own start-up log lines
 
 It shows the Keras line and backend, the versions of Python, Keras, TensorFlow,
 tf_keras, JAX and PyTorch, the devices as the framework lists them, what NVIDIA's
@@ -148,6 +150,9 @@ class Facts:
     route: Optional[str] = None
     route_error: Optional[str] = None
     virtual_error: Optional[str] = None
+    # `doctor --virtual N`: N virtual devices asked for on the command line (as `demo`
+    # and `bench` ask for them), not by KERASMGPU_VIRTUAL_DEVICES.
+    virtual_flag: Optional[int] = None
     devices: Optional[Tuple[Mapping[str, Any], ...]] = None
     devices_error: Optional[str] = None
     devices_error_is_import: bool = False
@@ -286,6 +291,8 @@ def _device_findings(facts: Facts) -> List[Finding]:
     cuda_text = (f"CUDA_VISIBLE_DEVICES={cuda!r}" if cuda is not None
                  else "CUDA_VISIBLE_DEVICES (unset)")
     virtual = facts.variables.get(VIRTUAL_DEVICES_ENV)
+    source = (f"--virtual {facts.virtual_flag}" if facts.virtual_flag
+              else f"{VIRTUAL_DEVICES_ENV}={virtual}")
     framework = _framework(facts)
     if not gpus:
         if nvml_gpus:
@@ -301,7 +308,7 @@ def _device_findings(facts: Facts) -> List[Finding]:
         if count >= 2 and all(d.get("virtual") for d in facts.devices):
             out.append(Finding(
                 INFO, "no_gpu",
-                f"no GPU: {count} virtual CPU devices stand in ({VIRTUAL_DEVICES_ENV}={virtual}), so "
+                f"no GPU: {count} virtual CPU devices stand in ({source}), so "
                 "multi-device code runs here, but they share the CPU cores: no speed-up.",
                 "use a machine with GPUs for speed; keep this set to test multi-device code",
             ))
@@ -314,9 +321,13 @@ def _device_findings(facts: Facts) -> List[Finding]:
         else:
             out.append(Finding(
                 WARNING, "no_gpu",
-                "no GPU visible and no virtual devices: one CPU device, nothing to parallelize.",
-                f"{_common.virtual_hint()} multi-device code on the CPU (e.g. "
-                f"{VIRTUAL_DEVICES_ENV}=2); on a GPU machine, check `nvidia-smi` and {cuda_text}",
+                "no GPU visible and no virtual devices: one CPU device, nothing to parallelize. "
+                f"(`kerasmgpu demo` and `kerasmgpu bench` run here anyway: without GPUs they "
+                f"split the CPU into {_common.DEFAULT_VIRTUAL} virtual devices by themselves.)",
+                f"run `kerasmgpu doctor --virtual {_common.DEFAULT_VIRTUAL}` to check the setup "
+                f"demo and bench use; for your own scripts, {_common.virtual_hint()} "
+                f"multi-device code on the CPU (e.g. {VIRTUAL_DEVICES_ENV}="
+                f"{_common.DEFAULT_VIRTUAL}); on a GPU machine, check `nvidia-smi` and {cuda_text}",
             ))
     elif len(gpus) == 1 and not facts.multi_process:
         out.append(Finding(
@@ -327,11 +338,12 @@ def _device_findings(facts: Facts) -> List[Finding]:
             + (f" (NVML sees {len(nvml_gpus)} GPU(s))" if len(nvml_gpus) > 1 else "")
             + " and `nvidia-smi -L`",
         ))
-    if gpus and virtual:
+    if gpus and (virtual or facts.virtual_flag):
         out.append(Finding(
             INFO, "virtual_devices_ignored",
-            f"{VIRTUAL_DEVICES_ENV}={virtual} is set but GPUs are visible: the GPUs are used.",
-            f"unset {VIRTUAL_DEVICES_ENV} to silence this",
+            f"{source} asks for virtual devices but GPUs are visible: the GPUs are used.",
+            "drop --virtual to silence this" if facts.virtual_flag
+            else f"unset {VIRTUAL_DEVICES_ENV} to silence this",
         ))
     return out
 
@@ -347,7 +359,10 @@ def findings(facts: Facts) -> List[Finding]:
     if facts.keras_line == KerasLine.NONE:
         out.append(Finding(
             BLOCKING, "no_keras", "no Keras is installed (nor TensorFlow's tf.keras).",
-            'pip install "kerasmgpu[tensorflow]", "kerasmgpu[jax]" or "kerasmgpu[torch]"',
+            # Framework packages by name: the kerasmgpu[...] extras resolve only once
+            # kerasmgpu is on the package index.
+            'install one: pip install tensorflow (tf.keras; Keras 3 on TensorFlow), '
+            'pip install keras "jax[cpu]" or pip install keras torch',
         ))
     out.extend(_version_findings(facts))
     if facts.virtual_error:
@@ -381,7 +396,7 @@ def findings(facts: Facts) -> List[Finding]:
             BLOCKING, "keras_import_failed",
             f"{facts.keras_line} failed to import: {facts.keras_import_error}",
             "reinstall Keras and its framework with matching versions "
-            '(e.g. pip install "kerasmgpu[tensorflow]")',
+            '(e.g. pip install -U tensorflow)',
         ))
     torch_outside = facts.backend == "torch" and not facts.launched
     if torch_outside:
@@ -583,6 +598,11 @@ def render(report: Mapping[str, Any]) -> str:
         reason = (f"blocking: {', '.join(blocking)}" if blocking
                   else f"{route['replicas']} device(s); at least 2 are needed")
         lines.append(f"NOT READY: multi-device training cannot run here ({reason}).")
+        if not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
+            n = _common.DEFAULT_VIRTUAL
+            lines.append(f"(`kerasmgpu demo` and `bench` still run: without GPUs they make {n} "
+                         f"virtual CPU devices themselves - `kerasmgpu doctor --virtual {n}` "
+                         "checks that setup.)")
     return "\n".join(lines)
 
 
@@ -608,8 +628,12 @@ def _nvml_facts() -> Dict[str, Any]:
     return summary
 
 
-def collect() -> Facts:
-    """Read the machine: versions, variables, devices (starts the framework), NVML."""
+def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
+    """Read the machine: versions, variables, devices (starts the framework), NVML.
+
+    Unless `verbose`, the framework's start-up log lines are dropped.
+    """
+    from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
 
     internal: List[str] = []
@@ -626,8 +650,8 @@ def collect() -> Facts:
         keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
         variables={k: os.environ[k] for k in WATCHED if k in os.environ},
-        launched=_common.launched(), process_index=detection.process_index(),
-        process_count=detection.process_count(),
+        launched=_common.launched(), process_index=cluster.process_index(),
+        process_count=cluster.process_count(),
     )
     try:
         from kerasmgpu.env import devices as devices_module
@@ -648,7 +672,8 @@ def collect() -> Facts:
     if route_ok and "virtual_error" not in values:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            values.update(_start_framework(line, backend))
+            with _common.framework_output_filtered(verbose):
+                values.update(_start_framework(line, backend))
     values["warnings"] = tuple(
         sorted({str(w.message) for w in caught if str(w.message).startswith("kerasmgpu")})
     )
@@ -657,6 +682,7 @@ def collect() -> Facts:
     except Exception as exc:  # nvml.summary() does not raise; this is belt and braces
         internal.append(f"reading NVML: {type(exc).__name__}: {exc}")
     values["internal_errors"] = tuple(internal)
+    values["virtual_flag"] = virtual_flag
     return Facts(**values)
 
 
@@ -694,10 +720,10 @@ def _str(value: Any) -> Optional[str]:
     return None if value is None else str(value)
 
 
-def diagnose() -> Dict[str, Any]:
+def diagnose(verbose: bool = False, virtual_flag: Optional[int] = None) -> Dict[str, Any]:
     """The doctor's JSON object for this machine; never raises."""
     try:
-        facts = collect()
+        facts = collect(verbose, virtual_flag)
     except Exception as exc:
         facts = Facts(internal_errors=(f"{type(exc).__name__}: {exc}",))
     try:
@@ -715,13 +741,27 @@ def main(argv: List[str]) -> int:
         "would take; list findings with advice. Exit 0 when multi-device training can run.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--virtual", type=_common.positive_int("--virtual", str(_common.DEFAULT_VIRTUAL)),
+        default=None, metavar="N",
+        help="without GPUs, split the CPU into N virtual devices first, as `kerasmgpu demo` "
+        f"and `bench` do ({_common.DEFAULT_VIRTUAL} there); the same as "
+        f"{VIRTUAL_DEVICES_ENV}=N",
+    )
+    parser.add_argument("--verbose", action="store_true", help=_common.VERBOSE_HELP)
     args = parser.parse_args(argv)
-    _common.quiet_tensorflow()
+    _common.quiet_frameworks(args.verbose)
+    if args.virtual is not None:
+        try:
+            _common.request_devices(args.virtual)  # before any framework starts
+        except (TypeError, ValueError) as exc:
+            print(f"kerasmgpu doctor: {exc}", file=sys.stderr)
+            return 2
     real_stdout = sys.stdout
     # Frameworks print while they start ("Using TensorFlow backend."); stdout must stay
     # one JSON object, so anything they print goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
-        report = diagnose()
+        report = diagnose(args.verbose, args.virtual)
     if args.json:
         print(_common.to_json(report), file=real_stdout)
     else:

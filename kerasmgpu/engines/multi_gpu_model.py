@@ -53,6 +53,8 @@ class MultiGpuModelRoute(BaseRoute):
     def parallelize(self, model: Any) -> Any:
         from kerasmgpu.training.model import STATE_ATTR, ParallelState
 
+        if len(self.devices) == 1:
+            return self._on_one_device(model)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
         keras_multi_gpu_model = self.family.keras_multi_gpu_model()
@@ -78,7 +80,36 @@ class MultiGpuModelRoute(BaseRoute):
             _give_weights_back(parallel, inner, model)
         return parallel
 
+    def _on_one_device(self, model: Any) -> Any:
+        """`gpus=[k]`: Keras's multi_gpu_model needs two GPUs or more, so a copy of the
+        template is built, compiled and run under `tf.device(k)` - graph mode fixes an
+        op's device when the op is made, and Keras 2.3 makes its training, test and
+        predict functions on first use, inside those calls. The template receives the
+        trained weights after every training call."""
+        import tensorflow as tf
+
+        from kerasmgpu.training.model import STATE_ATTR, ParallelState
+
+        device = self.devices[0].name
+        with tf.device(device):
+            replica = self.family.keras.models.clone_model(model)
+            replica.set_weights(model.get_weights())
+            if self.family.is_compiled(model):
+                replica.compile(**self.family.compile_args(model))
+        replica.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
+                                                     family=self.family)
+        _run_on(replica, device, model)
+        return replica
+
     def describe(self) -> Dict[str, str]:
+        if len(self.devices) == 1:
+            return {
+                "route": self.route.value,
+                "engine": "one copy of the model placed on the device (tf.device)",
+                "replicas": "1",
+                "devices": self.devices[0].name,
+                "all_reduce": "none: one device",
+            }
         return {
             "route": self.route.value,
             "engine": "keras.utils.multi_gpu_model (Keras <= 2.3)",
@@ -104,3 +135,30 @@ def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
             return result
 
         parallel.__dict__[name] = types.MethodType(synced, parallel)
+
+
+_TRAINING_CALLS = ("fit", "fit_generator", "train_on_batch")
+_OTHER_CALLS = ("evaluate", "evaluate_generator", "test_on_batch", "predict",
+                "predict_generator", "predict_on_batch")
+
+
+def _run_on(replica: Any, device: str, template: Any) -> None:
+    """Every call of `replica` runs under `tf.device(device)`; training calls then
+    hand the weights to the template."""
+    import tensorflow as tf
+
+    klass = type(replica)
+    for name in _TRAINING_CALLS + _OTHER_CALLS:
+        original = getattr(klass, name, None)
+        if original is None:
+            continue
+
+        def placed(self: Any, *args: Any, _original: Any = original,
+                   _trains: bool = name in _TRAINING_CALLS, **kwargs: Any) -> Any:
+            with tf.device(device):
+                result = _original(self, *args, **kwargs)
+            if _trains:
+                template.set_weights(self.get_weights())
+            return result
+
+        replica.__dict__[name] = types.MethodType(placed, replica)

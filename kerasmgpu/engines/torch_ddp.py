@@ -18,12 +18,14 @@ process per device and, in each, `parallelize(model)`:
   at every epoch end.
 
 Outside `kerasmgpu launch`, asking for more than one device is an error that says how
-to launch; one device is the model as it is.
+to launch; `gpus=1` / `gpus=[0]` is the model as it is, and any other single device an
+error that says how to make it the process's first (`_one_device_hint`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import types
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
@@ -52,6 +54,32 @@ def _launch_hint(devices: Sequence[Device]) -> str:
     )
 
 
+def _one_device_hint(device: Device) -> str:
+    """`gpus=[k]` outside `kerasmgpu launch`: why torch cannot move the model to k.
+
+    Keras on torch puts every tensor it makes (weights, inputs, optimizer state) on one
+    device for the whole process, so moving one model from the outside would leave the
+    rest on the first device. Making device k the process's first one does move it all.
+    """
+    if device.kind == "gpu":
+        visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                   if e.strip()]
+        physical = visible[device.index] if device.index < len(visible) else device.index
+        fix = (f"make it the process's first GPU: run with CUDA_VISIBLE_DEVICES={physical} "
+               "and pass gpus=1")
+    else:
+        fix = ("pass gpus=1 (without GPUs torch has one CPU device per process), or run the "
+               "script with `kerasmgpu launch --nproc N` for N replicas")
+    return explain(
+        "gpus",
+        f"[{device.index}] ({device}) on the torch backend outside `kerasmgpu launch`",
+        "gpus=1 or gpus=[0]: torch's default device, where the model trains as it is "
+        "(Keras on torch keeps every tensor of a process on one device)",
+        fix,
+        raw=True,
+    )
+
+
 class TorchDDPRoute(BaseRoute):
     route = Route.TORCH_DDP
     feed_kind = "python"
@@ -59,6 +87,8 @@ class TorchDDPRoute(BaseRoute):
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)
         if not cluster.launched():
+            if len(devices) == 1:
+                raise ValueError(_one_device_hint(devices[0]))
             raise ValueError(_launch_hint(devices))
         self.dist = startup.torch_process_group()
         self.world = int(self.dist.get_world_size())

@@ -270,6 +270,16 @@ def _torch_devices(n: Optional[int]) -> List[Device]:
     return [Device("cpu", i, f"cpu:{i}", virtual=total > 1) for i in range(total)]
 
 
+def default_device_only(selected: Sequence[Device]) -> bool:
+    """Whether `selected` is at most the device a framework uses when none is named.
+
+    That is the first one it lists (GPU 0; CPU 0 without GPUs): a model trains there
+    as it is, so `gpus=1` and `gpus=[0]` need no engine. Any other single device does
+    (`gpus=[3]` must train on GPU 3, not on GPU 0).
+    """
+    return len(selected) == 0 or (len(selected) == 1 and selected[0].index == 0)
+
+
 def resolve_gpus(gpus: GpusArg, available: Sequence[Device]) -> Tuple[Device, ...]:
     """Turn `gpus=` into devices, or explain exactly what is wrong with it."""
     names = [str(d) for d in available]

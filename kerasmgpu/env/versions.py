@@ -23,6 +23,11 @@ from packaging.version import Version
 # Breakpoint: keras 2.4 (June 2020) dropped the multi-backend code and became tf.keras;
 # `keras.utils.multi_gpu_model` exists up to standalone Keras 2.3.1.
 LEGACY_KERAS_MAX = Version("2.3.99")
+# Standalone Keras 2.3.x is the legacy release `kerasmgpu.keras23` runs on a modern
+# TensorFlow; its runtime patches were verified with exactly these releases.
+KERAS23 = Version("2.3")
+KERAS23_VERIFIED = {"keras": "2.3.1", "tensorflow": "2.15.1", "numpy": "1.26.4",
+                    "h5py": "3.16.0", "python": "3.11"}
 # Breakpoint: TF 2.4 removed `tf.keras.utils.multi_gpu_model` (tensorflow#44158).
 TF_WITHOUT_MULTI_GPU_MODEL = Version("2.4")
 # Breakpoint: Keras 3.0 (Nov 2023) - multi-backend again, `keras.distribution` on JAX.
@@ -151,6 +156,15 @@ def detect_keras_line() -> Tuple[KerasLine, Optional[Version]]:
             return KerasLine.LEGACY, tf
         return KerasLine.TF_KERAS, tf
     return KerasLine.NONE, None
+
+
+def standalone_keras23() -> Optional[Version]:
+    """The installed standalone Keras 2.3.x release (it needs `kerasmgpu.keras23` on a
+    TensorFlow that Python >= 3.9 can install), or None."""
+    keras = dist_version("keras")
+    if keras is not None and KERAS23 <= keras <= LEGACY_KERAS_MAX:
+        return keras
+    return None
 
 
 def backend_for(line: KerasLine) -> str:

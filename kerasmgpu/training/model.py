@@ -45,7 +45,8 @@ class ParallelState:
     template: Any
     route: BaseRoute
     family: Adapter
-    report: step_hooks.StepReport
+    # None on the multi_gpu_model route, where Keras's own multi_gpu_model feeds itself.
+    report: Optional[step_hooks.StepReport] = None
     has_compiled_loss: bool = False
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
     synced_version: int = 0
@@ -65,7 +66,7 @@ class ParallelState:
         inputs = self.family.model_inputs(model) if model is not None else None
         feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x,
                            inputs=inputs, predict=kind == "predict", **kwargs)
-        if kind != "predict":
+        if kind != "predict" and self.report is not None:
             self.report.feeding(kind, feed.pads, feed.padding_example)
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
