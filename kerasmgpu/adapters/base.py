@@ -301,7 +301,8 @@ class Adapter:
         raise NotImplementedError
 
     def loss_trackers(self, model: Any) -> List[Any]:
-        """The loss `Mean`s Keras updates with `sample_weight=<fed rows>` each step."""
+        """The loss `Mean`s Keras updates each step: the model's total first, then the
+        per-output ones."""
         raise NotImplementedError
 
     def has_call_time_losses(self, model: Any) -> bool:

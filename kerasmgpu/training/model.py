@@ -183,8 +183,8 @@ def hook_metrics(replica: Any) -> None:
     assert state is not None
     adapter = state.family
     trackers = adapter.loss_trackers(replica)
-    for tracker in trackers:
-        adapter.wrap_update_state(tracker, step_hooks.tracker_update(adapter))
+    for position, tracker in enumerate(trackers):  # the model's total loss comes first
+        adapter.wrap_update_state(tracker, step_hooks.tracker_update(adapter, position == 0))
     tracked = {id(t) for t in trackers}
     for metric in adapter.metric_leaves(replica):
         if id(metric) not in tracked:
@@ -197,8 +197,10 @@ def _on_compiled_metric(replica: Any) -> Callable[[Any], None]:
         if state is None:
             return
         adapter = state.family
-        if any(metric is t for t in adapter.loss_trackers(replica)):
-            adapter.wrap_update_state(metric, step_hooks.tracker_update(adapter))
+        trackers = adapter.loss_trackers(replica)
+        if any(metric is t for t in trackers):
+            adapter.wrap_update_state(
+                metric, step_hooks.tracker_update(adapter, metric is trackers[0]))
         else:
             adapter.wrap_update_state(metric, step_hooks.masked_update(adapter, metric))
 

@@ -235,8 +235,13 @@ def _same_rows(adapter: Adapter, values: Any, packed: Any) -> bool:
     return a is None or b is None or a == b
 
 
-def tracker_update(adapter: Adapter) -> Callable[[Callable[..., Any], List[str]], Callable[..., Any]]:
-    """A loss tracker's update_state that counts a padded step by its real rows."""
+def tracker_update(adapter: Adapter, total: bool = True
+                   ) -> Callable[[Callable[..., Any], List[str]], Callable[..., Any]]:
+    """A loss tracker's update_state that counts a padded step by its real rows.
+
+    `total`: the model's loss tracker (not a per-output one, which Keras's compiled
+    loss updates itself with a value it already unscaled).
+    """
 
     def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
         def update_state(values: Any, sample_weight: Any = None, **kwargs: Any) -> Any:
@@ -248,7 +253,7 @@ def tracker_update(adapter: Adapter) -> Callable[[Callable[..., Any], List[str]]
                 # `metric.update_state(loss)`). What it got from Keras's compiled loss
                 # is divided by the replica count where Keras scales losses for
                 # tf.distribute; one device tracks the whole value.
-                if frame.loss_weighted:
+                if total and frame.loss_weighted:
                     values = adapter.unscale_for_replicas(values)
                 return original(values, **kwargs)
             scale = adapter.column(frame.packed, SCALE)[0]
