@@ -139,6 +139,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     if line is detection.KerasLine.LEGACY:
         from kerasmgpu.engines.multi_gpu_model import MultiGpuModelRoute
 
+        assert isinstance(fam, keras23.Keras23)
         route = MultiGpuModelRoute(fam, [available[i] for i in ids], cpu_merge=cpu_merge,
                                    cpu_relocation=cpu_relocation)
         return route.parallelize(model)

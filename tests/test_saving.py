@@ -118,7 +118,7 @@ def _formats() -> Dict[str, str]:
         return {"model.keras": "model", "checkpoint.keras": "model",
                 "best.keras": "model"}
     return {"model.h5": "model", "checkpoint.h5": "model", "best.h5": "model",
-            "savedmodel": "model"}
+            "model.keras": "model", "savedmodel": "model"}
 
 
 @pytest.mark.parametrize("replicas", REPLICAS)
@@ -138,6 +138,7 @@ def test_every_file_loads_without_kerasmgpu(replicas: int, tmp_path: Path) -> No
     pmodel.save(str(tmp_path / f"model{suffix}"))
     if not KERAS3:
         pmodel.save(str(tmp_path / "savedmodel"))  # the TF SavedModel format
+        pmodel.save(str(tmp_path / "model.keras"))  # Keras's own format, 2.12+
     # What the parallel model's config shows is the user's model.
     text = pmodel.to_json()
     assert "kerasmgpu" not in text.lower() and "packed" not in text.lower()

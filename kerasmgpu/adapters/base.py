@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
@@ -65,9 +65,11 @@ def _leaves(structure: Any) -> List[Any]:
 class Adapter:
     """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
 
-    # [min, below): the releases of this line the tox matrix verifies.
-    VERIFIED: ClassVar[Tuple[Version, Version]]
-    LABEL: ClassVar[str]
+    # [min, below): the releases of this line the tox matrix verifies (set per instance:
+    # it depends on the line and backend).
+    VERIFIED: Tuple[Version, Version]
+    LABEL: str = "Keras"
+    DIST: str = "keras"
 
     def __init__(self, line: KerasLine, keras: ModuleType, backend: str,
                  version: Optional[Version]) -> None:
@@ -121,8 +123,6 @@ class Adapter:
         low, below = self.VERIFIED
         return f"{self.DIST}>={low},<{below}"
 
-    DIST: ClassVar[str] = "keras"
-
     # --- Keras objects ------------------------------------------------------------------
 
     @property
@@ -149,9 +149,6 @@ class Adapter:
         utils = self.keras.utils
         base: type = getattr(utils, "PyDataset", None) or utils.Sequence
         return base
-
-    def python_dataset_init(self, instance: Any, **options: Any) -> None:
-        """Initialise a PyDataset subclass (Keras 3 takes worker options, Keras 2 none)."""
 
     def fresh_optimizer(self, optimizer: Any) -> Any:
         """A new optimizer with the same configuration, to be built inside a scope.

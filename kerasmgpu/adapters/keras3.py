@@ -64,9 +64,6 @@ class Keras3(Adapter):
         args["optimizer"] = getattr(model, "optimizer", None) or args.get("optimizer")
         return args
 
-    def python_dataset_init(self, instance: Any, **options: Any) -> None:
-        type(instance).__mro__[1].__init__(instance, **options)
-
     def clone_model(self, model: Any) -> Any:
         # Keras 3.9+ compile a functional clone from the model's *serialized* compile
         # config (models/cloning.py), which fails for losses and metrics that do not

@@ -26,6 +26,7 @@ from kerasmgpu.routes import Route
 
 class MultiGpuModelRoute(BaseRoute):
     route = Route.MULTI_GPU_MODEL
+    family: Keras23
 
     def __init__(self, family: Keras23, devices: Sequence[Device],
                  cpu_merge: bool = True, cpu_relocation: bool = False) -> None:

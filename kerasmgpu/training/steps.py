@@ -209,13 +209,14 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
             if where is None:
                 frame.unweightable_metric = getattr(metric, "name", type(metric).__name__)
                 return original(*args, **kwargs)
-            args = list(args)
-            weight = kwargs.pop("sample_weight", args.pop(where) if len(args) > where else None)
-            values = args[where - 1] if 0 < where <= len(args) else None
+            positional = list(args)
+            weight = kwargs.pop("sample_weight",
+                                positional.pop(where) if len(positional) > where else None)
+            values = positional[where - 1] if 0 < where <= len(positional) else None
             if values is None or not adapter.rank(values) or not _same_rows(
                     adapter, values, frame.packed):
                 # Not one value per row (a scalar, another length): not ours to mask.
-                return original(*args, sample_weight=weight, **kwargs)
+                return original(*positional, sample_weight=weight, **kwargs)
             mask = adapter.column(frame.packed, MASK)
             if weight is None:
                 weight = mask
@@ -223,11 +224,11 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
                 weight = _times(adapter, mask, weight)
             if adapter.weights_follow_output_rank:
                 weight = adapter.expand_to_rank(weight, adapter.rank(values) or 1)
-            return original(*args, sample_weight=weight, **kwargs)
+            return original(*positional, sample_weight=weight, **kwargs)
 
         return update_state
 
-    return make  # type: ignore[return-value]
+    return make
 
 
 def _same_rows(adapter: Adapter, values: Any, packed: Any) -> bool:
