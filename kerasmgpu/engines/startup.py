@@ -38,7 +38,7 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from kerasmgpu import _hooks
 from kerasmgpu.env import cluster
@@ -208,7 +208,7 @@ class _EndsTheProcess:
                 _failure_code = self.status
 
 
-def _exit(status: Any = None) -> None:
+def _exit(status: Any = None) -> NoReturn:
     raise _system_exit(status)
 
 

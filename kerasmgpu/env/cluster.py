@@ -444,8 +444,10 @@ class TFConfigCluster(ClusterEnvironment):
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         config = _tf_config(env)
-        task = config.get("task", {}) if config else {}
-        return bool(config) and task.get("type") in ("chief", "worker") and bool(_ranks(config))
+        if not config:
+            return False
+        task = config.get("task") or {}
+        return task.get("type") in ("chief", "worker") and bool(_ranks(config))
 
     def _config(self) -> dict:
         return _tf_config(self.env) or {}

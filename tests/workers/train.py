@@ -141,9 +141,13 @@ prediction = pmodel.predict(x[:7], verbose=0)
 # Every process asks to save the template: only the chief may write it.
 model.save_weights(os.path.join(args.out, f"template-from-rank{rank}.weights.h5"))
 if args.listeners:
+    job = cluster.current()
+    store = job.torch_store()
     with open(os.path.join(args.out, f"listeners{rank}.json"), "w") as f:
         json.dump({"sockets": listening_sockets(),
-                   "coordinator": os.environ.get("KERASMGPU_COORDINATOR")}, f)
+                   "jax": int(job.jax_coordinator().rsplit(":", 1)[1]),
+                   "torch": store[1] if store else None,
+                   "tf": [int(w.rsplit(":", 1)[1]) for w in job.tf_workers() or []]}, f)
 np.savez(
     os.path.join(args.out, f"rank{rank}.npz"),
     *model.get_weights(),
