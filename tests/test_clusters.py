@@ -51,7 +51,7 @@ SRUN = {  # srun -n 2 on one node, task 1
     "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
     "SLURM_NODEID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
     "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "vm", "SLURM_STEP_TASKS_PER_NODE": "2",
-    "SLURM_JOB_NODELIST": "vm",
+    "SLURM_JOB_NODELIST": "vm", "SLURM_GTIDS": "0,1",
 }
 SBATCH = {  # the batch script itself, before any srun (copied from a real job)
     "SLURM_JOB_ID": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
@@ -146,11 +146,13 @@ def test_slurm_srun_step_but_not_the_batch_script() -> None:
 
 def test_slurm_across_nodes_names_the_first_node() -> None:
     env = {**SRUN, "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-           "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_NUM_NODES": "3",
+           "SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_NUM_NODES": "3", "SLURM_GTIDS": "4,5",
            "SLURM_STEP_NODELIST": "gpu[007-009]", "SLURM_STEP_TASKS_PER_NODE": "2(x3)"}
     job = cluster.detect(env)
     assert job.multi_node() and job.bind_host() == "0.0.0.0"
     assert job.main_address == "gpu007" and job.local_world_size() == 2
+    without_gtids = {k: v for k, v in env.items() if k != "SLURM_GTIDS"}
+    assert cluster.detect(without_gtids).local_world_size() == 2
     assert job.jax_coordinator() == f"gpu007:{job.main_port + 1}"
     assert cluster.first_host("node[003-005,9],gpu1") == "node003"
     assert cluster.first_host("a,b") == "a" and cluster.first_host("x[1,3]") == "x1"

@@ -409,6 +409,8 @@ class Slurm(ClusterEnvironment):
         return _int(self.env, "SLURM_LOCALID")
 
     def local_world_size(self) -> int:
+        if self.env.get("SLURM_GTIDS"):  # this node's tasks of the step
+            return len(self.env["SLURM_GTIDS"].split(","))
         node = _int(self.env, "SLURM_NODEID", 0)
         counts = tasks_per_node(self.env.get("SLURM_STEP_TASKS_PER_NODE")
                                 or str(self.world_size()))
