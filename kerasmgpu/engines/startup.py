@@ -201,11 +201,10 @@ class _EndsTheProcess:
         global _failure_code
         if threading.current_thread() is not threading.main_thread():
             return
-        try:
-            sys._getframe(1)
-        except ValueError:
-            if self.status:
-                _failure_code = self.status
+        frame = inspect.currentframe()  # this method's own frame
+        if frame is not None and frame.f_back is None and self.status:
+            _failure_code = self.status
+        del frame
 
 
 def _exit(status: Any = None) -> NoReturn:
