@@ -85,9 +85,21 @@ if os.environ.get("KERASMGPU_VIRTUAL_DEVICES"):
     from kerasmgpu.env.devices import apply_environment_request as _apply
 
     _apply()
-# In a `kerasmgpu launch` worker, the multi-process engines must start before their
-# frameworks' runtimes do: register that now, again without importing a framework.
-if int(os.environ.get("KERASMGPU_PROCESS_COUNT", "1") or 1) > 1:
-    from kerasmgpu.engines.startup import setup_at_import as _setup
+# In a process of a multi-process job (kerasmgpu launch, torchrun, mpirun, srun, a
+# cluster's TF_CONFIG), the engines must start before their frameworks' runtimes do:
+# register that now, again without importing a framework. One of these variables is
+# required by every environment of `kerasmgpu.env.cluster` (checked by the tests), so a
+# plain process does not even import that module.
+_LAUNCHER_VARIABLES = ("KERASMGPU_PROCESS_COUNT", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                       "SLURM_STEP_NUM_TASKS", "TF_CONFIG")
+if any(os.environ.get(name) for name in _LAUNCHER_VARIABLES):
+    from kerasmgpu.env import cluster as _cluster
 
-    _setup()
+    try:
+        _several = _cluster.launched()
+    except ValueError:  # contradictory launcher variables: parallelize() reports them
+        _several = False
+    if _several:
+        from kerasmgpu.engines.startup import setup_at_import as _setup
+
+        _setup()

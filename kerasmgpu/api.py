@@ -102,21 +102,31 @@ def parallelize(
     for active in reversed(_scoped):
         if active.owns(model) and active.devices == selected:
             adopted: ModelT = active.parallelize(model)
+            _chief_writes_the_template(model, adopted, active)
             return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
         # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    parallel: ModelT = cls(fam, selected).parallelize(model)
-    if cluster.launched() and not cluster.is_chief() and parallel is not model:
-        _chief_writes_the_template(model)
+    engine = cls(fam, selected)
+    parallel: ModelT = engine.parallelize(model)
+    _chief_writes_the_template(model, parallel, engine)
     return parallel
 
 
-def _chief_writes_the_template(model: Any) -> None:
-    """Workers other than rank 0 skip `template.save()` - every worker holds the same
-    weights, and N processes writing one file would corrupt it."""
+def _chief_writes_the_template(model: Any, parallel: Any, route: BaseRoute) -> None:
+    """Processes other than rank 0 skip `template.save()` - every process holds the
+    same weights, and N processes writing one file would corrupt it.
+
+    Not when the template is the parallel model itself and saving it is a collective
+    (TensorFlow reads its synchronised variables with every worker): then every process
+    must save. On torch the template is the parallel model and saves locally.
+    """
+    if not cluster.launched() or cluster.is_chief():
+        return
+    if parallel is model and not route.saves_locally:
+        return
     import types
 
     def skip(self: Any, *args: Any, **kwargs: Any) -> None:

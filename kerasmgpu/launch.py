@@ -341,6 +341,10 @@ class _Worker:
     started: float
     ended: Optional[float] = None
     threads: list[threading.Thread] = field(default_factory=list)
+    # When the process exited, taken by a thread blocked in wait(): when one worker's
+    # death makes another fail a moment later, both may be found in one poll, and only
+    # these times tell which came first (the launcher must name the first).
+    exited: Optional[float] = None
 
     @property
     def running(self) -> bool:
@@ -430,11 +434,16 @@ def _signal_groups(pgids: set[int], sig: int) -> None:
             pass
 
 
+def _wait_for_exit(worker: _Worker) -> None:
+    worker.proc.wait()
+    worker.exited = time.monotonic()
+
+
 def _reap(workers: Sequence[_Worker]) -> None:
     now = time.monotonic()
     for w in workers:
         if w.running and w.proc.poll() is not None:
-            w.ended = now
+            w.ended = w.exited if w.exited is not None else now
 
 
 def _stop(workers: Sequence[_Worker], grace: float, interrupt: _Interrupt) -> None:
@@ -563,6 +572,8 @@ def launch(
                 )
                 worker = _Worker(rank=rank, proc=proc, started=time.monotonic())
                 workers.append(worker)
+                threading.Thread(target=_wait_for_exit, args=(worker,), daemon=True,
+                                 name=f"kerasmgpu-launch-wait{rank}").start()
                 for pipe, sink in ((proc.stdout, out), (proc.stderr, err)):
                     assert pipe is not None
                     thread = threading.Thread(

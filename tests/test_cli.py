@@ -31,7 +31,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DOCTOR_KEYS = {"kerasmgpu", "environment", "devices", "nvml", "route", "findings", "ok"}
 ENVIRONMENT_KEYS = {"keras_line", "keras_version", "backend", "python", "keras", "tensorflow",
                     "tf_keras", "jax", "torch", "platform", "variables", "launched",
-                    "process_index", "process_count"}
+                    "process_index", "process_count", "cluster"}
 ROUTE_KEYS = {"route", "engine", "replicas", "devices", "all_reduce", "why", "error"}
 FINDING_KEYS = {"severity", "code", "message", "advice"}
 RESULT_KEYS = {"replicas", "global_batch", "per_replica_batch", "padding_rows", "steps",

@@ -1,29 +1,36 @@
 """Several processes on 127.0.0.1, through `kerasmgpu launch`, for real.
 
 Two workers train `tests/workers/train.py` (101 samples, global batch 10: the last
-batch has 1 row for 2 workers) and must end with identical weights equal to one
-process on the same global batches. A worker that dies makes the run fail fast naming
-it; a run killed mid-way resumes from BackupAndRestore. Every test is bounded in time,
-and the launcher stops every worker it started (SIGTERM, then SIGKILL by process group).
+batch has 1 row for 2 workers) and must end with identical weights equal to one process on the same global batches; the listeners
+the job starts are on loopback, and only the chief writes the template. A worker that
+fails - an exception before fit or in a callback, sys.exit(3), os._exit(3), SIGKILL -
+makes the run fail fast naming it, with no process left; a run killed mid-way resumes
+from BackupAndRestore. `tests/workers/ids.py` records the samples each process trained
+on: every sample once per epoch, each step's rows from one global batch. Every test is
+bounded in time, and the launcher stops every worker it started (SIGTERM, then SIGKILL
+by process group).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
-from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires
+from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
 
 import kerasmgpu
 from kerasmgpu.env.versions import KerasLine
 
-WORKER = str(Path(__file__).parent / "workers" / "train.py")
+WORKERS = Path(__file__).parent / "workers"
+WORKER = str(WORKERS / "train.py")
 # Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).
 MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
 trains_in_processes = pytest.mark.skipif(
@@ -56,12 +63,12 @@ def _single(out: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240
-            ) -> subprocess.CompletedProcess:
+def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240, worker: str = WORKER,
+            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     command: List[str] = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
-                          "--timeout", str(timeout), "--grace", "3", WORKER, str(out), *args]
-    return subprocess.run(command, env=_env(), capture_output=True, text=True,
+                          "--timeout", str(timeout), "--grace", "3", worker, str(out), *args]
+    return subprocess.run(command, env={**_env(), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout + 60)
 
 
@@ -86,16 +93,26 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
         np.testing.assert_allclose(da[key], db[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-INPUTS = ["arrays"] + (["tf.data"] if LINE in MULTI_WORKER_LINES else [])
+# In order: one process with one device trains the model as it is, and Keras shuffles
+# its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
+INPUTS: Dict[str, List[str]] = {"arrays": []}
+if LINE in MULTI_WORKER_LINES:
+    INPUTS["tf.data"] = ["--tf-data"]
+
+
+def _loopback(host: str) -> bool:
+    address = ipaddress.ip_address(host)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 @trains_in_processes
-@pytest.mark.parametrize("inputs", INPUTS)
+@pytest.mark.parametrize("inputs", list(INPUTS))
 def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
-    extra = ["--tf-data"] if inputs == "tf.data" else []
+    extra = INPUTS[inputs]
     single = _single(tmp_path / "one", *extra)
     assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", *extra)
+    run = _launch(tmp_path / "two", *extra, "--listeners")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert "[rank 0]" in run.stdout and "[rank 1]" in run.stdout  # rank-prefixed output
     rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
@@ -105,6 +122,32 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
     # ... and equal to one process on the same global batches.
     _assert_same(tmp_path / "one" / "rank0.npz", rank0)
     assert str(np.load(rank0, allow_pickle=True)["replicas"]) == str(2 * LOCAL_DEVICES)
+    assert str(np.load(rank1, allow_pickle=True)["cluster"]).startswith(
+        "kerasmgpu launch: process 1 of 2")
+    # Only the chief wrote the template, though both processes asked to.
+    written = sorted(p.name for p in (tmp_path / "two").glob("template-from-rank*"))
+    assert written == ["template-from-rank0.weights.h5"]
+    _assert_listeners(tmp_path / "two")
+
+
+def _assert_listeners(out: Path) -> None:
+    """What the job listens on, read from the socket table while it ran: the JAX
+    coordinator and torch's store on loopback only; TensorFlow's servers on every
+    interface, which TensorFlow does not let us change (the README says so)."""
+    seen = [json.loads((out / f"listeners{rank}.json").read_text()) for rank in (0, 1)]
+    by_port = {port: host for job in seen for host, port in job["sockets"]}
+    ours = {"jax": seen[0]["jax"], "torch": seen[0]["torch"]}
+    if ON_JAX:
+        assert ours["jax"] in by_port, seen
+    if ON_TORCH and ours["torch"] is not None:
+        assert ours["torch"] in by_port, seen
+    for what, port in ours.items():
+        if port in by_port:
+            assert _loopback(by_port[port]), (what, seen)
+    if LINE in MULTI_WORKER_LINES:
+        tf_ports = set(seen[0]["tf"])
+        assert len(tf_ports) == 2 and tf_ports <= set(by_port), seen
+        assert all(by_port[p] in ("0.0.0.0", "::") for p in tf_ports), seen
 
 
 @trains_in_processes
@@ -130,6 +173,97 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> Non
     reference = _single(tmp_path / "ref", "--epochs", "4")
     assert reference.returncode == 0, reference.stderr[-3000:]
     _assert_same(tmp_path / "ref" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
+
+
+def _group_members(pgids: List[int]) -> List[int]:
+    """Live processes in any of these process groups (each worker leads its own)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2:].split()
+        if int(fields[2]) in pgids and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
+
+
+# How a worker fails -> (train.py options, launch's exit status, how launch says it).
+FAILURES = {
+    "exception before fit": (["--crash-epoch", "-1", "--crash-how", "raise"], 1,
+                             "rank 1 exited with code 1"),
+    "exception in a callback": (["--crash-epoch", "0", "--crash-how", "raise"], 1,
+                                "rank 1 exited with code 1"),
+    "sys.exit(3)": (["--crash-epoch", "0", "--crash-how", "sys_exit"], 3,
+                    "rank 1 exited with code 3"),
+    "SIGKILL": (["--crash-epoch", "0", "--crash-how", "sigkill"], 1,
+                "rank 1 was killed by signal SIGKILL"),
+}
+
+
+@trains_in_processes
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_a_failing_worker_ends_the_job(tmp_path: Path, failure: str) -> None:
+    options, status, said = FAILURES[failure]
+    out = tmp_path / "run"
+    run = _launch(out, "--epochs", "2", "--crash-rank", "1", *options)
+    returned = time.time()
+    assert run.returncode == status, (run.stdout + run.stderr)[-4000:]
+    assert f"kerasmgpu launch: {said}" in run.stderr, run.stderr[-3000:]
+    died = float((out / "crashed").read_text())
+    assert returned - died < 60, f"launch returned {returned - died:.0f} s after rank 1 failed"
+    assert not (out / "rank0.npz").exists()
+    pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
+    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+
+
+# Several TensorFlow workers take tf.data, arrays or generators, not a PyDataset.
+SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["pydataset"])
+
+
+@trains_in_processes
+@pytest.mark.parametrize("inputs", SHUFFLED)
+def test_every_sample_once_per_epoch(tmp_path: Path, inputs: str) -> None:
+    out = tmp_path / "run"
+    run = _launch(out, "--input", inputs, worker=str(WORKERS / "ids.py"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    seen = [json.loads((out / f"ids{rank}.json").read_text()) for rank in (0, 1)]
+    rows, batch, share = 64, 8, 4  # share: rows of each global batch per process
+    for epoch in range(2):
+        ids = [seen[rank]["epochs"][epoch] for rank in (0, 1)]
+        assert sorted(ids[0] + ids[1]) == list(range(rows)), (epoch, ids)
+        steps = [[ids[rank][i:i + share] for i in range(0, len(ids[rank]), share)]
+                 for rank in (0, 1)]
+        assert len(steps[0]) == len(steps[1]) == rows // batch
+        if inputs == "pydataset":  # batch b holds ids 8b..8b+7: each step one batch
+            for first, second in zip(*steps):
+                assert len({i // batch for i in first + second}) == 1, steps
+    assert seen[0]["epochs"][0] != seen[0]["epochs"][1]  # reshuffled every epoch
+    # The model was built without a seed: both processes started, and ended, alike.
+    assert seen[0]["weights"] == seen[1]["weights"]
+
+
+@requires(torch=True)
+@pytest.mark.parametrize("mode", ["unbuilt", "evaluate-alone"])
+def test_torch_refuses_an_unbuilt_model_and_bounds_a_lonely_evaluate(
+        tmp_path: Path, mode: str) -> None:
+    out = tmp_path / "run"
+    run = _launch(out, mode, worker=str(WORKERS / "misuse.py"),
+                  env={"KERASMGPU_COLLECTIVE_TIMEOUT": "10"})
+    if mode == "unbuilt":
+        assert run.returncode == 1
+        assert "Invalid `model`. Received: model=an unbuilt Sequential" in run.stderr
+        assert "model.build(input_shape)" in run.stderr
+        return
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    outcome = (out / "evaluate-alone.txt").read_text()
+    assert outcome.startswith("raised after"), outcome
+    assert "KERASMGPU_COLLECTIVE_TIMEOUT (10 s)" in outcome
+    assert float(outcome.split()[2]) < 60
 
 
 @requires(lines=[KerasLine.KERAS_3])

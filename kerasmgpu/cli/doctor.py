@@ -35,7 +35,8 @@ JSON schema (every key is always present; unknown values are null):
                       "TF_USE_LEGACY_KERAS": str | null, "KERAS_BACKEND": str | null,
                       "XLA_FLAGS": str | null, "TF_CONFIG": str | null,
                       "KERASMGPU_LAUNCHED": str | null},
-        "launched": bool, "process_index": int, "process_count": int
+        "launched": bool, "process_index": int, "process_count": int,
+        "cluster": str                          # the launcher detected, in words
       },
       "devices": [{"name": str, "kind": "gpu" | "cpu" | "tpu", "index": int,
                    "virtual": bool, "memory_mb": int | null}],   # [] if not listed
@@ -55,6 +56,7 @@ Finding codes: internal_error, no_keras, keras_import_failed, framework_import_f
 device_listing_failed, bad_virtual_devices, backend_cannot_train, keras_too_old,
 keras3_with_old_tensorflow, tf_keras_mismatch, tf_keras_without_tensorflow,
 keras_tensorflow_mismatch, tf_keras_not_selected, torch_outside_launch, launched,
+launcher_variables,
 no_gpu, one_gpu, gpus_invisible_to_framework, virtual_devices_ignored,
 route_unavailable, kerasmgpu_warning.
 """
@@ -147,6 +149,8 @@ class Facts:
     launched: bool = False
     process_index: int = 0
     process_count: int = 1
+    cluster: str = "single process"  # kerasmgpu.env.cluster's description of the job
+    cluster_error: Optional[str] = None
     route: Optional[str] = None
     route_error: Optional[str] = None
     virtual_error: Optional[str] = None
@@ -164,7 +168,7 @@ class Facts:
 
     @property
     def multi_process(self) -> bool:
-        """A `kerasmgpu launch` worker among several: the processes are the replicas."""
+        """A process among several (any launcher): the processes are the replicas."""
         return self.launched and self.process_count > 1
 
 
@@ -402,15 +406,23 @@ def findings(facts: Facts) -> List[Finding]:
     if torch_outside:
         out.append(Finding(
             WARNING, "torch_outside_launch",
-            "the torch backend trains one process per device, and this is not a "
-            "`kerasmgpu launch` worker: parallelize() cannot spread a model here.",
-            "run your script with `kerasmgpu launch --nproc N your_script.py`",
+            "the torch backend trains one process per device, and this process is not "
+            "one of several (no kerasmgpu launch, torchrun, mpirun or srun detected): "
+            "parallelize() cannot spread a model here.",
+            "run your script with `kerasmgpu launch --nproc N your_script.py` (or "
+            "torchrun, mpirun, srun)",
+        ))
+    if facts.cluster_error:
+        out.append(Finding(
+            BLOCKING, "launcher_variables",
+            f"the launcher's variables contradict each other: {facts.cluster_error}",
+            "check what your launcher sets (see the variables above)",
         ))
     if facts.multi_process:
         out.append(Finding(
             INFO, "launched",
-            f"process {facts.process_index} of {facts.process_count} of a "
-            "`kerasmgpu launch` run.",
+            f"process {facts.process_index} of {facts.process_count}, started by "
+            f"{facts.cluster.split(':', 1)[0]} ({facts.cluster}).",
             "each process reports its own devices; replicas = processes x devices",
         ))
     out.extend(_device_findings(facts))
@@ -446,7 +458,7 @@ def route_info(facts: Facts) -> Dict[str, Any]:
         if multi_process:
             engine = "tf.distribute.MultiWorkerMirroredStrategy"
             all_reduce = "CollectiveAllReduce across processes"
-            why = ("one process per device group (`kerasmgpu launch`): TensorFlow's "
+            why = ("one process per device group: TensorFlow's "
                    "collective ops all-reduce gradients between processes - NCCL between "
                    "GPUs, a ring over gRPC between CPUs.")
         elif gpus >= 2 and facts.platform.startswith("linux"):
@@ -465,7 +477,7 @@ def route_info(facts: Facts) -> Dict[str, Any]:
         all_reduce = "XLA collectives" + (" (NCCL between GPUs)" if gpus else " (host memory)")
         why = ("Keras 3 on JAX shards each batch over a device mesh and XLA compiles the "
                "gradient all-reduce into the training step"
-               + (" - across processes too, under `kerasmgpu launch`." if multi_process else "."))
+               + (" - across processes too." if multi_process else "."))
     elif route == "torch_ddp":
         all_reduce = "nccl" if gpus else "gloo"
         why = ("torch.distributed all-reduces gradients between processes: nccl between "
@@ -523,6 +535,7 @@ def build_report(facts: Facts) -> Dict[str, Any]:
             "launched": facts.launched,
             "process_index": facts.process_index,
             "process_count": facts.process_count,
+            "cluster": facts.cluster,
         },
         "devices": [
             {"name": str(d.get("name")), "kind": str(d.get("kind")),
@@ -556,9 +569,7 @@ def render(report: Mapping[str, Any]) -> str:
     for key, value in env["variables"].items():
         if value is not None or key in ("CUDA_VISIBLE_DEVICES", VIRTUAL_DEVICES_ENV):
             lines.append(f"  {key} = {value if value is not None else '(unset)'}")
-    if env["launched"]:
-        lines.append(f"  kerasmgpu launch worker: process {env['process_index']} of "
-                     f"{env['process_count']}")
+    lines.append(f"  launcher     : {env['cluster']}")
     lines += ["", f"Devices ({'as the framework lists them' if report['devices'] else 'none listed'})"]
     for d in report["devices"]:
         tag = " (virtual)" if d["virtual"] else ""
@@ -650,9 +661,13 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
         keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
         variables={k: os.environ[k] for k in WATCHED if k in os.environ},
-        launched=_common.launched(), process_index=cluster.process_index(),
-        process_count=cluster.process_count(),
     )
+    try:
+        job = cluster.current()
+        values.update(launched=_common.launched(), process_index=job.global_rank(),
+                      process_count=job.world_size(), cluster=job.describe())
+    except ValueError as exc:  # contradictory launcher variables
+        values["cluster_error"] = str(exc)
     try:
         from kerasmgpu.env import devices as devices_module
 

@@ -589,6 +589,67 @@ def _dataset_python_feed(
     return Feed(DatasetBatches(), steps=steps)
 
 
+# --- several processes: every process sees the same global batches ------------------------
+# (kerasmgpu.engines: the seed is rank 0's; each process then takes its own share.)
+
+
+class _SeededOrder:
+    """An indexable source read in an order drawn from `seed`, re-drawn every epoch.
+
+    Keras shuffles a PyDataset/Sequence with the process's own random state, so the
+    processes of a job would read different batches at the same step: in a job of
+    several, we shuffle instead, alike everywhere, and Keras is told not to.
+    """
+
+    def __init__(self, source: Any, seed: int) -> None:
+        self._source = source
+        self._rng = np.random.default_rng(seed)
+        self._order = self._rng.permutation(len(source))
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._source[int(self._order[index])]
+
+    def on_epoch_end(self) -> None:
+        if hasattr(self._source, "on_epoch_end"):
+            self._source.on_epoch_end()
+        self._order = self._rng.permutation(len(self._source))
+
+    def __getattr__(self, name: str) -> Any:  # workers, use_multiprocessing, ...
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+
+def _same_order_everywhere(
+    family: Family, source: Any, seed: int, class_weight: Any, planner: batching.Planner,
+    predict: bool,
+) -> Feed:
+    feed = _python_feed(family, _SeededOrder(source, seed), class_weight, planner, predict)
+    return dataclasses.replace(feed, keras_shuffles=False)
+
+
+def _refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
+    """Every process reads the whole pipeline and trains its share of each batch: an
+    unseeded shuffle would give each process other batches (samples twice or never)."""
+    from kerasmgpu.adapters import tf_data
+
+    unseeded = tf_data.unseeded_shuffles(dataset)
+    if unseeded:
+        raise bad_value(
+            "x", f"a tf.data.Dataset with {unseeded} unseeded shuffle(s), in a job of "
+            f"{processes} processes",
+            "a pipeline that shuffles alike in every process: each process reads it "
+            "whole and trains its own share of every batch",
+            "pass a seed, the same in every process: `dataset.shuffle(buffer, seed=S)`, "
+            "or call `keras.utils.set_random_seed(S)` before building the pipeline; or "
+            "pass arrays with fit(shuffle=True)",
+            raw=True,
+        )
+
+
 # --- entry point -------------------------------------------------------------------------------
 
 
@@ -628,11 +689,15 @@ def build(
                 "yield the weights with each batch",
             )
         if _is_dataset(x):
+            if planner.process_count > 1:
+                _refuse_unseeded_shuffle(x, planner.process_count)
             if kind == "tf":
                 return _dataset_tf_feed(x, class_weight, planner, predict)
             return _dataset_python_feed(family, x, class_weight, planner, predict)
         if kind == "tf" and not hasattr(x, "__getitem__"):
             return _generator_tf_feed(family, iter(x), class_weight, planner, predict)
+        if shuffle and seed is not None and planner.process_count > 1 and hasattr(x, "__len__"):
+            return _same_order_everywhere(family, x, seed, class_weight, planner, predict)
         return _python_feed(family, x, class_weight, planner, predict)
     if not _is_array_like(x):
         raise bad_type(

@@ -7,7 +7,9 @@ process group) built for a fixed set of devices, and knows:
 * `replicas` - how many copies of the model train in step;
 * `scope()` - the context that models and optimizers must be built in;
 * `parallelize(model)` - a model that trains on all of them;
-* `describe()` - the engine and all-reduce in words (for `doctor` and `demo`).
+* `describe()` - the engine and all-reduce in words (for `doctor` and `demo`);
+* `broadcast(value)` - rank 0's integer on every process (one process: the value);
+* `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import abc
 import functools
 from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
+
+import numpy as np
 
 from kerasmgpu.adapters import Family
 from kerasmgpu.batching import Planner
@@ -29,6 +33,9 @@ class BaseRoute(abc.ABC):
     route: ClassVar[Route]
     # How fit() input reaches this engine: "tf" (tf.data) or "python" (PyDataset).
     feed_kind: ClassVar[str] = "python"
+    # Whether saving the model reads this process's memory only (no collective), so
+    # that processes other than the chief can skip it.
+    saves_locally: ClassVar[bool] = False
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         self.family = family
@@ -86,6 +93,21 @@ class BaseRoute(abc.ABC):
         """Make every replica's non-trainable state equal before it is read (mirrored:
         sync-on-read BatchNorm statistics)."""
 
+    def broadcast(self, value: int) -> int:
+        """Rank 0's `value` (an integer below 2**31) on every process."""
+        return int(self.broadcast_arrays([np.asarray(value, np.int32)])[0])
+
+    def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
+        """Rank 0's NumPy arrays on every process (one process: the arrays)."""
+        return list(arrays)
+
+    def shuffle_seed(self) -> int:
+        """The seed of `fit(shuffle=True)`: drawn from NumPy's global generator, so
+        `keras.utils.set_random_seed` (which seeds it) makes shuffles reproducible, and
+        rank 0's draw on every process, so that all shuffle alike and each trains its
+        own share of the same global batches - every sample once per epoch."""
+        return self.broadcast(int(np.random.randint(0, 2**31 - 1)))
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""
@@ -107,6 +129,10 @@ class BaseRoute(abc.ABC):
 
         if self.owns(model):
             return parallel_model.adopt(self, self.family, model)
+        if cluster.launched() and model.weights:
+            # Each process built its own template, with its own random initial weights
+            # unless the script seeded them alike: all start from rank 0's.
+            model.set_weights(self.broadcast_arrays(model.get_weights()))
         return parallel_model.parallel_copy(self, self.family, model)
 
     def describe(self) -> Dict[str, str]:

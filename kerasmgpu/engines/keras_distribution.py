@@ -97,6 +97,14 @@ class KerasDistributionRoute(BaseRoute):
                 return False
         return True
 
+    def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
+        if not cluster.launched():
+            return list(arrays)
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return [np.asarray(a) for a in multihost_utils.broadcast_one_to_all(list(arrays))]
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         callbacks = super().worker_callbacks(callbacks)
         if cluster.launched():

@@ -78,6 +78,24 @@ class MirroredRoute(BaseRoute):
     def equalize(self, replica: Any) -> None:
         self.family.equalize_replica_state(replica, self.strategy)
 
+    def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
+        if not self.multi_worker:
+            return list(arrays)
+        import tensorflow as tf
+
+        values = [tf.constant(a) for a in arrays]
+
+        def rank0_only() -> Any:
+            # A sum to which only the first replica of rank 0 adds anything.
+            context = tf.distribute.get_replica_context()
+            first = context.replica_id_in_sync_group == 0
+            mine = [tf.where(first, v, tf.zeros_like(v)) for v in values]
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+        # In a tf.function: run eagerly, the strategy warns that it is slow.
+        totals = tf.function(lambda: self.strategy.run(rank0_only))()
+        return [self.strategy.experimental_local_results(t)[0].numpy() for t in totals]
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
         # only, and every worker must take part in their (collective) saves.

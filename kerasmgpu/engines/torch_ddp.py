@@ -83,6 +83,7 @@ def _one_device_hint(device: Device) -> str:
 class TorchDDPRoute(BaseRoute):
     route = Route.TORCH_DDP
     feed_kind = "python"
+    saves_locally = True
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)
@@ -119,9 +120,30 @@ class TorchDDPRoute(BaseRoute):
 
     def _broadcast(self, variables: Sequence[Any]) -> None:
         for variable in variables:
-            self.dist.broadcast(variable.value.data, src=0)
+            _collective(self.dist.broadcast, variable.value.data, src=0)
+
+    def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
+        import torch
+
+        tensors = [torch.as_tensor(a).clone() for a in arrays]
+        if self.dist.get_backend() == "nccl":
+            tensors = [t.cuda() for t in tensors]
+        for tensor in tensors:
+            _collective(self.dist.broadcast, tensor, src=0)
+        return [t.cpu().numpy() for t in tensors]
 
     def prepare_replica(self, replica: Any) -> None:
+        if not getattr(replica, "built", True):
+            # Built later, by its first batch, each process would draw its own initial
+            # weights and nothing would make them equal again.
+            raise ValueError(explain(
+                "model", f"an unbuilt {type(replica).__name__} (no weights yet)",
+                "a model whose weights exist when parallelize() is called, so that rank "
+                "0's can be broadcast to every process",
+                "give it an input shape (`keras.Input(shape)` as the first layer of a "
+                "Sequential) or call `model.build(input_shape)` before parallelize()",
+                raw=True,
+            ))
         self._broadcast(replica.weights)
         if getattr(replica, "optimizer", None) is not None and replica.optimizer.built:
             self._broadcast(replica.optimizer.variables)
@@ -204,6 +226,22 @@ def _all_reduce_flat(dist: Any, tensors: Sequence[Any], dtype: Any = None) -> Li
 
     flat = torch.cat([t.reshape(-1) if dtype is None else t.reshape(-1).to(dtype)
                       for t in tensors])
-    dist.all_reduce(flat)
+    _collective(dist.all_reduce, flat)
     pieces = torch.split(flat, [t.numel() for t in tensors])
     return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
+
+
+def _collective(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A torch.distributed call whose failure says what went wrong in our words."""
+    try:
+        return operation(*args, **kwargs)
+    except RuntimeError as exc:  # DistBackendError is one; gloo's timeouts are others
+        raise RuntimeError(
+            f"A collective with the other processes failed ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}). Every "
+            "process of the job must call fit/evaluate/train_on_batch together; one "
+            "that stopped, failed or called it alone makes the others wait until "
+            f"{cluster.TIMEOUT_ENV} ({cluster.collective_timeout():g} s) passes. Fix: "
+            "call these methods on every process (predict runs on each alone), and "
+            "look for an earlier error in the other processes' output."
+        ) from exc

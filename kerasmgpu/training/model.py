@@ -60,9 +60,9 @@ class ParallelState:
              **kwargs: Any) -> feeds.Feed:
         """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
         after epoch by fit()."""
-        if cluster.launched() and kwargs.get("shuffle"):
-            # Every worker must shuffle the same way, or shards would overlap.
-            kwargs.setdefault("seed", cluster.shared_seed())
+        if kwargs.get("shuffle"):
+            # Every process must shuffle alike, or their shares would overlap.
+            kwargs.setdefault("seed", self.route.shuffle_seed())
         inputs = self.family.model_inputs(model) if model is not None else None
         feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x,
                            inputs=inputs, predict=kind == "predict", **kwargs)

@@ -5,19 +5,27 @@
 
 Writes OUT_DIR/rank<R>.npz (final weights, history, evaluation) so the tests can check
 that every worker ends with the same weights as one process on the same global batches.
-Options: --epochs E, --batch B, --rows N, --crash-rank R --crash-epoch E (exit 3 at the
-end of that epoch, once: a marker file makes the next run train normally),
---backup DIR (BackupAndRestore), --shuffle, --tf-data (feed a batched tf.data.Dataset).
+Options: --epochs E, --batch B, --rows N, --crash-rank R --crash-epoch E (fail at the end
+of that epoch, or before fit with E = -1; once: a marker file holding the time of the
+failure makes the next run train normally), --crash-how (os_exit: os._exit(3), sys_exit:
+sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup DIR
+(BackupAndRestore), --shuffle, --seed S (keras.utils.set_random_seed(S)), --tf-data (feed
+a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on).
+Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
 import argparse
+import ipaddress
+import json
 import os
+import signal
 import sys
 import time
 
 import numpy as np
 
 import kerasmgpu  # before TensorFlow/JAX/Keras: it sets up the multi-process engine
+from kerasmgpu.env import cluster
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
@@ -25,11 +33,18 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch", type=int, default=10)
 parser.add_argument("--rows", type=int, default=101)
 parser.add_argument("--crash-rank", type=int, default=-1)
-parser.add_argument("--crash-epoch", type=int, default=-1)
+parser.add_argument("--crash-epoch", type=int, default=-2)
+parser.add_argument("--crash-how", default="os_exit",
+                    choices=["os_exit", "sys_exit", "raise", "sigkill"])
 parser.add_argument("--backup", default=None)
 parser.add_argument("--shuffle", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
+parser.add_argument("--seed", type=int, default=None)
+parser.add_argument("--listeners", action="store_true")
 args = parser.parse_args()
+rank = kerasmgpu.process_index()
+with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
+    f.write(str(os.getpid()))
 
 line = str(kerasmgpu.environment().keras_line)
 if line == "tf_keras":
@@ -41,6 +56,8 @@ elif line.startswith("tf.keras"):
 else:
     import keras
 
+if args.seed is not None:
+    keras.utils.set_random_seed(args.seed)
 rng = np.random.default_rng(0)
 x = rng.normal(size=(args.rows, 6)).astype("float32")
 y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype("float32")
@@ -54,17 +71,54 @@ model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w 
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
 
 pmodel = kerasmgpu.parallelize(model)
-rank = kerasmgpu.process_index()
+
+
+def crash_if_asked(epoch):
+    marker = os.path.join(args.out, "crashed")
+    if rank != args.crash_rank or epoch != args.crash_epoch or os.path.exists(marker):
+        return
+    with open(marker, "w") as f:  # when it died, for the launcher's fail-fast bound
+        f.write(repr(time.time()))
+    print(f"rank {rank}: crashing ({args.crash_how}) at epoch {epoch}", flush=True)
+    if args.crash_how == "os_exit":
+        os._exit(3)
+    if args.crash_how == "sys_exit":
+        sys.exit(3)
+    if args.crash_how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"rank {rank} fails on purpose")
 
 
 class Crash(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
-        marker = os.path.join(args.out, "crashed")
-        if rank == args.crash_rank and epoch == args.crash_epoch and not os.path.exists(marker):
-            with open(marker, "w") as f:  # when it died, for the launcher's fail-fast bound
-                f.write(repr(time.time()))
-            print(f"rank {rank}: crashing at the end of epoch {epoch}", flush=True)
-            os._exit(3)
+        crash_if_asked(epoch)
+
+
+def listening_sockets():
+    """(address, port) of every TCP socket this process listens on, from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                    continue
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)  # little-endian 32-bit words
+                host = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.append([str(ipaddress.ip_address(host)), int(port, 16)])
+    return found
+
+
+crash_if_asked(-1)  # before fit: the other process is already waiting in fit
 
 
 callbacks = [Crash()]
@@ -84,6 +138,16 @@ else:
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
 prediction = pmodel.predict(x[:7], verbose=0)
+# Every process asks to save the template: only the chief may write it.
+model.save_weights(os.path.join(args.out, f"template-from-rank{rank}.weights.h5"))
+if args.listeners:
+    job = cluster.current()
+    store = job.torch_store()
+    with open(os.path.join(args.out, f"listeners{rank}.json"), "w") as f:
+        json.dump({"sockets": listening_sockets(),
+                   "jax": int(job.jax_coordinator().rsplit(":", 1)[1]),
+                   "torch": store[1] if store else None,
+                   "tf": [int(w.rsplit(":", 1)[1]) for w in job.tf_workers() or []]}, f)
 np.savez(
     os.path.join(args.out, f"rank{rank}.npz"),
     *model.get_weights(),
@@ -92,6 +156,7 @@ np.savez(
     evaluation=np.asarray(evaluation),
     prediction=np.asarray(prediction),
     replicas=np.asarray(kerasmgpu.describe(model=pmodel).get("replicas", "1"), dtype=object),
+    cluster=np.asarray(cluster.current().describe(), dtype=object),
 )
 print(f"rank {rank} of {kerasmgpu.process_count()}: done, loss {history.history['loss']}",
       flush=True)

@@ -1,0 +1,223 @@
+"""The launchers people already use start a job with no change to the script, for real.
+
+`tests/workers/train.py` (the script of test_distributed.py) runs as 2 processes under
+torchrun, Open MPI's `mpirun`, SLURM's `srun` (a single-node slurmctld + slurmd, which
+`.ci/run` starts), and as 2 processes started here with a cluster-style TF_CONFIG: each
+job must name its launcher, end with the weights of one process trained on the same
+global batches, and listen on loopback where kerasmgpu starts the listener. A process
+that fails under an external launcher must not keep the others waiting: the launcher
+ends the job (torchrun, `mpirun`, `srun --kill-on-bad-exit=1`) within the bound.
+
+A launcher that is not installed here is skipped, and the skip says how to get it.
+Every run is bounded (`timeout`), in its own process group, and checked for leftovers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+from helpers import LINE, ON_JAX, ON_TORCH, wait_until
+from test_distributed import (
+    LOCAL_DEVICES,
+    MULTI_WORKER_LINES,
+    WORKER,
+    _assert_same,
+    _env,
+    _group_members,
+    _loopback,
+    _paired_weights,
+    trains_in_processes,
+)
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600), trains_in_processes]
+RUN_TIMEOUT = 300
+
+
+def _torchrun() -> Optional[str]:
+    """torchrun ships with torch: this env's, or the torch env's next to it (tox puts
+    every env under one .tox folder), so that JAX and TensorFlow scripts run under it too."""
+    chosen = os.environ.get("KERASMGPU_TEST_TORCHRUN") or shutil.which("torchrun")
+    if not chosen:
+        siblings = sorted(Path(sys.executable).parents[1].parent.glob("*torch*/bin/torchrun"))
+        chosen = str(siblings[-1]) if siblings else None
+    if chosen is None:
+        return None
+    try:  # a torch env still being installed (tox -p) is not one to use
+        ok = subprocess.run([chosen, "--help"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return chosen if ok else None
+
+
+def _slurm_ready() -> bool:
+    if not (shutil.which("srun") and shutil.which("sinfo")):
+        return False
+    try:
+        states = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                                timeout=20).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(state in ("idle", "mix", "alloc") for state in states)
+
+
+TORCHRUN = _torchrun()
+MPIRUN = shutil.which("mpirun")
+SLURM = _slurm_ready()
+needs = {
+    "torchrun": pytest.mark.skipif(
+        TORCHRUN is None, reason="torchrun not found: pip install torch (it ships torchrun), "
+        "or set KERASMGPU_TEST_TORCHRUN"),
+    "mpirun": pytest.mark.skipif(
+        MPIRUN is None, reason="mpirun not found: apt-get install openmpi-bin (.ci/run does)"),
+    "srun": pytest.mark.skipif(
+        not SLURM, reason="no SLURM node answers sinfo: .ci/run starts slurmctld and "
+        "slurmd from Debian's slurm-wlm packages"),
+}
+
+
+def _command(launcher: str, out: Path, *args: str) -> List[str]:
+    script = [sys.executable, WORKER, str(out), *args]
+    if launcher == "torchrun":
+        assert TORCHRUN is not None
+        return [TORCHRUN, "--standalone", "--nproc_per_node", "2", "--no-python", *script]
+    if launcher == "mpirun":
+        assert MPIRUN is not None
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return [MPIRUN, *root, "--oversubscribe", "--bind-to", "none", "-np", "2", *script]
+    # --overcommit/--oversubscribe: envs testing at once share the node's cores
+    # instead of queueing behind each other.
+    return ["srun", "--ntasks", "2", "--overcommit", "--oversubscribe", "--kill-on-bad-exit=1",
+            "--time", "10", *script]
+
+
+def _run(command: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a launcher in its own process group, killed with everything in it on timeout."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{command[0]} still running after {RUN_TIMEOUT} s:\n{(out + err)[-3000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _assert_nothing_left(out: Path) -> None:
+    pids = [int(p.read_text()) for p in out.glob("pid*")]
+    assert pids
+    assert wait_until(lambda: not _group_members(pids) and not any(
+        os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in pids)), "left behind"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process on the same global batches (shared by every launcher's test)."""
+    out = tmp_path_factory.mktemp("one")
+    single = subprocess.run([sys.executable, WORKER, str(out)], env=_env(),
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert single.returncode == 0, single.stderr[-3000:]
+    return out / "rank0.npz"
+
+
+def _check_job(out: Path, reference: Path, name: str) -> None:
+    import numpy as np
+
+    rank0, rank1 = out / "rank0.npz", out / "rank1.npz"
+    for u, v in _paired_weights(rank0, rank1):
+        np.testing.assert_allclose(u, v, atol=1e-6)
+    _assert_same(reference, rank0)
+    for rank, path in enumerate((rank0, rank1)):
+        described = str(np.load(path, allow_pickle=True)["cluster"])
+        assert described.startswith(f"{name}: process {rank} of 2"), described
+    assert str(np.load(rank0, allow_pickle=True)["replicas"]) == str(2 * LOCAL_DEVICES)
+    assert sorted(p.name for p in out.glob("template-from-rank*")) == [
+        "template-from-rank0.weights.h5"]
+    seen = [json.loads((out / f"listeners{rank}.json").read_text()) for rank in (0, 1)]
+    by_port = {port: host for job in seen for host, port in job["sockets"]}
+    if ON_JAX:
+        assert seen[0]["jax"] in by_port and _loopback(by_port[seen[0]["jax"]]), seen
+    if ON_TORCH and seen[0]["torch"] is not None:
+        assert seen[0]["torch"] in by_port and _loopback(by_port[seen[0]["torch"]]), seen
+
+
+@pytest.mark.parametrize("launcher, name", [
+    pytest.param("torchrun", "torchrun", marks=needs["torchrun"]),
+    pytest.param("mpirun", "Open MPI", marks=needs["mpirun"]),
+    pytest.param("srun", "SLURM", marks=needs["srun"]),
+])
+def test_two_processes_of_an_external_launcher_train_as_one_job(
+        tmp_path: Path, reference: Path, launcher: str, name: str) -> None:
+    out = tmp_path / "job"
+    out.mkdir()
+    run = _run(_command(launcher, out, "--listeners"), _env())
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _check_job(out, reference, name)
+    _assert_nothing_left(out)
+
+
+@pytest.mark.skipif(LINE not in MULTI_WORKER_LINES,
+                    reason="TF_CONFIG drives TensorFlow's MultiWorkerMirroredStrategy")
+def test_a_cluster_tf_config_trains_as_one_job(tmp_path: Path, reference: Path) -> None:
+    from kerasmgpu.launch import free_port_block
+
+    out = tmp_path / "job"
+    out.mkdir()
+    port = free_port_block(2)
+    workers = [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
+    procs = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        procs.append(subprocess.Popen(
+            [sys.executable, WORKER, str(out), "--listeners"],
+            env={**_env(), "TF_CONFIG": json.dumps(config)}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True))
+    try:
+        results = [proc.communicate(timeout=RUN_TIMEOUT) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for proc, (stdout, stderr) in zip(procs, results):
+        assert proc.returncode == 0, (stdout + stderr)[-4000:]
+    _check_job(out, reference, "TF_CONFIG")
+    _assert_nothing_left(out)
+
+
+@pytest.mark.skipif(not ON_JAX, reason="the line whose processes waited for each other at "
+                    "exit (Keras 3 on JAX); the others end sooner")
+@needs["mpirun"]
+def test_a_failing_process_does_not_keep_the_others_waiting(tmp_path: Path) -> None:
+    # One launcher is enough here: what ends the job is the launcher's own reaction to a
+    # process that exits non-zero (torchrun and `srun --kill-on-bad-exit=1` do the same);
+    # what kerasmgpu must do is exit that process instead of waiting at its exit.
+    launcher = "mpirun"
+    out = tmp_path / "job"
+    out.mkdir()
+    run = _run(_command(launcher, out, "--epochs", "2", "--crash-rank", "1",
+                        "--crash-epoch", "0", "--crash-how", "sys_exit"), _env())
+    returned = time.time()
+    assert run.returncode != 0
+    died = float((out / "crashed").read_text())
+    assert returned - died < 60, f"{launcher} returned {returned - died:.0f} s after the failure"
+    assert not (out / "rank0.npz").exists()
+    _assert_nothing_left(out)
