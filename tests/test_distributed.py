@@ -106,6 +106,7 @@ def _loopback(host: str) -> bool:
     return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
+@pytest.mark.core
 @trains_in_processes
 @pytest.mark.parametrize("inputs", list(INPUTS))
 def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
@@ -128,6 +129,19 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
     written = sorted(p.name for p in (tmp_path / "two").glob("template-from-rank*"))
     assert written == ["template-from-rank0.weights.h5"]
     _assert_listeners(tmp_path / "two")
+
+
+@pytest.mark.core
+@requires(torch=True)
+def test_custom_train_step_on_two_torch_processes(tmp_path: Path) -> None:
+    """The PyTorch guide's own train_step (zero_grad, backward, optimizer.apply) on two
+    processes - 101 rows, batch 10: a padded last batch of 1 - equals one process."""
+    single = _single(tmp_path / "one", "--custom-step")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--custom-step")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "cannot keep padding rows out" not in run.stdout + run.stderr
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 
 
 def _assert_listeners(out: Path) -> None:

@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.core
+
 FRAMEWORKS = ("tensorflow", "jax", "torch", "keras", "tf_keras", "numpy")
 
 
@@ -22,8 +26,6 @@ CODE = f"""
 import json, sys
 before = set(sys.modules)
 import kerasmgpu
-
-pytestmark = pytest.mark.core
 kerasmgpu.Route, kerasmgpu.KerasLine, kerasmgpu.environment()
 new = {{m.split(".")[0] for m in set(sys.modules) - before}}
 imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]

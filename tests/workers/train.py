@@ -41,6 +41,8 @@ parser.add_argument("--shuffle", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--listeners", action="store_true")
+parser.add_argument("--custom-step", action="store_true",
+                    help="the Keras guide's own train_step (PyTorch form)")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -65,7 +67,30 @@ y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype
 inputs = keras.Input((6,))
 hidden = keras.layers.Dense(8, activation="tanh")(inputs)
 outputs = keras.layers.Dense(1)(hidden)
-model = keras.Model(inputs, outputs)
+model_class = keras.Model
+if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
+    import torch
+
+    class GuideModel(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            self.zero_grad()
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            loss.backward()
+            trainable = list(self.trainable_weights)
+            gradients = [v.value.grad for v in trainable]
+            with torch.no_grad():
+                self.optimizer.apply(gradients, trainable)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    model_class = GuideModel
+model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
