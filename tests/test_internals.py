@@ -79,7 +79,7 @@ def _compile_then(monkeypatch: pytest.MonkeyPatch, model, change) -> None:
 
 
 @pytest.mark.core
-@requires(lines=(KerasLine.KERAS_3,))
+@requires(lines=(KerasLine.KERAS_3,), in_process=True)
 def test_a_missing_keras3_internal_is_named(monkeypatch) -> None:
     model = mlp(keras)
     _compile_then(monkeypatch, model, lambda m: setattr(m, "_loss_tracker", None))
@@ -91,7 +91,7 @@ def test_a_missing_keras3_internal_is_named(monkeypatch) -> None:
 
 
 @pytest.mark.core
-@requires(lines=(KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY))
+@requires(lines=(KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY), in_process=True)
 def test_a_reshaped_tfkeras_internal_is_named(monkeypatch) -> None:
     model = mlp(keras)
     container = type(model.compiled_loss)
