@@ -61,6 +61,8 @@ def _prepare(
     line, version = env_module.detect_keras_line()
     backend = env_module.backend_for(line)
     family_module.check_release(line, version, backend)
+    if cluster.launched():
+        family_module.check_multi_process(line, version, backend)
     natural = choose_route(line, backend)
     if chosen is not None:
         check_route_fits(chosen, line, backend)

@@ -479,7 +479,8 @@ def _fake_keras_module(name: str, base: type) -> types.ModuleType:
 def test_callback_base_follows_the_active_line(
     monkeypatch: pytest.MonkeyPatch, line: str, module: str, hidden: Optional[str]
 ) -> None:
-    from kerasmgpu import callbacks, detection
+    from kerasmgpu import callbacks
+    from kerasmgpu.env import versions as detection
 
     class LineCallback:
         pass
@@ -495,7 +496,8 @@ def test_callback_base_follows_the_active_line(
 
 
 def test_without_keras_the_import_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kerasmgpu import callbacks, detection
+    from kerasmgpu import callbacks
+    from kerasmgpu.env import versions as detection
 
     monkeypatch.setattr(detection, "detect_keras_line", lambda: (detection.KerasLine.NONE, None))
     monkeypatch.delitem(callbacks.__dict__, "DeviceMonitor", raising=False)

@@ -27,16 +27,20 @@ import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine
+from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
 
 WORKERS = Path(__file__).parent / "workers"
 WORKER = str(WORKERS / "train.py")
 # Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).
 MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
+_VERSION = detect_keras_line()[1]
+# Keras 3 on JAX trains in several processes from 3.11; kerasmgpu refuses older releases.
+JAX_TOO_OLD = bool(ON_JAX and _VERSION is not None
+                   and _VERSION.release[:2] < KERAS3_JAX_MULTI_PROCESS_MIN.release[:2])
 trains_in_processes = pytest.mark.skipif(
-    not (ON_JAX or ON_TORCH or LINE in MULTI_WORKER_LINES),
-    reason=f"needs a line with a multi-process route (tf.keras 2.x, tf_keras, Keras 3 on JAX "
-    f"or torch); this env: {LINE.value}",
+    not (ON_JAX or ON_TORCH or LINE in MULTI_WORKER_LINES) or JAX_TOO_OLD,
+    reason=f"needs a line with a multi-process route (tf.keras 2.x, tf_keras, Keras 3 on "
+    f"JAX >= {KERAS3_JAX_MULTI_PROCESS_MIN} or torch); this env: {LINE.value} {_VERSION}",
 )
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -129,6 +133,21 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
     written = sorted(p.name for p in (tmp_path / "two").glob("template-from-rank*"))
     assert written == ["template-from-rank0.weights.h5"]
     _assert_listeners(tmp_path / "two")
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not JAX_TOO_OLD, reason=f"needs Keras 3 on JAX below "
+                    f"{KERAS3_JAX_MULTI_PROCESS_MIN}; this env: {LINE.value} {_VERSION}")
+def test_an_old_keras_on_jax_refuses_several_processes(tmp_path: Path) -> None:
+    """Keras before 3.11 takes only tf.data in a multi-process fit: parallelize()
+    refuses on every process, naming the release and the fix, and the job ends."""
+    run = _launch(tmp_path / "two", nproc=2, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert f"Received: keras=keras 3 {_VERSION} on jax in a job of several processes" in out, \
+        out[-3000:]
+    assert f"{KERAS3_JAX_MULTI_PROCESS_MIN} or later for several processes" in out
+    assert "pip install" in out and not list((tmp_path / "two").glob("rank*.npz"))
 
 
 @pytest.mark.core

@@ -14,6 +14,8 @@ import importlib
 import importlib.util
 from typing import Any, Optional, Tuple
 
+from packaging.version import Version
+
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters.base import Adapter, InternalsChanged
 from kerasmgpu.env import versions
@@ -75,6 +77,24 @@ def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) 
         "keras", why, allowed + " (the releases kerasmgpu's test matrix runs)",
         "install a verified release (see the README's tested versions), e.g. "
         + _pin_hint(line, span),
+        raw=True,
+    )
+
+
+def check_multi_process(line: KerasLine, version: Any, backend: Optional[str] = None
+                        ) -> None:
+    """Refuse a release that trains on one process but not on several."""
+    floor = versions.multi_process_floor(line, backend)
+    if floor is None or version is None or Version(version.base_version) >= floor:
+        return
+    below = versions.verified_range(line, backend)
+    raise bad_value(
+        "keras", f"{line.value} {version} on {backend} in a job of several processes",
+        f"{line.value} {floor} or later for several processes (one process: any verified "
+        "release)",
+        "install a newer Keras, e.g. "
+        + _pin_hint(line, (floor, below[1] if below else floor))
+        + ", or run one process per machine",
         raw=True,
     )
 

@@ -56,6 +56,12 @@ KERAS3_VERIFIED_BELOW = Version("3.16")
 # train right but report metrics from mirrored on-write variables that keep one
 # replica's counts; 3.10 made metric variables sync-on-read.
 KERAS3_TF_MIN = Version("3.10")
+# Breakpoint: several processes on Keras 3 JAX need 3.11. Before it, `fit` under a
+# multi-process `DataParallel` accepts only a tf.data.Dataset ("When using multi-worker
+# distribution, the data must be provided as a `tf.data.Dataset`",
+# keras/src/trainers/data_adapters/__init__.py, checked on 3.3.3, 3.8.0, 3.9.2, 3.10.0);
+# 3.11 made that check depend on `auto_shard_dataset`, which kerasmgpu turns off.
+KERAS3_JAX_MULTI_PROCESS_MIN = Version("3.11")
 # Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
 LEGACY_KERAS_MIN = Version("2.3.1")
 LEGACY_KERAS_VERIFIED_BELOW = Version("2.3.2")
@@ -199,6 +205,15 @@ def verified_range(line: KerasLine, backend: Optional[str] = None
         KerasLine.KERAS_3: (KERAS3_MIN, KERAS3_VERIFIED_BELOW),
         KerasLine.LEGACY: (LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW),
     }.get(line)
+
+
+def multi_process_floor(line: KerasLine, backend: Optional[str] = None
+                        ) -> Optional[Version]:
+    """The first release of `line` that trains in several processes, where it differs
+    from the line's own floor."""
+    if line is KerasLine.KERAS_3 and (backend or backend_for(line)) == "jax":
+        return KERAS3_JAX_MULTI_PROCESS_MIN
+    return None
 
 
 def unverified_ok() -> bool:
