@@ -2,7 +2,7 @@
 
 Written from the patterns the Keras guides teach (our own code): a custom `train_step`
 on each backend (TensorFlow's GradientTape, JAX's stateless step), `fit(x)` without
-targets for a model trained by `add_loss`, a GAN with two optimizers, multi-input /
+targets for a model trained by `add_loss` (an autoencoder, the guide's VAE), a GAN with two optimizers, multi-input /
 multi-output models with dict inputs and per-output losses and metrics, per-element
 and sequence losses, BatchNormalization and Dropout, a Sequential without an `Input`.
 Where the math allows (no randomness, no per-replica batch statistics) the parallel
@@ -177,6 +177,74 @@ def test_fit_without_targets_add_loss_model() -> None:
         pmodel.fit(X, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     message = str(record[0].message)
     assert f"multiple of the {replicas} replicas" in message and "Fix:" in message
+
+
+def _vae(latent: int = 2):
+    """The Keras guide's VAE: an encoder to (mean, log variance), a sampling layer that
+    adds the KL term by `add_loss`, a decoder, and the reconstruction error by `add_loss`.
+    It samples while training (so it cannot be compared with one device) and returns the
+    mean otherwise (so the template and the parallel model can be)."""
+    if KERAS3:
+        ops = keras.ops
+
+        def normal(like):
+            return keras.random.normal(ops.shape(like), seed=7)
+
+        mean_of, exp, square = ops.mean, ops.exp, ops.square
+    else:
+        import tensorflow as tf
+
+        def normal(like):
+            return tf.random.normal(tf.shape(like))
+
+        mean_of, exp, square = tf.reduce_mean, tf.exp, tf.square
+
+    class Sampling(keras.layers.Layer):
+        def call(self, inputs, training=None):
+            z_mean, z_log_var = inputs
+            self.add_loss(-0.5 * mean_of(1 + z_log_var - square(z_mean) - exp(z_log_var)))
+            if not training:
+                return z_mean
+            return z_mean + exp(0.5 * z_log_var) * normal(z_mean)
+
+    class Reconstruction(keras.layers.Layer):
+        def call(self, inputs):
+            original, rebuilt = inputs
+            self.add_loss(mean_of(square(original - rebuilt)))
+            return rebuilt
+
+    seed_all(keras, 29)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    z = Sampling()([keras.layers.Dense(latent)(hidden), keras.layers.Dense(latent)(hidden)])
+    rebuilt = keras.layers.Dense(6)(keras.layers.Dense(8, activation="relu")(z))
+    model = keras.Model(inputs, Reconstruction()([inputs, rebuilt]))
+    deterministic_weights(model, 29)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    return model
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_vae_with_add_loss_trains_saves_and_reloads(replicas: int, tmp_path) -> None:
+    template = _vae()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    x = X[:60]  # 60 rows in batches of 12: no padding, so no add_loss warning either
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        history = pmodel.fit(x, batch_size=12, epochs=8, verbose=0)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    # The template and the parallel model hold one state: same predictions, and the
+    # same loss on the same data.
+    expected = template.predict(x, verbose=0)
+    np.testing.assert_allclose(pmodel.predict(x, verbose=0), expected, atol=1e-5)
+    path = tmp_path / "vae.weights.h5"
+    template.save_weights(str(path))
+    reloaded = _vae()
+    reloaded.load_weights(str(path))
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), expected, atol=1e-6)
+    np.testing.assert_allclose(reloaded.evaluate(x, batch_size=12, verbose=0),
+                               pmodel.evaluate(x, batch_size=12, verbose=0), rtol=1e-4)
 
 
 def _two_headed():
