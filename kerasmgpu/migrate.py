@@ -5,11 +5,11 @@ rewritten nodes survive byte for byte. Running it on migrated code changes nothi
 
 Rewritten (the result runs the same program on kerasmgpu's drop-ins):
 
-* ``from M import multi_gpu_model [as alias]`` for M in ``keras.utils``,
-  ``keras.utils.multi_gpu_utils``, ``keras.utils.training_utils``, ``tensorflow.keras.utils``
-  (also through ``compat.v1``/``compat.v2`` and ``_api.v1``/``_api.v2``, as in
-  ``tensorflow._api.v1.compat.v2.keras.utils``), ``tensorflow.python.keras.utils`` and
-  ``tensorflow.python.keras.utils.multi_gpu_utils`` (each also under ``tensorflow_core``)
+* ``from M import multi_gpu_model [as alias]`` for every module M that ever exported it
+  (``keras.utils`` and its submodules of Keras 2.0 - 2.3, ``tensorflow.keras.utils`` also
+  through its ``compat`` and generated API aliases, and TensorFlow's own modules behind
+  them, each also under ``tensorflow_core``: the list, with the releases, is
+  ``MULTI_GPU_MODEL_MODULES`` in ``kerasmgpu/adapters/keras23.py``)
   becomes ``from kerasmgpu.legacy import multi_gpu_model [as alias]``. When the line imports
   other names too, they stay where they are and the kerasmgpu import goes on its own line
   right after it (inside a one-line suite such as ``if x: from ...``, after a semicolon).
@@ -91,6 +91,12 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Set, Tuple
 
+# Where multi_gpu_model lived, release by release: facts of the Keras 2.3 line, kept in
+# its adapter (only the names; nothing is imported from those modules).
+from kerasmgpu.adapters.keras23 import GONE_MODULES as _GONE_MODULES
+from kerasmgpu.adapters.keras23 import MULTI_GPU_MODEL_MODULES as _MGM_MODULES
+from kerasmgpu.adapters.keras23 import TF_ROOTS as _TF_ROOTS
+
 if TYPE_CHECKING:  # pragma: no cover - annotations only; libcst is imported lazily
     import libcst as cst
 
@@ -100,22 +106,6 @@ INSTALL_HINT = 'pip install "kerasmgpu[tools]"'
 
 _MGM = "multi_gpu_model"
 _LEGACY = "kerasmgpu.legacy"
-# Every module that ever exported multi_gpu_model: Keras 2.0.x (training_utils), Keras 2.1+
-# (utils, utils.multi_gpu_utils) and tf.keras up to 2.3: the public path, its compat.v1/v2
-# aliases, the generated `_api.v1`/`_api.v2` packages they resolve to, and the private
-# python.keras modules, each also under `tensorflow_core` (TF 1.15-2.1, where IDEs
-# auto-imported from). Code that spells out any of them still imports on TF <= 2.3.
-_TF_ROOTS = ("tensorflow", "tensorflow_core")
-_MGM_MODULES = frozenset(
-    {"keras.utils", "keras.utils.multi_gpu_utils", "keras.utils.training_utils"}
-    | {
-        f"{root}{api}{compat}.keras.utils"
-        for root in _TF_ROOTS
-        for api in ("", "._api.v1", "._api.v2")
-        for compat in ("", ".compat.v1", ".compat.v2")
-    }
-    | {f"{root}.python.keras.utils{sub}" for root in _TF_ROOTS for sub in ("", ".multi_gpu_utils")}
-)
 # multi_gpu_model from another module of these packages is theirs (kerasmgpu's, or a
 # framework path not listed above), not a vendored copy: no vendored-copy advice.
 _FRAMEWORK_PACKAGES = frozenset({"kerasmgpu", "keras", "tf_keras", *_TF_ROOTS})
@@ -125,15 +115,6 @@ _TF_DEVICE = frozenset(
 )
 # "/cpu:0", "cpu:0", "/CPU:0", "/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0".
 _CPU0 = re.compile(r"(?:^|/)(?:device:)?cpu:0$", re.IGNORECASE)
-# Modules that held multi_gpu_model and nothing a user still needs; importing them fails on
-# TF >= 2.4 and Keras 3, so an import of them left behind by the rewrite is advised.
-_GONE_MODULES = frozenset(
-    {
-        "keras.utils.multi_gpu_utils",
-        "keras.utils.training_utils",
-        "tensorflow.python.keras.utils.multi_gpu_utils",
-    }
-)
 _GENERATOR_METHODS = {
     "fit_generator": "fit",
     "evaluate_generator": "evaluate",

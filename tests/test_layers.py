@@ -26,12 +26,12 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._errors", 0),
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),
-    ("kerasmgpu.migrate", 0),
     ("kerasmgpu.env", 1),
     ("kerasmgpu.routes", 2),
     ("kerasmgpu.launch", 2),
     ("kerasmgpu.nvml", 2),
     ("kerasmgpu.adapters", 3),
+    ("kerasmgpu.migrate", 3),  # the names of where multi_gpu_model lived: adapters.keras23
     ("kerasmgpu.inventory", 3),
     ("kerasmgpu.engines.startup", 3),
     ("kerasmgpu.data", 4),
