@@ -1,8 +1,9 @@
 """Several processes on 127.0.0.1, through `kerasmgpu launch`, for real.
 
 Two workers train `tests/workers/train.py` (101 samples, global batch 10: the last
-batch has 1 row for 2 workers) and must end with identical weights equal to one process on the same global batches; the listeners
-the job starts are on loopback, and only the chief writes the template. A worker that
+batch has 1 row for 2 workers) and must end with identical weights equal to one process
+on the same global batches; the listeners the job starts are on loopback, and only the
+chief writes the template. A worker that
 fails - an exception before fit or in a callback, sys.exit(3), os._exit(3), SIGKILL -
 makes the run fail fast naming it, with no process left; a run killed mid-way resumes
 from BackupAndRestore. `tests/workers/ids.py` records the samples each process trained
@@ -27,7 +28,12 @@ import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
 
 import kerasmgpu
-from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
+from kerasmgpu.env.versions import (
+    KERAS3_JAX_MULTI_PROCESS_MIN,
+    KerasLine,
+    below_multi_process_floor,
+    detect_keras_line,
+)
 
 WORKERS = Path(__file__).parent / "workers"
 WORKER = str(WORKERS / "train.py")
@@ -35,8 +41,7 @@ WORKER = str(WORKERS / "train.py")
 MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
 _VERSION = detect_keras_line()[1]
 # Keras 3 on JAX trains in several processes from 3.11; kerasmgpu refuses older releases.
-JAX_TOO_OLD = bool(ON_JAX and _VERSION is not None
-                   and _VERSION.release[:2] < KERAS3_JAX_MULTI_PROCESS_MIN.release[:2])
+JAX_TOO_OLD = ON_JAX and below_multi_process_floor(LINE, _VERSION) is not None
 trains_in_processes = pytest.mark.skipif(
     not (ON_JAX or ON_TORCH or LINE in MULTI_WORKER_LINES) or JAX_TOO_OLD,
     reason=f"needs a line with a multi-process route (tf.keras 2.x, tf_keras, Keras 3 on "

@@ -310,7 +310,6 @@ def _run_install(build: bool) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.timeout(600)
 def test_install_makes_legacy_imports_resolve_and_build() -> None:
     """One interpreter (each costs a framework import): the names, then a build."""
     out = _run_install(build=True)

@@ -14,8 +14,6 @@ import importlib
 import importlib.util
 from typing import Any, Optional, Tuple
 
-from packaging.version import Version
-
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters.base import Adapter, InternalsChanged
 from kerasmgpu.env import versions
@@ -84,8 +82,8 @@ def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) 
 def check_multi_process(line: KerasLine, version: Any, backend: Optional[str] = None
                         ) -> None:
     """Refuse a release that trains on one process but not on several."""
-    floor = versions.multi_process_floor(line, backend)
-    if floor is None or version is None or Version(version.base_version) >= floor:
+    floor = versions.below_multi_process_floor(line, version, backend)
+    if floor is None:
         return
     below = versions.verified_range(line, backend)
     raise bad_value(

@@ -216,6 +216,15 @@ def multi_process_floor(line: KerasLine, backend: Optional[str] = None
     return None
 
 
+def below_multi_process_floor(line: KerasLine, version: Optional[Version],
+                              backend: Optional[str] = None) -> Optional[Version]:
+    """The floor for several processes when `version` is below it, else None."""
+    floor = multi_process_floor(line, backend)
+    if floor is None or version is None or Version(version.base_version) >= floor:
+        return None
+    return floor
+
+
 def unverified_ok() -> bool:
     return _truthy(os.environ.get(UNVERIFIED_OK_ENV))
 

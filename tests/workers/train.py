@@ -37,9 +37,7 @@ parser.add_argument("--crash-epoch", type=int, default=-2)
 parser.add_argument("--crash-how", default="os_exit",
                     choices=["os_exit", "sys_exit", "raise", "sigkill"])
 parser.add_argument("--backup", default=None)
-parser.add_argument("--shuffle", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
-parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
@@ -58,8 +56,6 @@ elif line.startswith("tf.keras"):
 else:
     import keras
 
-if args.seed is not None:
-    keras.utils.set_random_seed(args.seed)
 rng = np.random.default_rng(0)
 x = rng.normal(size=(args.rows, 6)).astype("float32")
 y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype("float32")
@@ -159,7 +155,7 @@ if args.tf_data:
     evaluation = pmodel.evaluate(train, verbose=0)
 else:
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs,
-                         shuffle=args.shuffle, verbose=0, callbacks=callbacks,
+                         shuffle=False, verbose=0, callbacks=callbacks,
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
 prediction = pmodel.predict(x[:7], verbose=0)
