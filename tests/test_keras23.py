@@ -441,6 +441,12 @@ def test_the_command_applies_it_by_itself(tmp_path: Path) -> None:
     assert demo.returncode == 0, demo.stderr[-3000:]
     result = json.loads(demo.stdout)
     assert result["agree"] is True and result["replicas"] == 2
+    # Keras 2.3's multi_gpu_model concatenates outputs: the route line and the verdict
+    # say so, and neither claims an all-reduce.
+    assert result["route"]["all_reduce"].startswith("none: outputs concatenated on the CPU")
+    assert "outputs are concatenated on the CPU" in result["verdict"]
+    assert "all-reduced" not in result["verdict"]
+    assert result["throughput_compared"] is False  # 2 virtual devices made by the demo
 
 
 @pytest.mark.skipif(ON_LEGACY or KERAS23_INSTALLED, reason="Keras 2.3 is installed here")

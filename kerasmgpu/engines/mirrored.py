@@ -138,4 +138,6 @@ class MirroredRoute(BaseRoute):
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
             "all_reduce": ops,
+            "step": "each replica computes the gradients of its share of the batch; they are "
+            "all-reduced before every update",
         }

@@ -110,15 +110,19 @@ class MultiGpuModelRoute(BaseRoute):
                 "replicas": "1",
                 "devices": self.devices[0].name,
                 "all_reduce": "none: one device",
+                "step": "one copy of the model on the device takes every batch whole",
             }
+        merged_on = "the CPU" if self.cpu_merge else "the first GPU"
         return {
             "route": self.route.value,
             "engine": "keras.utils.multi_gpu_model (Keras <= 2.3)",
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
-            "all_reduce": "none: outputs concatenated on "
-            + ("the CPU" if self.cpu_merge else "the first GPU")
-            + ", one loss and one gradient over the whole batch",
+            "all_reduce": f"none: outputs concatenated on {merged_on}, one loss and one "
+            "gradient over the whole batch",
+            "step": "each replica runs the model on its slice of the batch; the outputs are "
+            f"concatenated on {merged_on} into one loss and one gradient over the whole batch, "
+            "applied to the one set of weights the replicas share (no all-reduce)",
         }
 
 
