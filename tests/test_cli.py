@@ -361,6 +361,7 @@ def test_doctor_json_here_sees_the_three_virtual_devices(
     report = json.loads(capsys.readouterr().out)
     assert set(report) == DOCTOR_KEYS and set(report["environment"]) == ENVIRONMENT_KEYS
     assert report["environment"]["backend"] == BACKEND
+    assert ("XLA_FLAGS" in report["environment"]["variables"]) is (BACKEND == "jax")
     assert len(report["devices"]) == 3 and all(d["virtual"] for d in report["devices"])
     assert report["route"]["replicas"] == 3 and report["route"]["all_reduce"]
     assert status == 0 and report["ok"] is True
@@ -396,6 +397,22 @@ def test_doctor_without_gpu_or_virtual_devices_exits_1() -> None:
                 if _common.is_framework_noise(line)], done.stderr[:3000]
 
 
+@pytest.mark.parametrize("backend,listed", [("tensorflow", False), ("torch", False),
+                                            ("jax", True)])
+def test_doctor_lists_xla_flags_for_the_jax_backend_only(backend: str, listed: bool) -> None:
+    # `--virtual 2` (virtual_devices(2)) writes XLA_FLAGS whatever the backend: only
+    # JAX's devices read it.
+    flags = "--xla_force_host_platform_device_count=2"
+    report = doctor.build_report(keras3_tf(backend=backend, variables={
+        "XLA_FLAGS": flags, "KERASMGPU_VIRTUAL_DEVICES": "2", "KERAS_BACKEND": backend}))
+    variables = report["environment"]["variables"]
+    assert ("XLA_FLAGS" in variables) is listed
+    assert (f"XLA_FLAGS = {flags}" in doctor.render(report)) is listed
+    assert variables["KERASMGPU_VIRTUAL_DEVICES"] == "2" and variables["KERAS_BACKEND"] == backend
+    assert ("XLA_FLAGS" in set(doctor.build_report(keras3_tf(backend=backend, variables={}))[
+        "environment"]["variables"])) is listed  # listed (as null) where it applies
+
+
 @pytest.mark.slow
 def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
     from kerasmgpu import nvml
@@ -408,6 +425,12 @@ def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
     assert report["ok"] is True and len(report["devices"]) == 2
     no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
     assert no_gpu["severity"] == INFO and "(--virtual 2)" in no_gpu["message"]
+    # --virtual 2 wrote JAX's XLA_FLAGS too; only the JAX backend's report lists it.
+    variables = report["environment"]["variables"]
+    if BACKEND == "jax":
+        assert "--xla_force_host_platform_device_count=2" in variables["XLA_FLAGS"]
+    else:
+        assert "XLA_FLAGS" not in variables
 
 
 @pytest.mark.slow
