@@ -18,6 +18,7 @@ import contextlib
 import types
 from typing import Any, ContextManager, Dict, Sequence
 
+from kerasmgpu._errors import not_compiled
 from kerasmgpu.adapters.keras23 import Keras23
 from kerasmgpu.engines.base import BaseRoute
 from kerasmgpu.env.devices import Device
@@ -79,6 +80,7 @@ class MultiGpuModelRoute(BaseRoute):
                                                       family=self.family)
         if inner is not model:
             _give_weights_back(parallel, inner, model)
+        _compile_first(parallel, self.family)
         return parallel
 
     def _on_one_device(self, model: Any) -> Any:
@@ -100,6 +102,7 @@ class MultiGpuModelRoute(BaseRoute):
         replica.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                      family=self.family)
         _run_on(replica, device, model)
+        _compile_first(replica, self.family)
         return replica
 
     def describe(self) -> Dict[str, str]:
@@ -142,9 +145,26 @@ def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
         parallel.__dict__[name] = types.MethodType(synced, parallel)
 
 
+def _compile_first(model: Any, family: Keras23) -> None:
+    """Training and evaluation calls of an uncompiled parallel model raise our error
+    (what to compile, and where) instead of Keras's bare one; predict is left alone, as
+    Keras allows it uncompiled. Checked at each call: compiling later is fine."""
+    for name in _TRAINING_CALLS + _EVALUATION_CALLS:
+        current = getattr(model, name, None)
+        if current is None:
+            continue
+
+        def checked(*args: Any, _call: Any = current, _name: str = name, **kwargs: Any) -> Any:
+            if not family.is_compiled(model):
+                raise not_compiled(model, _name)
+            return _call(*args, **kwargs)
+
+        model.__dict__[name] = checked
+
+
 _TRAINING_CALLS = ("fit", "fit_generator", "train_on_batch")
-_OTHER_CALLS = ("evaluate", "evaluate_generator", "test_on_batch", "predict",
-                "predict_generator", "predict_on_batch")
+_EVALUATION_CALLS = ("evaluate", "evaluate_generator", "test_on_batch")
+_OTHER_CALLS = _EVALUATION_CALLS + ("predict", "predict_generator", "predict_on_batch")
 
 
 def _run_on(replica: Any, device: str, template: Any) -> None:
