@@ -389,7 +389,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         label = _plural(replicas, "replica")
         try:
             result_parallel = _train(setup.parallel, keras, data, args, report, label, replicas)
-            report.line(f"trained on {label} in {result_parallel['seconds']:.1f} s")
+            shared = " (wall time on shared cores: not a speed, see the note)" if (
+                setup.virtual) else ""
+            report.line(f"trained on {label} in {result_parallel['seconds']:.1f} s{shared}")
             # The template receives the trained weights (parallelize()'s contract).
             difference = _common.max_weight_difference(setup.single, setup.template)
         except Exception as exc:  # reported as the demo's result
