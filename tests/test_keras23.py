@@ -133,7 +133,7 @@ MODEL_SOURCE = """
 def test_every_keras23_saving_entry_point_round_trips(tmp_path: Path) -> None:
     # Written by Keras 2.3.1 with h5py 3, read back by Keras 2.3.1, values compared.
     # Keras 2.3 has no SavedModel and no TensorFlow checkpoint format: `save` and
-    # `save_weights` write HDF5 whatever the file name (checked: "weights_noext").
+    # `save_weights` write HDF5 whatever the name (checked: "model_dir", "weights_noext").
     done = _python(MODEL_SOURCE + """
     from keras.callbacks import ModelCheckpoint
 
@@ -142,6 +142,7 @@ def test_every_keras23_saving_entry_point_round_trips(tmp_path: Path) -> None:
         ModelCheckpoint("checkpoint_weights.h5", save_weights_only=True),
         ModelCheckpoint("checkpoint_full.h5")])
     model.save("model.h5")
+    model.save("model_dir")
     model.save_weights("weights.h5")
     model.save_weights("weights_noext")
     expected = model.predict(x)
@@ -167,7 +168,11 @@ def test_every_keras23_saving_entry_point_round_trips(tmp_path: Path) -> None:
         fresh = build(seed=1)
         fresh.load_weights(path)
         results[name] = same(fresh.get_weights(), model.get_weights())
-    results["no_suffix_is_hdf5"] = h5py.is_hdf5("weights_noext")
+    results["no_suffix_is_hdf5"] = h5py.is_hdf5("weights_noext") and h5py.is_hdf5("model_dir")
+    from_dir = keras.models.load_model("model_dir", custom_objects=CUSTOM)
+    results["model_dir"] = (same(from_dir.get_weights(), model.get_weights())
+                            and same(from_dir.optimizer.get_weights(),
+                                     model.optimizer.get_weights()))
     full = keras.models.load_model("checkpoint_full.h5", custom_objects=CUSTOM)
     results["checkpoint_full"] = (same(full.get_weights(), model.get_weights())
                                   and same(full.optimizer.get_weights(),
@@ -209,7 +214,8 @@ def test_every_keras23_saving_entry_point_round_trips(tmp_path: Path) -> None:
     results = _results(done.stdout)
     assert results == {key: True for key in results}, results
     assert sorted(results) == sorted([
-        "load_model", "resume", "load_weights", "no_suffix", "no_suffix_is_hdf5", "model_file",
+        "load_model", "resume", "load_weights", "no_suffix", "no_suffix_is_hdf5", "model_dir",
+        "model_file",
         "checkpoint_weights", "checkpoint_full", "by_name", "mismatch_raises", "skip_mismatch",
         "json", "yaml", "pickle"])
 
