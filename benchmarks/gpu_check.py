@@ -210,10 +210,12 @@ def summarize(report: Mapping[str, Any]) -> List[str]:
                           f"{len(data.get('devices', []))} device(s)")
             elif name == "demo" and data:
                 runs = [data.get("single") or {}, data.get("parallel") or {}]
+                # Null on virtual devices (--allow-no-gpu): not a GPU's speed.
+                speeds = [r.get("samples_per_s") for r in runs if r]
+                speed = ("samples/s " + " vs ".join(f"{v:.0f}" for v in speeds)
+                         if None not in speeds else "samples/s not compared (virtual devices)")
                 detail = (f"max weight difference {data.get('max_weight_difference')}, "
-                          "samples/s " + " vs ".join(
-                              f"{r.get('samples_per_s', 0):.0f}" for r in runs if r)
-                          + ", val accuracy " + " vs ".join(
+                          + speed + ", val accuracy " + " vs ".join(
                               f"{r.get('val_accuracy', 0):.4f}" for r in runs if r))
             elif name == "bench" and data:
                 detail = "; ".join(

@@ -40,5 +40,29 @@ class TooLateError(RuntimeError):
     """Device configuration asked for after the framework already started."""
 
 
+class NotCompiledError(RuntimeError, ValueError):
+    """A parallel model trained or evaluated before `compile()`.
+
+    Keras raises a RuntimeError there on tf.keras, tf_keras and Keras 2.3 and a
+    ValueError on Keras 3; this is both, so code that catches Keras's own still does,
+    on every route.
+    """
+
+
+def not_compiled(model: Any, call: str) -> NotCompiledError:
+    """What to do when `call` (fit, evaluate, ...) meets an uncompiled parallel model."""
+    name = getattr(model, "name", None)
+    shown = f"{type(model).__name__}{f' {name!r}' if name else ''}, not compiled, in {call}()"
+    return NotCompiledError(explain(
+        "model", shown,
+        "a compiled model for fit(), evaluate(), train_on_batch() and test_on_batch() (and "
+        "their *_generator forms), as in Keras; predict() and predict_on_batch() work "
+        "uncompiled",
+        f"call `compile(optimizer=..., loss=...)` on your model before `parallelize()`, or "
+        f"on the model `parallelize()` returned, before {call}()",
+        raw=True,
+    ))
+
+
 def error(kind: Type[Exception], argument: str, received: Any, allowed: str, fix: str) -> Exception:
     return kind(explain(argument, received, allowed, fix))

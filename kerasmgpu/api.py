@@ -176,8 +176,9 @@ def route_for(model: Any) -> Optional[Route]:
 def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[str, str]:
     """The route parallelize() would take (or took, for a parallel `model`), in words.
 
-    Keys: route, engine, replicas, devices, all_reduce (and `error` instead when no
-    route can be built here, e.g. torch outside `kerasmgpu launch`).
+    Keys: route, engine, replicas, devices, all_reduce, step (what one training step
+    does with the batch on this route; `error` instead when no route can be built here,
+    e.g. torch outside `kerasmgpu launch`).
     """
     from kerasmgpu.training import model as parallel_model
 

@@ -23,6 +23,7 @@ from kerasmgpu.env.versions import (
     detect_keras_line,
     dist_version,
     tensorflow_version,
+    variable_applies,
 )
 from kerasmgpu.routes import choose_route
 
@@ -105,6 +106,7 @@ def environment(devices: bool = False) -> Environment:
         virtual_devices=devices_module.requested(),
         process_index=cluster.process_index(),
         process_count=cluster.process_count(),
-        variables={k: os.environ[k] for k in _WATCHED_VARIABLES if k in os.environ},
+        variables={k: os.environ[k] for k in _WATCHED_VARIABLES
+                   if k in os.environ and variable_applies(k, backend)},
         devices=listed,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 import pytest
-from helpers import BACKEND, requires
+from helpers import BACKEND, IN_PROCESS, ON_LEGACY, requires
 
 from kerasmgpu import cli
 from kerasmgpu.cli import _common, bench, doctor
@@ -361,6 +361,7 @@ def test_doctor_json_here_sees_the_three_virtual_devices(
     report = json.loads(capsys.readouterr().out)
     assert set(report) == DOCTOR_KEYS and set(report["environment"]) == ENVIRONMENT_KEYS
     assert report["environment"]["backend"] == BACKEND
+    assert ("XLA_FLAGS" in report["environment"]["variables"]) is (BACKEND == "jax")
     assert len(report["devices"]) == 3 and all(d["virtual"] for d in report["devices"])
     assert report["route"]["replicas"] == 3 and report["route"]["all_reduce"]
     assert status == 0 and report["ok"] is True
@@ -396,6 +397,22 @@ def test_doctor_without_gpu_or_virtual_devices_exits_1() -> None:
                 if _common.is_framework_noise(line)], done.stderr[:3000]
 
 
+@pytest.mark.parametrize("backend,listed", [("tensorflow", False), ("torch", False),
+                                            ("jax", True)])
+def test_doctor_lists_xla_flags_for_the_jax_backend_only(backend: str, listed: bool) -> None:
+    # `--virtual 2` (virtual_devices(2)) writes XLA_FLAGS whatever the backend: only
+    # JAX's devices read it.
+    flags = "--xla_force_host_platform_device_count=2"
+    report = doctor.build_report(keras3_tf(backend=backend, variables={
+        "XLA_FLAGS": flags, "KERASMGPU_VIRTUAL_DEVICES": "2", "KERAS_BACKEND": backend}))
+    variables = report["environment"]["variables"]
+    assert ("XLA_FLAGS" in variables) is listed
+    assert (f"XLA_FLAGS = {flags}" in doctor.render(report)) is listed
+    assert variables["KERASMGPU_VIRTUAL_DEVICES"] == "2" and variables["KERAS_BACKEND"] == backend
+    assert ("XLA_FLAGS" in set(doctor.build_report(keras3_tf(backend=backend, variables={}))[
+        "environment"]["variables"])) is listed  # listed (as null) where it applies
+
+
 @pytest.mark.slow
 def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
     from kerasmgpu import nvml
@@ -408,6 +425,12 @@ def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
     assert report["ok"] is True and len(report["devices"]) == 2
     no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
     assert no_gpu["severity"] == INFO and "(--virtual 2)" in no_gpu["message"]
+    # --virtual 2 wrote JAX's XLA_FLAGS too; only the JAX backend's report lists it.
+    variables = report["environment"]["variables"]
+    if BACKEND == "jax":
+        assert "--xla_force_host_platform_device_count=2" in variables["XLA_FLAGS"]
+    else:
+        assert "XLA_FLAGS" not in variables
 
 
 @pytest.mark.slow
@@ -454,8 +477,17 @@ def test_demo_trains_two_replicas_like_one_device() -> None:
     assert result["virtual_devices_made_by_demo"] is True
     # The readable report went to stderr.
     for text in ("validation accuracy", "max weight difference", "verdict: OK",
-                 "share this machine's", "batch split", "`kerasmgpu doctor --virtual 2`"):
+                 "sharing this machine's", "batch split", "`kerasmgpu doctor --virtual 2`"):
         assert text in done.stderr
+    # The verdict says what this route's step did (TF and JAX: an all-reduce).
+    assert "all-reduce" in result["route"]["step"]
+    assert result["route"]["step"] in result["verdict"]
+    # Virtual devices share the cores: no samples/s to read as a speed-up, in the
+    # report or the JSON.
+    assert result["throughput_compared"] is False
+    assert result["single"]["samples_per_s"] is None
+    assert result["parallel"]["samples_per_s"] is None
+    assert "samples/s" not in done.stderr.replace("shows no samples/s", "")
     # Quiet by default: no framework start-up lines (TensorFlow's C++ log, cuInit).
     assert not [line for line in done.stderr.splitlines()
                 if _common.is_framework_noise(line)], done.stderr[:3000]
@@ -480,6 +512,65 @@ def test_demo_on_torch_outside_launch_trains_one_device(
     result = json.loads(captured.out)
     assert result["parallel"] is None and result["agree"] is None
     assert "kerasmgpu launch --nproc 2 -m kerasmgpu demo" in captured.err
+
+
+@pytest.mark.slow
+@requires(torch=True)
+def test_demo_under_launch_on_torch_says_what_ddp_did(tmp_path: Path) -> None:
+    env = fresh_env(KERAS_BACKEND="torch")
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", "2", "--timeout", "240",
+         "-m", "kerasmgpu", "demo", "--epochs", "1", "--json"], capture_output=True,
+        text=True, timeout=SUBPROCESS_TIMEOUT, env=env, cwd=str(tmp_path))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    # Rank 0 prints the JSON object; `launch` prefixes its lines with "[rank 0] ".
+    text = "\n".join(line.split("] ", 1)[1] if line.startswith("[rank 0]") else ""
+                     for line in done.stdout.splitlines())
+    result = json.loads(text)
+    assert result["agree"] is True and result["replicas"] == 2
+    assert result["route"]["route"] == "torch_ddp"
+    assert result["verdict"] == ("OK: 2 replicas trained the same model as 1 device. In every "
+                                 "step, each process computes the gradients of its share of "
+                                 "the batch; they are all-reduced before every update.")
+    assert result["throughput_compared"] is False  # 2 processes on the same CPU cores
+    report = done.stdout + done.stderr
+    assert "in each of 2 processes - processes on the CPU, sharing" in report
+
+
+def test_demo_verdict_follows_the_route() -> None:
+    # A made-up setup per route: the verdict repeats the route's own account of a step,
+    # so Keras 2.3's multi_gpu_model (outputs concatenated) is never said to all-reduce.
+    from kerasmgpu.cli import demo
+
+    class Quiet:
+        def line(self, text: str = "") -> None:
+            pass
+
+    concatenated = ("each replica runs the model on its slice of the batch; the outputs are "
+                    "concatenated on the CPU")
+    for step in (concatenated, "each replica computes the gradients of its share of the "
+                 "batch; they are all-reduced before every update"):
+        setup = demo._Setup(env=None, keras=None, devices=(), replicas=2, torch_single=False,
+                            asked=None, route={"route": "x", "step": step})
+        verdict, status, agree = demo._verdict(setup, 1e-7, Quiet())  # type: ignore[arg-type]
+        assert status == 0 and agree is True
+        assert verdict == f"OK: 2 replicas trained the same model as 1 device. In every step, {step}."
+    assert "all-reduced" not in demo._verdict(
+        demo._Setup(None, None, (), 2, False, None, route={"step": concatenated}), 0.0,
+        Quiet())[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not (IN_PROCESS or ON_LEGACY), reason="torch: a route of processes "
+                    "(test_demo_under_launch_on_torch_says_what_ddp_did)")
+def test_describe_says_what_a_step_does_on_this_route() -> None:
+    import kerasmgpu
+
+    step = kerasmgpu.describe(gpus=2)["step"]
+    if ON_LEGACY:  # Keras's own multi_gpu_model: one set of weights, nothing to all-reduce
+        assert "concatenated on the CPU" in step and "(no all-reduce)" in step
+        assert "all-reduced" not in step
+    else:
+        assert "all-reduce" in step and "concatenated" not in step
 
 
 def test_demo_without_scikit_learn_says_how_to_install_it(
@@ -703,6 +794,16 @@ def test_gpu_check_runs_every_step_into_one_file(
     assert seen[2][-4:] == ["1,2", "--output", "b", "--json"]
     out = capsys.readouterr().out
     assert "2: 19/s (95%)" in out and "gpu0 91%" in out and "max weight difference" in out
+
+
+def test_gpu_check_summary_of_a_demo_on_virtual_devices(gpu_check: Any) -> None:
+    # --allow-no-gpu: the demo's samples/s are null there (not a GPU's speed).
+    step = {"returncode": 0, "timed_out": False, "seconds": 1.0, "json": {
+        "max_weight_difference": 1e-7, "single": {"samples_per_s": None, "val_accuracy": 0.9},
+        "parallel": {"samples_per_s": None, "val_accuracy": 0.9}}}
+    lines = gpu_check.summarize({"gpus": 0, "gpu_names": [], "steps": {"demo": step},
+                                 "output": "x.json"})
+    assert "samples/s not compared (virtual devices), val accuracy 0.9000 vs 0.9000" in lines[1]
 
 
 def test_gpu_check_without_gpu_stops_unless_allowed(

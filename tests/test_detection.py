@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Dict, Optional
 
 import pytest
@@ -103,6 +104,10 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
     env = kerasmgpu.environment()
     text = str(env)
     assert "Keras line" in text and "route" in text
+    # The test session's virtual devices wrote XLA_FLAGS (JAX's device count) on every
+    # backend; it is listed where it applies only.
+    assert "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    assert ("XLA_FLAGS" in env.variables) is (env.backend == "jax")
     with pytest.raises(dataclasses.FrozenInstanceError):
         env.backend = "x"  # type: ignore[misc]
     monkeypatch.setenv(cluster.PROCESS_INDEX_ENV, "1")

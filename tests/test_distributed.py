@@ -304,6 +304,24 @@ def test_torch_refuses_an_unbuilt_model_and_bounds_a_lonely_evaluate(
     assert float(outcome.split()[2]) < 60
 
 
+@requires(torch=True)
+def test_torch_says_to_compile_an_uncompiled_parallel_model(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = _launch(out, "uncompiled", worker=str(WORKERS / "misuse.py"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    outcome = json.loads((out / "uncompiled.json").read_text())
+    assert outcome.pop("predict_same") is True  # predict works uncompiled, as in Keras
+    assert sorted(outcome) == ["evaluate", "fit", "test_on_batch", "train_on_batch"]
+    for name, result in outcome.items():
+        # Plain Keras refuses each call too: a ValueError ("You must call `compile()`"),
+        # but in evaluate on torch an AttributeError of its own ('Sequential' object has
+        # no attribute 'optimizer', Keras 3.15.1).
+        assert result["keras"] == ("AttributeError" if name == "evaluate" else "ValueError")
+        assert result["is_value_error"] is True
+        assert f"not compiled, in {name}()" in result["ours"]
+        assert "Fix: call `compile(optimizer=..., loss=...)` on your model" in result["ours"]
+
+
 @requires(lines=[KerasLine.KERAS_3])
 @pytest.mark.skipif(ON_JAX or ON_TORCH, reason="the TF backend's multi-worker message")
 def test_keras3_on_tensorflow_explains_before_training(tmp_path: Path) -> None:

@@ -139,6 +139,70 @@ def test_cpu_merge_and_cpu_relocation_train_like_one_device(cpu_merge: bool,
     assert_weights_close(single, template)
 
 
+# Calls Keras refuses on an uncompiled model (tf.keras and Keras 2.3 also have the
+# *_generator forms); predict and predict_on_batch work uncompiled on every line.
+NEEDS_COMPILE = ["fit", "evaluate", "train_on_batch", "test_on_batch"] + (
+    [] if LINE is KerasLine.KERAS_3 else ["fit_generator", "evaluate_generator"])
+
+
+def _call(model: Any, name: str) -> Any:
+    def batches() -> Any:
+        while True:
+            yield X[:50], Y[:50]
+
+    if name in ("fit", "evaluate"):
+        return getattr(model, name)(X, Y, batch_size=50, verbose=0)
+    if name in ("train_on_batch", "test_on_batch"):
+        return getattr(model, name)(X[:50], Y[:50])
+    if name == "fit_generator":
+        return model.fit_generator(batches(), steps_per_epoch=2, verbose=0)
+    return model.evaluate_generator(batches(), steps=2)
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("make", ["parallelize", "multi_gpu_model", "parallelize(gpus=[1])"])
+def test_an_uncompiled_parallel_model_says_to_compile(make: str) -> None:
+    from kerasmgpu._errors import NotCompiledError
+
+    plain = mlp(keras, compile=False)  # one device, the same weights: what Keras does
+    template = mlp(keras, compile=False)
+    before = template.get_weights()
+    pmodel = {"parallelize": lambda: kerasmgpu.parallelize(template, gpus=2),
+              "multi_gpu_model": lambda: legacy.multi_gpu_model(template, gpus=2),
+              "parallelize(gpus=[1])": lambda: kerasmgpu.parallelize(template, gpus=[1]),
+              }[make]()
+    assert pmodel is not template
+    for name in NEEDS_COMPILE:
+        with pytest.raises(Exception) as keras_own:
+            _call(plain, name)
+        with pytest.raises(NotCompiledError) as info:
+            _call(pmodel, name)
+        # Caught by what catches Keras's own error on this line (RuntimeError on tf.keras
+        # and Keras 2.3, ValueError on Keras 3), and in our received / allowed / fix form.
+        assert isinstance(info.value, type(keras_own.value)), (name, keras_own.value)
+        # tf.keras's fit_generator / evaluate_generator are fit / evaluate underneath.
+        call = name if ON_LEGACY else name.replace("_generator", "")
+        assert str(info.value).startswith("Invalid `model`. Received: model=")
+        assert f"not compiled, in {call}()" in str(info.value)
+        assert "Allowed: a compiled model for fit(), evaluate()" in str(info.value)
+        assert ("Fix: call `compile(optimizer=..., loss=...)` on your model before "
+                f"`parallelize()`, or on the model `parallelize()` returned, before {call}()"
+                ) in str(info.value)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)  # nothing touched
+    # What Keras allows uncompiled still works, with one device's results.
+    np.testing.assert_allclose(pmodel.predict(X, batch_size=50, verbose=0),
+                               plain.predict(X, batch_size=50, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(pmodel.predict_on_batch(X[:7]), plain.predict_on_batch(X[:7]),
+                               atol=1e-6)
+    # Compiled afterwards, it trains like one device.
+    _compile(pmodel)
+    _compile(plain)
+    _fit(plain)
+    _fit(pmodel)
+    assert_weights_close(plain, template)
+
+
 def test_points_new_code_to_parallelize(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(legacy, "_warned", False)
     with pytest.warns(DeprecationWarning, match=r"kerasmgpu\.parallelize"):

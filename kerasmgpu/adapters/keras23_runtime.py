@@ -86,6 +86,15 @@ def _tensorflow() -> None:
     if not hasattr(tf.compat.v1, "disable_eager_execution"):
         raise _missing("tf.compat.v1.disable_eager_execution", tf.__version__)
     tf.compat.v1.disable_eager_execution()
+    # Why: in graph mode a recurrent layer's loop is a v2 `while` whose gradient,
+    # built later by the optimizer, needs the loop's intermediate values as outputs;
+    # TF keeps them only when asked before the loop is built (otherwise training any
+    # RNN fails: "Connecting to invalid output 11 of source node lstm_1/while ... Try
+    # using tf.compat.v1.experimental.output_all_intermediates(True)"). TF's own
+    # graph-mode Keras does the same for its layers.
+    if not hasattr(tf.compat.v1.experimental, "output_all_intermediates"):
+        raise _missing("tf.compat.v1.experimental.output_all_intermediates", tf.__version__)
+    tf.compat.v1.experimental.output_all_intermediates(True)
 
     # Why: in TF >= 2.6 `tf.keras` is the separate `keras` package - here that is
     # Keras 2.3.1 itself, so `tf.keras` would import Keras 2.3 from inside Keras 2.3
@@ -148,25 +157,127 @@ def _keras_graph_mode() -> None:
     K.get_value = tfb.get_value = tf_keras_backend.get_value
 
 
+def _keras_eager_scopes() -> None:
+    # Why: Keras 2.3 runs a few functions under `@K.eager`, which on TF 2 enters
+    # `context.eager_mode()` (it assumed eager TF 2.0, whose variables were eager too).
+    # In graph mode (see above) that breaks them: an initial value computed eagerly
+    # cannot initialize a graph variable ("Attempting to capture an EagerTensor without
+    # building a function") - every LSTM and ConvLSTM2D (`unit_forget_bias`, the
+    # default) and the `Identity` initializer failed to build - and a graph variable
+    # cannot be read or assigned eagerly ("... is out of scope"): `layer.get_weights()`
+    # and `layer.set_weights()` failed. They run in the graph instead: `K.eager` is
+    # looked up when LSTMCell/ConvLSTM2DCell.build runs, and the methods wrapped at
+    # import get their original back (`functools.wraps` keeps it as `__wrapped__`).
+    import keras.backend as K
+    import keras.backend.tensorflow_backend as tfb
+    from keras import initializers
+    from keras.engine import base_layer
+
+    def eager(func: Any) -> Any:
+        return func
+
+    K.eager = tfb.eager = eager
+    for owner, name in ((initializers.Identity, "__call__"), (base_layer.Layer, "get_weights"),
+                        (base_layer.Layer, "set_weights")):
+        method = getattr(owner, name)
+        setattr(owner, name, getattr(method, "__wrapped__", method))
+
+
+def _as_h5py2(value: Any) -> Any:
+    """A string attribute as h5py 2 read it: bytes, or an array of bytes."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and dtype.kind in "OU" and getattr(value, "ndim", 0) == 1:
+        import numpy as np
+
+        items = value.tolist()
+        if items and all(isinstance(v, str) for v in items):
+            return np.array([v.encode("utf-8") for v in items])
+    return value
+
+
+class _H5py2Attrs:
+    """An h5py group's `.attrs`, read the h5py 2 way (see _h5py3_strings)."""
+
+    def __init__(self, attrs: Any) -> None:
+        self._attrs = attrs
+
+    def __getitem__(self, name: str) -> Any:
+        return _as_h5py2(self._attrs[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._attrs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._attrs, name)
+
+
+class _H5py2Group:
+    """An h5py group (or file) whose attributes and subgroups read the h5py 2 way."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    @property
+    def attrs(self) -> _H5py2Attrs:
+        return _H5py2Attrs(self._group.attrs)
+
+    def __getitem__(self, key: str) -> Any:
+        import h5py
+
+        item = self._group[key]
+        return _H5py2Group(item) if isinstance(item, h5py.Group) else item
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._group
+
+    def __iter__(self) -> Any:
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._group, name)
+
+
 def _h5py3_strings() -> None:
-    # Why: h5py >= 3 returns scalar string attributes as `str` where h5py 2 returned
-    # bytes; Keras 2.3.1's `load_model` calls `.decode('utf-8')` on them
-    # (model_config, training_config, keras_version, backend). h5py 2 has no wheels
-    # for Python >= 3.10, so give Keras the bytes it expects. Guard: h5py >= 3 only.
+    # Why: h5py >= 3 returns string attributes as `str` (or arrays of `str`) where
+    # h5py 2 returned bytes, and Keras 2.3.1 calls `.decode('utf8')` on them: in
+    # `load_model` (model_config, training_config, keras_version, backend, the
+    # optimizer's weight names) and in `load_weights` (keras_version, backend, layer
+    # and weight names). h5py 2 has no wheels for Python >= 3.10, so give Keras the
+    # bytes it expects: `H5Dict` (load_model's reader) converts what it returns, and
+    # the readers `load_weights` uses get the file through `_H5py2Group`. Guard:
+    # h5py >= 3 only. Writing is unchanged (Keras 2.3 writes bytes; files stay
+    # readable by Keras 2.3 anywhere).
     h5py = versions.dist_version("h5py")
     if h5py is None or h5py.major < 3:
         return
+    from keras.engine import saving
     from keras.utils import io_utils
 
     original = io_utils.H5Dict.__getitem__
 
     def __getitem__(self: Any, attr: Any) -> Any:
         val = original(self, attr)
-        if isinstance(val, str) and not isinstance(self.data, dict):
-            return val.encode("utf-8")
+        if not isinstance(self.data, dict):
+            return _as_h5py2(val)
         return val
 
     io_utils.H5Dict.__getitem__ = __getitem__
+
+    for name in ("load_attributes_from_hdf5_group", "load_weights_from_hdf5_group",
+                 "load_weights_from_hdf5_group_by_name"):
+        reader = getattr(saving, name)
+
+        def read(group: Any, *args: Any, __reader: Any = reader, **kwargs: Any) -> Any:
+            if not isinstance(group, _H5py2Group):
+                group = _H5py2Group(group)
+            return __reader(group, *args, **kwargs)
+
+        setattr(saving, name, read)
 
 
 # --- Installing ------------------------------------------------------------------------
@@ -188,6 +299,7 @@ def _patch_keras() -> None:
         if _keras_patched:
             return
         _keras_graph_mode()
+        _keras_eager_scopes()
         _h5py3_strings()
         _keras_patched = True
 

@@ -38,10 +38,11 @@ _RUNTIMES = ("tensorflow", "jax", "torch")
 # Virtual CPU devices `demo` and `bench` ask for when nothing else says how many.
 DEFAULT_VIRTUAL = 2
 
+# Route-neutral: Keras 2.3's multi_gpu_model combines outputs, the others all-reduce.
 SHARED_CORES_NOTE = (
     "these replicas are virtual CPU devices: they share this machine's {cores} CPU "
-    "core(s), so {measure} measures the cost of splitting batches and all-reducing "
-    "gradients, not a speed-up. On GPUs each replica has a device of its own."
+    "core(s), so {measure} measures the cost of splitting batches and combining the "
+    "replicas' work, not a speed-up. On GPUs each replica has a device of its own."
 )
 
 

@@ -12,13 +12,15 @@ all-reduce, the devices, how a global batch (and the epoch's last, short batch) 
 split, padded and masked, samples/s of both runs over the epochs after the first (the
 first one compiles), the validation accuracy of both and the largest weight difference
 between them - which is kerasmgpu's promise: N replicas train what one device trains.
+The verdict says what a training step did on the route taken (`describe()["step"]`):
+gradients all-reduced, or, on Keras 2.3's multi_gpu_model, outputs concatenated.
 
 Without GPUs the replicas are virtual CPU devices (`kerasmgpu.virtual_devices(N)`,
 asked for before any framework starts; KERASMGPU_VIRTUAL_DEVICES=N, when set, is the
-default N). They share the same CPU cores, so samples/s there is not a speed-up. The
-report says when the demo made them itself: `kerasmgpu doctor` sees them only with
-`--virtual N` (or KERASMGPU_VIRTUAL_DEVICES=N). Framework start-up log lines are hidden
-unless `--verbose`.
+default N). They share the same CPU cores, so their speed is not a GPU's: no samples/s
+is shown there (null in the JSON), only the results. The report says when the demo
+made them itself: `kerasmgpu doctor` sees them only with `--virtual N` (or
+KERASMGPU_VIRTUAL_DEVICES=N). Framework start-up log lines are hidden unless `--verbose`.
 
 The torch backend: a replica is a process there, so outside `kerasmgpu launch` the demo
 trains the single-device model only, says how to run the rest
@@ -34,7 +36,7 @@ or Keras, or more replicas than devices.
     {"kerasmgpu": str, "environment": {keras_line, keras_version, backend, ...,
      device_kind, devices, gpu_name, cpu_cores, virtual_devices},
      "route": {"route": str, "engine": str, "replicas": int, "devices": [str],
-               "all_reduce": str} | {"error": str} | null,
+               "all_reduce": str, "step": str} | {"error": str} | null,
               (kerasmgpu.describe(); null on torch outside `kerasmgpu launch`)
      "replicas": int, "virtual": bool,
      "virtual_devices_made_by_demo": bool,   (no GPU and none asked for: the demo split
@@ -43,10 +45,11 @@ or Keras, or more replicas than devices.
      "data": {dataset, train, validation, features, classes},
      "batch_split": {"full": str, "last": str | null},
      "single": RUN, "parallel": RUN | null,
+     "throughput_compared": bool,   (false on virtual devices: samples_per_s is null)
      "max_weight_difference": float | null, "tolerance": float,
      "agree": bool | null, "verdict": str, "notes": [str], "seconds": float}
 
-    RUN = {"replicas": int, "samples_per_s": float, "timed_epochs": [int, ...],
+    RUN = {"replicas": int, "samples_per_s": float | null, "timed_epochs": [int, ...],
            "epoch_seconds": [float, ...], "val_accuracy": float, "val_loss": float,
            "seconds": float}
 """
@@ -60,6 +63,7 @@ import sys
 import textwrap
 import time
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from kerasmgpu._errors import explain
@@ -78,6 +82,15 @@ DEFAULT_EPOCHS = 5
 # 1437 = 14 x 100 + 37: every epoch ends on a short batch, and 100 splits unevenly
 # over 3 replicas, so the padding and masking is visible in the printed split.
 DEFAULT_BATCH = 100
+# Said on virtual devices instead of a samples/s row (true of every route: it names no
+# all-reduce, which Keras 2.3's multi_gpu_model does not do).
+VIRTUAL_NOTE = (
+    "these replicas are {what} sharing this machine's {cores} CPU core(s): "
+    "how fast they train says nothing about GPUs (it is the cost of splitting each batch "
+    "and combining the replicas' work, on the same cores), so the demo shows no samples/s "
+    "here. What it shows is the result: the same model as 1 device. On GPUs each replica "
+    "has a device of its own; `kerasmgpu bench` measures scaling there."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -194,11 +207,35 @@ def _choose_replicas(args: argparse.Namespace, devices: Tuple[Any, ...], wanted:
     return replicas
 
 
-def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
-    """The demo; returns the JSON result and the exit status."""
-    from kerasmgpu import api, batching
+@dataclass
+class _Setup:
+    """What the demo found and built before training: the environment, Keras, the
+    devices, the replica count, the two models and the parallel one (or why not)."""
 
-    began = time.perf_counter()
+    env: Any
+    keras: Any
+    devices: Tuple[Any, ...]
+    replicas: int
+    torch_single: bool
+    asked: Optional[int]
+    single: Any = None
+    template: Any = None
+    parallel: Optional[Any] = None
+    route: Optional[Dict[str, str]] = None
+    failure: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def virtual(self) -> bool:
+        """Replicas on virtual CPU devices: they share the cores, their speed is not
+        a GPU's."""
+        return not _common.has_gpu(self.devices) and self.replicas > 1
+
+
+def _set_up(args: argparse.Namespace) -> _Setup:
+    """Start the framework with the devices the demo needs and build the models."""
+    from kerasmgpu import api
+
     if importlib.util.find_spec("sklearn") is None:
         raise UsageError(
             "the demo trains on scikit-learn's digits, and scikit-learn is not installed. "
@@ -216,39 +253,41 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     # Under `kerasmgpu launch` the processes are the replicas: parallelize() takes them all.
     in_launch = _common.launched()
     replicas = 1 if torch_single or in_launch else _choose_replicas(args, devices, wanted)
-    notes: List[str] = []
-
-    data = load_digits_split()
-    x, _, x_val, _ = data
-    single = build_model(keras)
-    template = build_model(keras)  # same seeded weights as `single`
-
-    parallel_model: Optional[Any] = None
-    route: Optional[Dict[str, str]] = None
-    failure: Optional[str] = None
+    setup = _Setup(env, keras, devices, replicas, torch_single, asked)
+    setup.single = build_model(keras)
+    setup.template = build_model(keras)  # same seeded weights as `single`
     if torch_single:
-        notes.append(
+        setup.notes.append(
             "on the torch backend each replica is its own process: run `kerasmgpu launch "
             "--nproc 2 -m kerasmgpu demo` for the multi-device run."
         )
-    else:
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="kerasmgpu: one device available")
-                parallel_model = api.parallelize(template, gpus=None if in_launch else replicas)
-            route = dict(api.describe(model=parallel_model))
-            if in_launch:
-                replicas = int(route.get("replicas") or 1)
-        except Exception as exc:  # reported, with the fix, as the demo's result
-            failure = f"{type(exc).__name__}: {exc}"
-            route = {"error": failure}
-    virtual = not _common.has_gpu(devices) and replicas > 1
-    if virtual:
-        notes.append(_common.shared_cores_note())
-    made = (_common.made_virtual_note("the demo", len(devices), asked)
-            if _common.all_virtual(devices) and not in_launch else None)
+        return setup
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="kerasmgpu: one device available")
+            setup.parallel = api.parallelize(setup.template,
+                                             gpus=None if in_launch else replicas)
+        setup.route = dict(api.describe(model=setup.parallel))
+        if in_launch:
+            setup.replicas = int(setup.route.get("replicas") or 1)
+    except Exception as exc:  # reported, with the fix, as the demo's result
+        setup.failure = f"{type(exc).__name__}: {exc}"
+        setup.route = {"error": setup.failure}
+    if setup.virtual:
+        setup.notes.append(VIRTUAL_NOTE.format(what=_cpu_replicas(), cores=_common.cpu_cores()))
+    return setup
 
-    if torch_single:
+
+def _cpu_replicas() -> str:
+    """What replicas without a GPU are: processes under `kerasmgpu launch` (one CPU
+    device each), virtual CPU devices of one process otherwise."""
+    return "processes on the CPU" if _common.launched() else "virtual CPU devices"
+
+
+def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made: Optional[str],
+                  split_full: str, split_last: Optional[str], rows: int, rows_val: int) -> None:
+    replicas, route = setup.replicas, setup.route
+    if setup.torch_single:
         report.line(f"kerasmgpu demo {__version__}: one small model trained on 1 device "
                     "(torch backend, outside `kerasmgpu launch`)")
     else:
@@ -256,10 +295,12 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
                     f"{_plural(replicas, 'replica')} and on 1 device, from the same weights, "
                     "on the same batches")
     report.line()
-    report.line(f"Keras      : {_common.line_label(env)}")
-    shown = ", ".join(str(d) for d in devices) or "none listed"
-    if virtual:
-        shown += f" - virtual CPU devices, sharing {_common.cpu_cores()} CPU core(s)"
+    report.line(f"Keras      : {_common.line_label(setup.env)}")
+    shown = ", ".join(str(d) for d in setup.devices) or "none listed"
+    if _common.launched():
+        shown += f" in each of {_common.process_count()} processes"
+    if setup.virtual:
+        shown += f" - {_cpu_replicas()}, sharing {_common.cpu_cores()} CPU core(s)"
     report.line(f"devices    : {shown}")
     for text in textwrap.wrap(made or "", width=90):
         report.line(f"             {text}")
@@ -268,14 +309,10 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         engine = (f" - {route['engine']}, {count} replica{'' if count == '1' else 's'}, "
                   f"all-reduce: {route.get('all_reduce', '-')}" if route.get("engine") else "")
         report.line(f"route      : {route.get('route')}{engine}")
-    report.line(f"data       : scikit-learn 8x8 digits, {len(x)} training / {len(x_val)} "
+    report.line(f"data       : scikit-learn 8x8 digits, {rows} training / {rows_val} "
                 "validation images, 64 pixels, 10 classes")
     report.line(f"model      : MLP 64-{HIDDEN}-10, SGD(0.1, momentum 0.9), {args.epochs} "
                 f"epoch(s), global batch {args.batch_size}")
-    sizes = batching.batch_sizes(len(x), args.batch_size)
-    split_full = batching.plan_batch(sizes[0], replicas).describe()
-    split_last = (batching.plan_batch(sizes[-1], replicas).describe()
-                  if sizes[-1] != sizes[0] else None)
     if replicas > 1:
         report.line(f"batch split: {split_full}")
         if split_last:
@@ -284,73 +321,110 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         report.line("batch split: none - one replica takes every batch whole")
     report.line()
 
-    result_single = _train(single, keras, data, args, report, "1 device", 1)
-    report.line(f"trained on 1 device in {result_single['seconds']:.1f} s")
-    result_parallel: Optional[Dict[str, Any]] = None
-    difference: Optional[float] = None
-    if parallel_model is not None:
-        label = _plural(replicas, "replica")
-        try:
-            result_parallel = _train(parallel_model, keras, data, args, report, label, replicas)
-            report.line(f"trained on {label} in {result_parallel['seconds']:.1f} s")
-            # The template receives the trained weights (parallelize()'s contract).
-            difference = _common.max_weight_difference(single, template)
-        except Exception as exc:  # reported as the demo's result
-            report.end_progress()
-            failure = f"{type(exc).__name__}: {exc}"
-    report.line()
 
-    rows = [["", "1 device"] + ([_plural(replicas, "replica")] if result_parallel else [])]
-    timed = result_single["timed_epochs"]
-    span = f"epochs {timed[0]}-{timed[-1]}" if len(timed) > 1 else f"epoch {timed[0]}"
-    runs = [result_single] + ([result_parallel] if result_parallel else [])
-    rows.append([f"samples/s ({span})"] + [f"{r['samples_per_s']:.0f}" for r in runs])
+def _print_table(runs: List[Dict[str, Any]], replicas: int, throughput: bool,
+                 report: Report) -> None:
+    """Validation results side by side; samples/s only where it can be compared."""
+    rows = [["", "1 device"] + ([_plural(replicas, "replica")] if len(runs) > 1 else [])]
+    if throughput:
+        timed = runs[0]["timed_epochs"]
+        span = f"epochs {timed[0]}-{timed[-1]}" if len(timed) > 1 else f"epoch {timed[0]}"
+        rows.append([f"samples/s ({span})"] + [f"{r['samples_per_s']:.0f}" for r in runs])
     rows.append(["validation accuracy"] + [f"{r['val_accuracy']:.4f}" for r in runs])
     rows.append(["validation loss"] + [f"{r['val_loss']:.4f}" for r in runs])
     for text in _common.table(rows, [False] + [True] * (len(rows[0]) - 1)):
         report.line(text)
     report.line()
 
-    agree: Optional[bool] = None
-    if failure is not None:
-        verdict = (f"FAILED: the {replicas}-replica run did not train: {failure}. "
-                   "Run `kerasmgpu doctor` to see what is missing.")
-        status = 1
-    elif difference is None:
-        verdict = "1 device only - " + notes[0]
-        status = 0
+
+def _verdict(setup: _Setup, difference: Optional[float], report: Report
+             ) -> Tuple[str, int, Optional[bool]]:
+    """The demo's verdict, its exit status and whether the runs agree. What it says a
+    step did is the route's own account (`describe()["step"]`): an all-reduce on the
+    routes that have one, concatenated outputs on Keras 2.3's multi_gpu_model."""
+    replicas = setup.replicas
+    if setup.failure is not None:
+        return (f"FAILED: the {replicas}-replica run did not train: {setup.failure}. "
+                "Run `kerasmgpu doctor` to see what is missing.", 1, None)
+    if difference is None:
+        return "1 device only - " + setup.notes[0], 0, None
+    agree = difference <= TOLERANCE
+    report.line(f"max weight difference: {difference:.2e} (tolerance {TOLERANCE:.0e})")
+    if agree and replicas > 1:
+        step = (setup.route or {}).get("step")
+        how = f" In every step, {step}." if step else ""
+        verdict = f"OK: {replicas} replicas trained the same model as 1 device.{how}"
+    elif agree:
+        verdict = ("OK, but with 1 replica there was nothing to split: "
+                   "run `kerasmgpu doctor` to see why only one device is used.")
     else:
-        agree = difference <= TOLERANCE
-        report.line(f"max weight difference: {difference:.2e} (tolerance {TOLERANCE:.0e})")
-        if agree and replicas > 1:
-            verdict = (f"OK: {replicas} replicas trained the same model as 1 device - each "
-                       "took its share of every batch, and the gradients were all-reduced "
-                       "before every update.")
-        elif agree:
-            verdict = ("OK, but with 1 replica there was nothing to split: "
-                       "run `kerasmgpu doctor` to see why only one device is used.")
-        else:
-            verdict = (f"MISMATCH: the {replicas}-replica weights differ from 1 device's by "
-                       f"{difference:.2e} (> {TOLERANCE:.0e}). Please report it with the "
-                       "output of `kerasmgpu doctor --json`.")
-        status = 0 if agree else 1
-    if result_parallel is not None and replicas > 1 and not virtual:
-        notes.append(
+        verdict = (f"MISMATCH: the {replicas}-replica weights differ from 1 device's by "
+                   f"{difference:.2e} (> {TOLERANCE:.0e}). Please report it with the "
+                   "output of `kerasmgpu doctor --json`.")
+    return verdict, 0 if agree else 1, agree
+
+
+def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
+    """The demo; returns the JSON result and the exit status."""
+    from kerasmgpu import batching
+
+    began = time.perf_counter()
+    setup = _set_up(args)
+    replicas, keras, devices = setup.replicas, setup.keras, setup.devices
+    made = (_common.made_virtual_note("the demo", len(devices), setup.asked)
+            if _common.all_virtual(devices) and not _common.launched() else None)
+    data = load_digits_split()
+    x, _, x_val, _ = data
+    sizes = batching.batch_sizes(len(x), args.batch_size)
+    split_full = batching.plan_batch(sizes[0], replicas).describe()
+    split_last = (batching.plan_batch(sizes[-1], replicas).describe()
+                  if sizes[-1] != sizes[0] else None)
+    _print_header(setup, args, report, made, split_full, split_last, len(x), len(x_val))
+
+    result_single = _train(setup.single, keras, data, args, report, "1 device", 1)
+    report.line(f"trained on 1 device in {result_single['seconds']:.1f} s")
+    result_parallel: Optional[Dict[str, Any]] = None
+    difference: Optional[float] = None
+    if setup.parallel is not None:
+        label = _plural(replicas, "replica")
+        try:
+            result_parallel = _train(setup.parallel, keras, data, args, report, label, replicas)
+            shared = " (wall time on shared cores: not a speed, see the note)" if (
+                setup.virtual) else ""
+            report.line(f"trained on {label} in {result_parallel['seconds']:.1f} s{shared}")
+            # The template receives the trained weights (parallelize()'s contract).
+            difference = _common.max_weight_difference(setup.single, setup.template)
+        except Exception as exc:  # reported as the demo's result
+            report.end_progress()
+            setup.failure = f"{type(exc).__name__}: {exc}"
+    report.line()
+
+    runs = [result_single] + ([result_parallel] if result_parallel else [])
+    # Virtual devices share the CPU's cores: their samples/s is no GPU's, so none is
+    # shown (or written) for either run, rather than two figures that read as a speed-up.
+    throughput = not setup.virtual
+    if not throughput:
+        for r in runs:
+            r["samples_per_s"] = None
+    _print_table(runs, replicas, throughput, report)
+    verdict, status, agree = _verdict(setup, difference, report)
+    if result_parallel is not None and replicas > 1 and throughput:
+        setup.notes.append(
             f"this model is tiny ({batching.steps_per_epoch(len(x), args.batch_size)} steps "
             f"of {args.batch_size} rows an epoch), so per-step overhead dominates samples/s: "
             "it shows that the replicas run, not how training scales. `kerasmgpu bench` "
             "measures scaling."
         )
-    if result_parallel is not None and notes:
-        report.line("note: " + notes[0])
+    if result_parallel is not None and setup.notes:
+        report.line("note: " + setup.notes[0])
     report.line(f"verdict: {verdict}")
 
     result: Dict[str, Any] = {
         "kerasmgpu": __version__,
-        "environment": _common.environment_summary(env, devices),
-        "route": _common.route_json(route),
+        "environment": _common.environment_summary(setup.env, devices),
+        "route": _common.route_json(setup.route),
         "replicas": replicas,
-        "virtual": virtual,
+        "virtual": setup.virtual,
         "virtual_devices_made_by_demo": made is not None,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -359,11 +433,12 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         "batch_split": {"full": split_full, "last": split_last},
         "single": result_single,
         "parallel": result_parallel,
+        "throughput_compared": throughput,
         "max_weight_difference": difference,
         "tolerance": TOLERANCE,
         "agree": agree,
         "verdict": verdict,
-        "notes": notes,
+        "notes": setup.notes,
         "seconds": round(time.perf_counter() - began, 3),
     }
     return result, status

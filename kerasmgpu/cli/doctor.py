@@ -19,7 +19,8 @@ an unexpected error becomes a blocking finding with code `internal_error`.
 The findings are computed by a pure function, `findings(Facts)`, from a `Facts` record
 that `collect()` fills from the running machine; tests pass made-up `Facts`.
 
-JSON schema (every key is always present; unknown values are null):
+JSON schema (every key is always present - but XLA_FLAGS, listed for the JAX backend
+only; unknown values are null):
 
     {
       "kerasmgpu": "0.1.0",
@@ -33,8 +34,8 @@ JSON schema (every key is always present; unknown values are null):
         "variables": {"CUDA_VISIBLE_DEVICES": str | null,
                       "KERASMGPU_VIRTUAL_DEVICES": str | null,
                       "TF_USE_LEGACY_KERAS": str | null, "KERAS_BACKEND": str | null,
-                      "XLA_FLAGS": str | null, "TF_CONFIG": str | null,
-                      "KERASMGPU_LAUNCHED": str | null},
+                      "XLA_FLAGS": str | null,    # the JAX backend only (its devices)
+                      "TF_CONFIG": str | null, "KERASMGPU_LAUNCHED": str | null},
         "launched": bool, "process_index": int, "process_count": int,
         "cluster": str                          # the launcher detected, in words
       },
@@ -84,6 +85,7 @@ from kerasmgpu.env.versions import (
     VIRTUAL_DEVICES_ENV,
     KerasLine,
     _truthy,
+    variable_applies,
 )
 
 INFO, WARNING, BLOCKING = "info", "warning", "blocking"
@@ -531,7 +533,8 @@ def build_report(facts: Facts) -> Dict[str, Any]:
             "jax": facts.jax,
             "torch": facts.torch,
             "platform": facts.platform,
-            "variables": {name: facts.variables.get(name) for name in WATCHED},
+            "variables": {name: facts.variables.get(name) for name in WATCHED
+                          if variable_applies(name, facts.backend)},
             "launched": facts.launched,
             "process_index": facts.process_index,
             "process_count": facts.process_count,

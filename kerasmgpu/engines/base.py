@@ -7,7 +7,8 @@ process group) built for a fixed set of devices, and knows:
 * `replicas` - how many copies of the model train in step;
 * `scope()` - the context that models and optimizers must be built in;
 * `parallelize(model)` - a model that trains on all of them;
-* `describe()` - the engine and all-reduce in words (for `doctor` and `demo`);
+* `describe()` - the engine, all-reduce and a training step in words (for `doctor` and
+  `demo`);
 * `broadcast(value)` - rank 0's integer on every process (one process: the value);
 * `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere.
 """

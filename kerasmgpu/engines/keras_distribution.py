@@ -120,4 +120,6 @@ class KerasDistributionRoute(BaseRoute):
             "replicas": str(self.replicas),
             "devices": ", ".join(str(d) for d in self.jax_devices),
             "all_reduce": "XLA collective (NCCL on GPUs)",
+            "step": "each device computes the gradients of its shard of the batch; XLA "
+            "all-reduces them before every update",
         }

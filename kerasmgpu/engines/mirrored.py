@@ -8,7 +8,8 @@ Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Dict, List, Sequence
+import contextlib
+from typing import Any, Dict, Iterator, List, Sequence
 
 from kerasmgpu._errors import NotYetSupportedError
 from kerasmgpu.adapters import Family
@@ -68,9 +69,12 @@ class MirroredRoute(BaseRoute):
     def replicas(self) -> int:
         return int(self.strategy.num_replicas_in_sync)
 
-    def scope(self) -> ContextManager[Any]:
-        scope: ContextManager[Any] = self.strategy.scope()
-        return scope
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Any]:
+        # The devices' streams without tf.data's futile rewrite (and its log line): see
+        # adapters/tensorflow.py, plain_device_streams.
+        with self.strategy.scope() as strategy, tf_internals.plain_device_streams():
+            yield strategy
 
     def owns(self, model: Any) -> bool:
         return self.family.distribution_strategy_of(model) is self.strategy
@@ -138,4 +142,6 @@ class MirroredRoute(BaseRoute):
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
             "all_reduce": ops,
+            "step": "each replica computes the gradients of its share of the batch; they are "
+            "all-reduced before every update",
         }

@@ -18,6 +18,7 @@ import contextlib
 import types
 from typing import Any, ContextManager, Dict, Sequence
 
+from kerasmgpu._errors import not_compiled
 from kerasmgpu.adapters.keras23 import Keras23
 from kerasmgpu.engines.base import BaseRoute
 from kerasmgpu.env.devices import Device
@@ -79,6 +80,7 @@ class MultiGpuModelRoute(BaseRoute):
                                                       family=self.family)
         if inner is not model:
             _give_weights_back(parallel, inner, model)
+        _compile_first(parallel, self.family)
         return parallel
 
     def _on_one_device(self, model: Any) -> Any:
@@ -100,6 +102,7 @@ class MultiGpuModelRoute(BaseRoute):
         replica.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                      family=self.family)
         _run_on(replica, device, model)
+        _compile_first(replica, self.family)
         return replica
 
     def describe(self) -> Dict[str, str]:
@@ -110,15 +113,19 @@ class MultiGpuModelRoute(BaseRoute):
                 "replicas": "1",
                 "devices": self.devices[0].name,
                 "all_reduce": "none: one device",
+                "step": "one copy of the model on the device takes every batch whole",
             }
+        merged_on = "the CPU" if self.cpu_merge else "the first GPU"
         return {
             "route": self.route.value,
             "engine": "keras.utils.multi_gpu_model (Keras <= 2.3)",
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
-            "all_reduce": "none: outputs concatenated on "
-            + ("the CPU" if self.cpu_merge else "the first GPU")
-            + ", one loss and one gradient over the whole batch",
+            "all_reduce": f"none: outputs concatenated on {merged_on}, one loss and one "
+            "gradient over the whole batch",
+            "step": "each replica runs the model on its slice of the batch; the outputs are "
+            f"concatenated on {merged_on} into one loss and one gradient over the whole batch, "
+            "applied to the one set of weights the replicas share (no all-reduce)",
         }
 
 
@@ -138,9 +145,26 @@ def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
         parallel.__dict__[name] = types.MethodType(synced, parallel)
 
 
+def _compile_first(model: Any, family: Keras23) -> None:
+    """Training and evaluation calls of an uncompiled parallel model raise our error
+    (what to compile, and where) instead of Keras's bare one; predict is left alone, as
+    Keras allows it uncompiled. Checked at each call: compiling later is fine."""
+    for name in _TRAINING_CALLS + _EVALUATION_CALLS:
+        current = getattr(model, name, None)
+        if current is None:
+            continue
+
+        def checked(*args: Any, _call: Any = current, _name: str = name, **kwargs: Any) -> Any:
+            if not family.is_compiled(model):
+                raise not_compiled(model, _name)
+            return _call(*args, **kwargs)
+
+        model.__dict__[name] = checked
+
+
 _TRAINING_CALLS = ("fit", "fit_generator", "train_on_batch")
-_OTHER_CALLS = ("evaluate", "evaluate_generator", "test_on_batch", "predict",
-                "predict_generator", "predict_on_batch")
+_EVALUATION_CALLS = ("evaluate", "evaluate_generator", "test_on_batch")
+_OTHER_CALLS = _EVALUATION_CALLS + ("predict", "predict_generator", "predict_on_batch")
 
 
 def _run_on(replica: Any, device: str, template: Any) -> None:

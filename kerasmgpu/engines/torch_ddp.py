@@ -216,6 +216,8 @@ class TorchDDPRoute(BaseRoute):
             "replicas": str(self.replicas),
             "devices": ", ".join(d.name for d in self.devices),
             "all_reduce": f"{backend} all_reduce of one flat gradient buffer per step",
+            "step": "each process computes the gradients of its share of the batch; they are "
+            "all-reduced before every update",
         }
 
 

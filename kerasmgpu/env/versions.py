@@ -84,6 +84,15 @@ _TF_DISTS = (
 )
 
 VIRTUAL_DEVICES_ENV = "KERASMGPU_VIRTUAL_DEVICES"
+# Variables that only one backend reads for its devices. XLA_FLAGS carries JAX's host
+# device count, which `kerasmgpu.virtual_devices()` writes whatever the backend (it runs
+# before any framework starts); TensorFlow's devices and the other routes ignore it.
+BACKEND_ONLY_VARIABLES = {"XLA_FLAGS": "jax"}
+
+
+def variable_applies(name: str, backend: str) -> bool:
+    """Whether environment variable `name` means anything to `backend`'s devices."""
+    return BACKEND_ONLY_VARIABLES.get(name, backend) == backend
 
 
 class KerasLine(str, enum.Enum):

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
-from kerasmgpu._errors import bad_value
+from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds
 from kerasmgpu.env import cluster
@@ -275,12 +275,21 @@ def _state(model: Any) -> ParallelState:
     return state
 
 
+def _compiled_for(model: Any, call: str) -> None:
+    """Keras trains and evaluates only a compiled model: say so in our words, before
+    anything is copied or fed (predict needs no compile, as in Keras)."""
+    state = state_of(model)
+    if state is not None and not state.family.is_compiled(model):
+        raise not_compiled(model, call)
+
+
 def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1,
          verbose: Any = "auto", callbacks: Any = None, validation_split: float = 0.0,
          validation_data: Any = None, shuffle: Any = True, class_weight: Any = None,
          sample_weight: Any = None, initial_epoch: int = 0, steps_per_epoch: Any = None,
          validation_steps: Any = None, validation_batch_size: Any = None,
          validation_freq: Any = 1, **kwargs: Any) -> Any:
+    _compiled_for(self, "fit")
     state = _state(self)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
@@ -318,6 +327,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
 def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
               verbose: Any = "auto", sample_weight: Any = None, steps: Any = None,
               callbacks: Any = None, return_dict: bool = False, **kwargs: Any) -> Any:
+    _compiled_for(self, "evaluate")
     state = _state(self)
     if kwargs.get("_use_cached_eval_dataset"):
         # fit()'s own validation pass: the data is already a padded feed.
@@ -387,6 +397,7 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
 
 def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
+    _compiled_for(self, "train_on_batch")
     state = _state(self)
     xb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
     with state.route.scope():
@@ -397,6 +408,7 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
 
 def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
+    _compiled_for(self, "test_on_batch")
     state = _state(self)
     xb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
     with state.route.scope():

@@ -1,16 +1,22 @@
-"""Two ways a multi-process script goes wrong on the torch line, and what it must see.
+"""Three ways a multi-process script goes wrong on the torch line, and what it must see.
 
     kerasmgpu launch --nproc 2 tests/workers/misuse.py OUT_DIR unbuilt
     KERASMGPU_COLLECTIVE_TIMEOUT=10 kerasmgpu launch --nproc 2 ... OUT_DIR evaluate-alone
+    kerasmgpu launch --nproc 2 tests/workers/misuse.py OUT_DIR uncompiled
 
 unbuilt: a Sequential without an input shape has no weights to broadcast; parallelize()
 must refuse it (each process would otherwise draw its own initial weights).
 evaluate-alone: after training together, only rank 0 calls evaluate(); it must raise
 once the collective timeout passes, not wait forever. Rank 0 writes the error to
 OUT_DIR/evaluate-alone.txt; rank 1 waits (at most 120 s) for that file, then exits.
+uncompiled: an uncompiled model's parallel model; fit, evaluate, train_on_batch and
+test_on_batch must raise kerasmgpu's NotCompiledError on every process (before any
+collective), as plain Keras raises there; predict must work. Rank 0 writes what each
+call did to OUT_DIR/uncompiled.json.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,7 +27,7 @@ import kerasmgpu  # before Keras: it sets up the multi-process engine
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
-parser.add_argument("mode", choices=["unbuilt", "evaluate-alone"])
+parser.add_argument("mode", choices=["unbuilt", "evaluate-alone", "uncompiled"])
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -34,6 +40,38 @@ if args.mode == "unbuilt":
     model = keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     kerasmgpu.parallelize(model)  # must raise on every process
+    sys.exit(0)
+
+if args.mode == "uncompiled":
+    from kerasmgpu._errors import NotCompiledError
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    plain.set_weights(model.get_weights())
+    pmodel = kerasmgpu.parallelize(model)
+    calls = {"fit": lambda m: m.fit(x, y, batch_size=4, verbose=0),
+             "evaluate": lambda m: m.evaluate(x, y, batch_size=4, verbose=0),
+             "train_on_batch": lambda m: m.train_on_batch(x, y),
+             "test_on_batch": lambda m: m.test_on_batch(x, y)}
+    outcome = {}
+    for name, call in calls.items():
+        try:
+            call(plain)
+            keras_own = "returned"
+        except Exception as error:  # what plain Keras raises on this line
+            keras_own = type(error).__name__
+        try:
+            call(pmodel)
+            outcome[name] = {"keras": keras_own, "ours": "returned"}
+        except NotCompiledError as error:
+            outcome[name] = {"keras": keras_own, "ours": str(error),
+                             "is_value_error": isinstance(error, ValueError)}
+    outcome["predict_same"] = bool(np.allclose(pmodel.predict(x, verbose=0),
+                                               plain.predict(x, verbose=0), atol=1e-6))
+    if rank == 0:
+        with open(os.path.join(args.out, "uncompiled.json"), "w") as f:
+            json.dump(outcome, f)
+    print(f"rank {rank}: done", flush=True)
     sys.exit(0)
 
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
