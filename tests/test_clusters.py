@@ -327,7 +327,7 @@ atexit.register(framework_shutdown)
 from kerasmgpu.env import cluster
 from kerasmgpu.process import ending
 ending.watch(cluster.current())
-ending.framework_started()
+ending.framework_started(teardown=lambda: open(os.path.join({out!r}, "teardown"), "w").close())
 atexit.register(lambda: open(os.path.join({out!r}, "later-handler"), "w").close())
 """
 
@@ -355,6 +355,7 @@ def test_a_failing_process_leaves_without_the_frameworks_shutdown(
     assert time.monotonic() - start < 60  # the 600 s shutdown did not run
     assert not (tmp_path / "shutdown").exists()
     assert (tmp_path / "later-handler").exists()  # handlers registered after ours ran
+    assert not (tmp_path / "teardown").exists()  # nor the engines' teardowns
     assert f"process 1 failed (exit status {status})" in run.stderr
     if "boom" in body:
         assert "RuntimeError: boom" in run.stderr  # the traceback comes first
@@ -372,7 +373,7 @@ def test_a_process_that_ends_normally_shuts_the_framework_down(tmp_path: Path,
                                                                body: str) -> None:
     run = _end(tmp_path, body)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "shutdown").exists()
+    assert (tmp_path / "teardown").exists() and (tmp_path / "shutdown").exists()
     assert "failed" not in run.stderr
 
 
