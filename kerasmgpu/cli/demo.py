@@ -244,14 +244,14 @@ def _set_up(args: argparse.Namespace) -> _Setup:
     env = api.environment()
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
-    torch_single = env.backend == "torch" and not _common.launched()
+    torch_single = env.backend == "torch" and not _common.started_by_launcher()
     asked = _common.requested_virtual()
     wanted = args.replicas or asked or _common.DEFAULT_VIRTUAL
     # On torch outside launch one process is one replica: no virtual devices to ask for.
     env, keras, devices = _common.start(env, None if torch_single else wanted,
                                         verbose=args.verbose)
     # Under `kerasmgpu launch` the processes are the replicas: parallelize() takes them all.
-    in_launch = _common.launched()
+    in_launch = _common.started_by_launcher()
     replicas = 1 if torch_single or in_launch else _choose_replicas(args, devices, wanted)
     setup = _Setup(env, keras, devices, replicas, torch_single, asked)
     setup.single = build_model(keras)
@@ -281,7 +281,7 @@ def _set_up(args: argparse.Namespace) -> _Setup:
 def _cpu_replicas() -> str:
     """What replicas without a GPU are: processes under `kerasmgpu launch` (one CPU
     device each), virtual CPU devices of one process otherwise."""
-    return "processes on the CPU" if _common.launched() else "virtual CPU devices"
+    return "processes on the CPU" if _common.started_by_launcher() else "virtual CPU devices"
 
 
 def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made: Optional[str],
@@ -297,7 +297,7 @@ def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made:
     report.line()
     report.line(f"Keras      : {_common.line_label(setup.env)}")
     shown = ", ".join(str(d) for d in setup.devices) or "none listed"
-    if _common.launched():
+    if _common.started_by_launcher():
         shown += f" in each of {_common.process_count()} processes"
     if setup.virtual:
         shown += f" - {_cpu_replicas()}, sharing {_common.cpu_cores()} CPU core(s)"
@@ -372,7 +372,7 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     setup = _set_up(args)
     replicas, keras, devices = setup.replicas, setup.keras, setup.devices
     made = (_common.made_virtual_note("the demo", len(devices), setup.asked)
-            if _common.all_virtual(devices) and not _common.launched() else None)
+            if _common.all_virtual(devices) and not _common.started_by_launcher() else None)
     data = load_digits_split()
     x, _, x_val, _ = data
     sizes = batching.batch_sizes(len(x), args.batch_size)
