@@ -438,9 +438,9 @@ def _train_both(setup: _Setup, data: Tuple[Any, Any, Any, Any], args: argparse.N
 
 def _conclude(setup: _Setup, args: argparse.Namespace, report: Report, rows: int,
               single: Dict[str, Any], parallel: Optional[Dict[str, Any]],
-              difference: Optional[float]) -> Tuple[str, int, bool]:
+              difference: Optional[float]) -> Tuple[str, int, Optional[bool]]:
     """The table of both runs, the note and the verdict; returns the verdict, the exit
-    status and whether the weights agree."""
+    status and whether the weights agree (None: nothing compared)."""
     from kerasmgpu import batching
 
     replicas = setup.replicas
