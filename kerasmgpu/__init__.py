@@ -96,10 +96,10 @@ if any(os.environ.get(name) for name in _LAUNCHER_VARIABLES):
     from kerasmgpu.env import cluster as _cluster
 
     try:
-        _several = _cluster.launched()
+        _job = _cluster.detect()
     except ValueError:  # contradictory launcher variables: parallelize() reports them
-        _several = False
-    if _several:
+        _job = _cluster.SingleProcess()
+    if _job.world_size() > 1:
         from kerasmgpu.engines.startup import setup_at_import as _setup
 
-        _setup()
+        _setup(_job)

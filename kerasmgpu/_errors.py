@@ -40,6 +40,11 @@ class TooLateError(RuntimeError):
     """Device configuration asked for after the framework already started."""
 
 
+class InvalidClusterError(RuntimeError):
+    """A multi-process job whose launcher does not give an engine what it needs (e.g.
+    TensorFlow needs every process's address)."""
+
+
 class NotCompiledError(RuntimeError, ValueError):
     """A parallel model trained or evaluated before `compile()`.
 

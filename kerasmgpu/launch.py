@@ -66,6 +66,16 @@ from types import FrameType
 from typing import IO, Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO, Union
 
 from kerasmgpu._errors import explain
+from kerasmgpu.env.cluster import (
+    COORDINATOR_ENV,
+    LOCAL_PROCESS_COUNT_ENV,
+    LOCAL_PROCESS_INDEX_ENV,
+    PROCESS_COUNT_ENV,
+    PROCESS_INDEX_ENV,
+    join_address,
+    split_address,
+)
+from kerasmgpu.process import status
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -80,7 +90,6 @@ __all__ = [
 PROG = "kerasmgpu launch"
 DEFAULT_GRACE = 5.0
 BACKENDS = ("auto", "tensorflow", "jax", "torch")
-TIMEOUT_EXIT = 124  # what coreutils `timeout` returns, so shell scripts read it the same way
 # Poll period of the supervising loop: short enough that a failure is noticed at once,
 # long enough to cost nothing on a busy machine.
 _POLL = 0.05
@@ -122,18 +131,13 @@ def _error(argument: str, received: Any, allowed: str, fix: str) -> LaunchError:
 
 def parse_coordinator(text: str) -> tuple[str, int]:
     """Split "host:port" (or "[ipv6]:port") into its parts, with a fixable error."""
-    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
-    port = int(match.group(2) or match.group(4)) if match else 0
-    if not match or not 1 <= port <= 65535:
+    parts = split_address(text)
+    if parts is None or not 1 <= parts[1] <= 65535:
         raise _error(
             "--coordinator", text, "HOST:PORT with a port in 1..65535 ([addr]:PORT for IPv6)",
             "pass the address of node 0 that every node can reach, e.g. 10.0.0.1:29500",
         )
-    return (match.group(1) or match.group(3)), port
-
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return parts
 
 
 def _validate(
@@ -234,64 +238,17 @@ def worker_environments(
         raise _error("--coordinator", coordinator,
                      f"a port P with P+{1 + world} <= 65535 (P+1 is torch's, P+2.. TF's)",
                      "pick a lower port, e.g. 29500")
-    notes: list[str] = []
-
-    tf_hosts: Optional[list[str]] = None
-    if worker_hosts is not None:
-        tf_hosts = [h.strip("[]") for h in worker_hosts]
-    elif nnodes == 1:
-        tf_hosts = ["127.0.0.1"]
-    elif backend in ("auto", "tensorflow"):
-        dropped = " (the inherited TF_CONFIG is removed)" if "TF_CONFIG" in base else ""
-        notes.append(
-            f"{PROG}: TF_CONFIG not set{dropped}: TensorFlow needs every worker's address; "
-            "pass --worker-hosts host0,host1,... (one per node) to set it"
-        )
-    tf_cluster = (
-        [_address(tf_hosts[rank // nproc], port + 2 + rank) for rank in range(world)]
-        if tf_hosts is not None else None
-    )
-
+    tf_cluster, tf_note = _tf_cluster(nproc, nnodes, port, worker_hosts, backend, base)
     gpus = _visible_gpus(base)
-    slices: Optional[list[list[str]]] = None
-    if gpus_per_proc is not None:
-        if not gpus:
-            notes.append(f"{PROG}: no GPU visible; --gpus-per-proc {gpus_per_proc} is ignored")
-        elif nproc * gpus_per_proc > len(gpus):
-            raise _error("--gpus-per-proc", gpus_per_proc,
-                         f"at most {len(gpus) // nproc} for --nproc {nproc} on the "
-                         f"{len(gpus)} visible GPU(s) {','.join(gpus)}",
-                         "lower --gpus-per-proc or --nproc, or leave it out to show all GPUs")
-        else:
-            slices = [gpus[i * gpus_per_proc:(i + 1) * gpus_per_proc] for i in range(nproc)]
-
+    slices, gpu_note = _gpu_slices(nproc, gpus_per_proc, gpus)
     envs: list[dict[str, str]] = []
     for local in range(nproc):
         rank = node_rank * nproc + local
         env = dict(base)
-        own_gpus = gpus
+        own_gpus = gpus if slices is None else slices[local]
         if slices is not None:
-            own_gpus = slices[local]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus)
-        env.update({
-            "KERASMGPU_PROCESS_INDEX": str(rank),
-            "KERASMGPU_PROCESS_COUNT": str(world),
-            "KERASMGPU_LOCAL_PROCESS_INDEX": str(local),
-            "KERASMGPU_LOCAL_PROCESS_COUNT": str(nproc),
-            "KERASMGPU_COORDINATOR": _address(host, port),
-            "KERASMGPU_LAUNCHED": "1",
-            "PYTHONUNBUFFERED": "1",
-            "MASTER_ADDR": host,
-            "MASTER_PORT": str(port + 1),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "KERASMGPU_TORCH_BACKEND": "nccl" if own_gpus else "gloo",
-            "JAX_COORDINATOR_ADDRESS": _address(host, port),
-            "JAX_NUM_PROCESSES": str(world),
-            "JAX_PROCESS_ID": str(rank),
-        })
+        env.update(_contract(rank, local, nproc, world, host, port, own_gpus))
         if tf_cluster is not None:
             env["TF_CONFIG"] = json.dumps(
                 {"cluster": {"worker": tf_cluster}, "task": {"type": "worker", "index": rank}}
@@ -301,7 +258,69 @@ def worker_environments(
         if backend != "auto":
             env["KERAS_BACKEND"] = backend
         envs.append(env)
-    return envs, notes
+    return envs, [note for note in (tf_note, gpu_note) if note]
+
+
+def _tf_cluster(
+    nproc: int, nnodes: int, port: int, worker_hosts: Optional[Sequence[str]], backend: str,
+    base: Mapping[str, str],
+) -> tuple[Optional[list[str]], Optional[str]]:
+    """Every global rank's "host:port" for TF_CONFIG, or None and why when unknown."""
+    if worker_hosts is not None:
+        hosts = [h.strip("[]") for h in worker_hosts]
+    elif nnodes == 1:
+        hosts = ["127.0.0.1"]
+    else:
+        if backend not in ("auto", "tensorflow"):
+            return None, None
+        dropped = " (the inherited TF_CONFIG is removed)" if "TF_CONFIG" in base else ""
+        return None, (
+            f"{PROG}: TF_CONFIG not set{dropped}: TensorFlow needs every worker's address; "
+            "pass --worker-hosts host0,host1,... (one per node) to set it"
+        )
+    return [join_address(hosts[rank // nproc], port + 2 + rank)
+            for rank in range(nproc * nnodes)], None
+
+
+def _gpu_slices(
+    nproc: int, gpus_per_proc: Optional[int], gpus: list[str],
+) -> tuple[Optional[list[list[str]]], Optional[str]]:
+    """Each local worker's own GPUs with `--gpus-per-proc`, else None (all visible)."""
+    if gpus_per_proc is None:
+        return None, None
+    if not gpus:
+        return None, f"{PROG}: no GPU visible; --gpus-per-proc {gpus_per_proc} is ignored"
+    if nproc * gpus_per_proc > len(gpus):
+        raise _error("--gpus-per-proc", gpus_per_proc,
+                     f"at most {len(gpus) // nproc} for --nproc {nproc} on the "
+                     f"{len(gpus)} visible GPU(s) {','.join(gpus)}",
+                     "lower --gpus-per-proc or --nproc, or leave it out to show all GPUs")
+    return [gpus[i * gpus_per_proc:(i + 1) * gpus_per_proc] for i in range(nproc)], None
+
+
+def _contract(rank: int, local: int, nproc: int, world: int, host: str, port: int,
+              own_gpus: list[str]) -> dict[str, str]:
+    """The variables of the module docstring's contract for one worker, TF_CONFIG aside."""
+    coordinator = join_address(host, port)
+    return {
+        PROCESS_INDEX_ENV: str(rank),
+        PROCESS_COUNT_ENV: str(world),
+        LOCAL_PROCESS_INDEX_ENV: str(local),
+        LOCAL_PROCESS_COUNT_ENV: str(nproc),
+        COORDINATOR_ENV: coordinator,
+        "KERASMGPU_LAUNCHED": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port + 1),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "KERASMGPU_TORCH_BACKEND": "nccl" if own_gpus else "gloo",
+        "JAX_COORDINATOR_ADDRESS": coordinator,
+        "JAX_NUM_PROCESSES": str(world),
+        "JAX_PROCESS_ID": str(rank),
+    }
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -529,107 +548,143 @@ def launch(
               timeout, grace)
     if coordinator is None:
         # Loopback only: a single-node run must not open ports to the network.
-        coordinator = _address("127.0.0.1", free_port_block(2 + nproc * nnodes))
+        coordinator = join_address("127.0.0.1", free_port_block(2 + nproc * nnodes))
     envs, notes = worker_environments(
         nproc, coordinator, nnodes=nnodes, node_rank=node_rank, worker_hosts=worker_hosts,
         gpus_per_proc=gpus_per_proc, backend=backend, base_env=env,
     )
-
-    def out() -> TextIO:
-        return stdout if stdout is not None else sys.stdout
-
-    def err() -> TextIO:
-        return stderr if stderr is not None else sys.stderr
-
-    lock = threading.Lock()
-
-    def say(line: str) -> None:
-        with lock:
-            try:
-                err().write(line + "\n")
-                err().flush()
-            except (OSError, ValueError):
-                pass
-
+    output = _Output(stdout, stderr)
     for note in notes:
-        say(note)
-
+        output.say(note)
+    job = _Job(cmd, envs, first_rank=node_rank * nproc, cwd=cwd, timeout=timeout, grace=grace)
     interrupt = _Interrupt()
     previous = _install_handlers(interrupt) if handle_signals else {}
-    workers: list[_Worker] = []
-    start = time.monotonic()
     try:
-        try:
-            for local, worker_env in enumerate(envs):
-                rank = node_rank * nproc + local
-                proc = subprocess.Popen(
-                    cmd, env=worker_env, cwd=cwd, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    # Own session: the worker and everything it starts share one process
-                    # group that can be signalled as a whole, and a Ctrl-C at the terminal
-                    # reaches only the launcher, which then stops the workers in order.
-                    start_new_session=True,
-                )
-                worker = _Worker(rank=rank, proc=proc, started=time.monotonic())
-                workers.append(worker)
-                threading.Thread(target=_wait_for_exit, args=(worker,), daemon=True,
-                                 name=f"kerasmgpu-launch-wait{rank}").start()
-                for pipe, sink in ((proc.stdout, out), (proc.stderr, err)):
-                    assert pipe is not None
-                    thread = threading.Thread(
-                        target=_pump, args=(pipe, sink, f"[rank {rank}] ", lock),
-                        name=f"kerasmgpu-launch-rank{rank}", daemon=True,
-                    )
-                    thread.start()
-                    worker.threads.append(thread)
-            result = _supervise(workers, timeout, grace, interrupt, start)
-        except BaseException:
-            # A start that failed half-way, or KeyboardInterrupt when handle_signals=False:
-            # never return or raise with workers left running.
-            _stop(workers, grace if workers else 0.0, interrupt)
-            raise
+        workers, result = _run(job, output, interrupt)
     finally:
         _restore_handlers(previous)
-
-    # Let the pumps print the last lines before the summary; a grandchild that escaped
-    # into its own session could hold a pipe open forever, hence the bound.
-    join_until = time.monotonic() + 2.0
-    for w in workers:
-        for thread in w.threads:
-            thread.join(max(0.0, join_until - time.monotonic()))
-    if result.message:
-        say(result.message)
+    _report(workers, result, output)
     return result
 
 
-def _supervise(
-    workers: list[_Worker], timeout: Optional[float], grace: float, interrupt: _Interrupt,
-    start: float,
-) -> LaunchResult:
-    deadline = None if timeout is None else start + timeout
+@dataclass
+class _Job:
+    """What every run of this node's workers starts from."""
+
+    cmd: list[str]
+    envs: list[dict[str, str]]  # by local rank
+    first_rank: int  # global rank of local rank 0
+    cwd: Optional[str]
+    timeout: Optional[float]
+    grace: float
+
+
+class _Output:
+    """Where the workers' lines and the launcher's own go, one whole line at a time."""
+
+    def __init__(self, stdout: Optional[TextIO], stderr: Optional[TextIO]) -> None:
+        self._stdout, self._stderr = stdout, stderr
+        self.lock = threading.Lock()
+
+    def out(self) -> TextIO:
+        return self._stdout if self._stdout is not None else sys.stdout
+
+    def err(self) -> TextIO:
+        return self._stderr if self._stderr is not None else sys.stderr
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            try:
+                self.err().write(line + "\n")
+                self.err().flush()
+            except (OSError, ValueError):
+                pass
+
+
+@dataclass
+class _Outcome:
+    """Why supervision stopped waiting: the first failure, the timeout, a signal, or
+    (none of them) every worker exited 0."""
+
     failed: Optional[_Worker] = None
-    timed_out = False
+    timed_out: bool = False
+    signum: Optional[int] = None
+
+
+def _run(job: _Job, output: _Output,
+         interrupt: _Interrupt) -> tuple[list[_Worker], LaunchResult]:
+    """One run of the job's workers: start them, wait, stop whatever is left."""
+    workers: list[_Worker] = []
+    start = time.monotonic()
+    try:
+        _spawn(job, output, workers)
+        outcome = _wait(workers, job.timeout, interrupt, start)
+        return workers, _conclude(workers, outcome, job, interrupt)
+    except BaseException:
+        # A start that failed half-way, or KeyboardInterrupt when handle_signals=False:
+        # never return or raise with workers left running.
+        _stop(workers, job.grace if workers else 0.0, interrupt)
+        raise
+
+
+def _spawn(job: _Job, output: _Output, workers: list[_Worker]) -> None:
+    """Start every local worker, appending each to `workers` as soon as it runs."""
+    for local, worker_env in enumerate(job.envs):
+        rank = job.first_rank + local
+        proc = subprocess.Popen(
+            job.cmd, env=worker_env, cwd=job.cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            # Own session: the worker and everything it starts share one process
+            # group that can be signalled as a whole, and a Ctrl-C at the terminal
+            # reaches only the launcher, which then stops the workers in order.
+            start_new_session=True,
+        )
+        worker = _Worker(rank=rank, proc=proc, started=time.monotonic())
+        workers.append(worker)
+        threading.Thread(target=_wait_for_exit, args=(worker,), daemon=True,
+                         name=f"kerasmgpu-launch-wait{rank}").start()
+        for pipe, sink in ((proc.stdout, output.out), (proc.stderr, output.err)):
+            assert pipe is not None
+            thread = threading.Thread(
+                target=_pump, args=(pipe, sink, f"[rank {rank}] ", output.lock),
+                name=f"kerasmgpu-launch-rank{rank}", daemon=True,
+            )
+            thread.start()
+            worker.threads.append(thread)
+
+
+def _wait(workers: list[_Worker], timeout: Optional[float], interrupt: _Interrupt,
+          start: float) -> _Outcome:
+    """Poll until a worker fails, all exit 0, the timeout passes or a signal comes."""
+    deadline = None if timeout is None else start + timeout
+    outcome = _Outcome()
     while True:
         _reap(workers)
         if interrupt.signum is not None:
             break
         failures = [w for w in workers if not w.running and w.proc.returncode != 0]
         if failures:
-            failed = min(failures, key=lambda w: (w.ended or 0.0, w.rank))
+            outcome.failed = min(failures, key=lambda w: (w.ended or 0.0, w.rank))
             break
         if not any(w.running for w in workers):
             break
         if deadline is not None and time.monotonic() >= deadline:
-            timed_out = True
+            outcome.timed_out = True
             break
         time.sleep(_POLL)
-
     # Fixed now: a Ctrl-C while a failure is being cleaned up only hurries the stop.
-    signum = interrupt.signum if failed is None and not timed_out else None
+    if outcome.failed is None and not outcome.timed_out:
+        outcome.signum = interrupt.signum
+    return outcome
+
+
+def _conclude(workers: list[_Worker], outcome: _Outcome, job: _Job,
+              interrupt: _Interrupt) -> LaunchResult:
+    """Stop what still runs and say how the run ended."""
     still_running = [w for w in workers if w.running]
     pgids = {w.proc.pid for w in workers}
     message: Optional[str] = None
-    if signum is None and failed is None and not timed_out:
+    if outcome.signum is None and outcome.failed is None and not outcome.timed_out:
         # Every worker exited 0; anything left in their groups was started by them and
         # would otherwise outlive the run (and hold its pipes open).
         leftover = _live_groups(pgids)
@@ -638,38 +693,50 @@ def _supervise(
             message = (f"{PROG}: stopped processes left running by rank(s) "
                        f"{', '.join(map(str, ranks))} after they exited")
     if still_running or _live_groups(pgids):
-        _stop(workers, grace, interrupt)
-
-    if signum is not None:
-        returncode = 128 + signum
-        message = (f"{PROG}: received {_signal_name(signum)}; "
-                   f"stopped {len(still_running)} worker(s)")
-    elif failed is not None:
-        code = failed.proc.returncode
-        if code < 0:
-            how = f"was killed by signal {_signal_name(-code)}"
-            returncode = 1
-        else:
-            how = f"exited with code {code}"
-            returncode = code
-        message = (f"{PROG}: rank {failed.rank} {how}; "
-                   f"stopped the other {len(still_running)} worker(s)")
-    elif timed_out:
-        returncode = TIMEOUT_EXIT
-        message = f"{PROG}: timed out after {timeout:g} s; stopped {len(still_running)} worker(s)"
-    else:
-        returncode = 0
+        _stop(workers, job.grace, interrupt)
+    returncode, verdict = _verdict(outcome, len(still_running), job.timeout)
     return LaunchResult(
         returncode=returncode,
-        failed_rank=None if failed is None else failed.rank,
-        timed_out=timed_out,
+        failed_rank=None if outcome.failed is None else outcome.failed.rank,
+        timed_out=outcome.timed_out,
         durations={w.rank: (w.ended if w.ended is not None else time.monotonic()) - w.started
                    for w in workers},
         returncodes={w.rank: w.proc.returncode for w in workers},
         pids={w.rank: w.proc.pid for w in workers},
-        interrupted_by=None if signum is None else _signal_name(signum),
-        message=message,
+        interrupted_by=None if outcome.signum is None else _signal_name(outcome.signum),
+        message=verdict or message,
     )
+
+
+def _verdict(outcome: _Outcome, stopped: int,
+             timeout: Optional[float]) -> tuple[int, Optional[str]]:
+    """The launcher's exit status and its last line (see LaunchResult.returncode)."""
+    if outcome.signum is not None:
+        return status.by_signal(outcome.signum), (
+            f"{PROG}: received {_signal_name(outcome.signum)}; stopped {stopped} worker(s)")
+    if outcome.failed is not None:
+        code = outcome.failed.proc.returncode
+        if code < 0:
+            how, returncode = f"was killed by signal {_signal_name(-code)}", status.FAILURE
+        else:
+            how, returncode = f"exited with code {code}", code
+        return returncode, (f"{PROG}: rank {outcome.failed.rank} {how}; "
+                            f"stopped the other {stopped} worker(s)")
+    if outcome.timed_out:
+        assert timeout is not None
+        return status.TIMEOUT, f"{PROG}: timed out after {timeout:g} s; stopped {stopped} worker(s)"
+    return status.SUCCESS, None
+
+
+def _report(workers: list[_Worker], result: LaunchResult, output: _Output) -> None:
+    # Let the pumps print the last lines before the summary; a grandchild that escaped
+    # into its own session could hold a pipe open forever, hence the bound.
+    join_until = time.monotonic() + 2.0
+    for w in workers:
+        for thread in w.threads:
+            thread.join(max(0.0, join_until - time.monotonic()))
+    if result.message:
+        output.say(result.message)
 
 
 # --- command line -----------------------------------------------------------------------

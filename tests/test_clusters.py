@@ -184,6 +184,45 @@ def test_slurm_across_nodes_gives_tensorflow_its_own_resolver(
         f"127.0.0.1:{cluster.detect(SRUN).main_port + 2 + r}" for r in range(2)]
 
 
+@requires(tf_data=True)
+def test_a_cluster_tensorflow_cannot_run_on_is_told_by_its_type(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """mpirun across machines gives no worker addresses: TensorFlow cannot start, and
+    parallelize() says so (not "import order"); any other start-up error is an import
+    order one, whatever its text."""
+    import tensorflow as tf
+
+    from kerasmgpu._errors import InvalidClusterError
+    from kerasmgpu.engines import startup
+
+    spread = cluster.detect({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+                             "MASTER_ADDR": "10.0.0.1"})
+    with pytest.raises(InvalidClusterError, match="Invalid cluster for TensorFlow") as caught:
+        startup._tf_resolver(tf, spread)
+    monkeypatch.setattr(startup, "_tf_strategy", None)
+    monkeypatch.setattr(startup, "_tf_error", caught.value)
+    with pytest.raises(InvalidClusterError) as again:
+        startup.tf_strategy()
+    assert again.value is caught.value
+    monkeypatch.setattr(startup, "_tf_error", RuntimeError("Invalid cluster spec (grpc)"))
+    with pytest.raises(RuntimeError, match="Invalid import order") as other:
+        startup.tf_strategy()
+    assert not isinstance(other.value, InvalidClusterError)
+
+
+def test_addresses_split_and_join_alike() -> None:
+    assert cluster.split_address("10.0.0.1:29500") == ("10.0.0.1", 29500)
+    assert cluster.split_address(" node-0.cluster:1234 ") == ("node-0.cluster", 1234)
+    assert cluster.split_address("[::1]:29500") == ("::1", 29500)
+    assert cluster.join_address("::1", 29500) == "[::1]:29500"
+    assert cluster.join_address("node-0", 1) == "node-0:1"
+    for bad in ("10.0.0.1", "::1:29500", "host:port", "a b:1", ""):
+        assert cluster.split_address(bad) is None, bad
+    with pytest.raises(ValueError, match="KERASMGPU_COORDINATOR"):
+        _ = cluster.detect({"KERASMGPU_PROCESS_INDEX": "0", "KERASMGPU_PROCESS_COUNT": "2",
+                            "KERASMGPU_COORDINATOR": "nohost"}).main_address
+
+
 def test_tf_config_of_a_cluster_numbers_chief_then_workers() -> None:
     job = cluster.detect(TFJOB)
     assert type(job) is TFConfigCluster
@@ -285,9 +324,10 @@ def framework_shutdown():
     open(os.path.join({out!r}, "shutdown"), "w").close()
     time.sleep(float(os.environ.get("HANG", "0")))
 atexit.register(framework_shutdown)
-from kerasmgpu.engines import startup
-startup._catch_failures()
-startup._register_exit()
+from kerasmgpu.env import cluster
+from kerasmgpu.process import ending
+ending.watch(cluster.current())
+ending.framework_started(teardown=lambda: open(os.path.join({out!r}, "teardown"), "w").close())
 atexit.register(lambda: open(os.path.join({out!r}, "later-handler"), "w").close())
 """
 
@@ -315,6 +355,7 @@ def test_a_failing_process_leaves_without_the_frameworks_shutdown(
     assert time.monotonic() - start < 60  # the 600 s shutdown did not run
     assert not (tmp_path / "shutdown").exists()
     assert (tmp_path / "later-handler").exists()  # handlers registered after ours ran
+    assert not (tmp_path / "teardown").exists()  # nor the engines' teardowns
     assert f"process 1 failed (exit status {status})" in run.stderr
     if "boom" in body:
         assert "RuntimeError: boom" in run.stderr  # the traceback comes first
@@ -332,7 +373,7 @@ def test_a_process_that_ends_normally_shuts_the_framework_down(tmp_path: Path,
                                                                body: str) -> None:
     run = _end(tmp_path, body)
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "shutdown").exists()
+    assert (tmp_path / "teardown").exists() and (tmp_path / "shutdown").exists()
     assert "failed" not in run.stderr
 
 

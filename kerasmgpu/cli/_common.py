@@ -168,8 +168,9 @@ def parse_counts(text: str, flag: str = "--replicas") -> List[int]:
     return sorted(values)
 
 
-def launched() -> bool:
-    """True in a worker started by `kerasmgpu launch`."""
+def started_by_launcher() -> bool:
+    """True in a worker of `kerasmgpu launch` (even `--nproc 1`) or of any job of
+    several processes; `kerasmgpu.env.cluster.launched()` counts the latter only."""
     return os.environ.get(LAUNCHED_ENV) == "1" or process_count() > 1
 
 
@@ -197,7 +198,7 @@ def request_devices(n: int) -> None:
     With GPUs visible the request is ignored by `kerasmgpu.devices` and GPUs are used.
     """
     current = requested_virtual()
-    if launched() or (current is not None and current >= n) or framework_started():
+    if started_by_launcher() or (current is not None and current >= n) or framework_started():
         return
     from kerasmgpu import api
 

@@ -419,6 +419,35 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     """The benchmark; returns bench.json's object."""
     from kerasmgpu import api
 
+    counts = _asked_counts(args)
+    env = api.environment()
+    _refuse_here(env)
+    asked = _common.requested_virtual()
+    wanted = counts[-1] if counts else (asked or _common.DEFAULT_VIRTUAL)
+    env, keras, devices = _common.start(env, wanted, verbose=args.verbose)
+    notes: List[str] = []
+    text = args.replicas or ""
+    if counts is None:
+        counts = default_counts(len(devices))
+        text = ",".join(map(str, counts))
+    elif counts[0] != 1:
+        counts = [1] + counts
+        notes.append("added replicas=1: speedup and efficiency are measured against it")
+    _check_counts(counts, devices, text)
+    route = _route(api, counts, text)
+    notes += _device_notes(devices, asked)
+    summary = _common.environment_summary(env, devices)
+    label = _device_label(devices, summary)
+    _print_plan(report, args, env, counts, route, label)
+    measured = _measure(keras, args, counts, report)
+    result, written = _write(args, env, label, counts, summary, route, measured, notes)
+    _print_results(report, args, measured, notes, written)
+    return result
+
+
+def _asked_counts(args: argparse.Namespace) -> Optional[List[int]]:
+    """--replicas as given (None: every count up to the devices), checked against
+    --batch-size before anything starts."""
     counts = _common.parse_counts(args.replicas) if args.replicas is not None else None
     if args.batch_policy == "global" and counts and args.batch_size < counts[-1]:
         raise UsageError(explain(
@@ -426,10 +455,14 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
             f"at least {counts[-1]} with --batch-policy global (one row per replica)",
             f"pass --batch-size {max(counts[-1], DEFAULT_BATCH)} or --batch-policy per-replica",
         ))
-    env = api.environment()
+    return counts
+
+
+def _refuse_here(env: Any) -> None:
+    """Where bench cannot measure: no Keras, a launched worker, the torch backend."""
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
-    if _common.launched():
+    if _common.started_by_launcher():
         raise UsageError(explain(
             "kerasmgpu launch", "bench in a launched worker", "bench in one plain process",
             "run `kerasmgpu bench` directly; it measures every replica count itself",
@@ -443,37 +476,40 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
             "run bench with KERAS_BACKEND=jax or tensorflow; on torch, time your script "
             "under `kerasmgpu launch --nproc N`", raw=True,
         ))
-    asked = _common.requested_virtual()
-    wanted = counts[-1] if counts else (asked or _common.DEFAULT_VIRTUAL)
-    env, keras, devices = _common.start(env, wanted, verbose=args.verbose)
-    notes: List[str] = []
-    text = args.replicas or ""
-    if counts is None:
-        counts = default_counts(len(devices))
-        text = ",".join(map(str, counts))
-    elif counts[0] != 1:
-        counts = [1] + counts
-        notes.append("added replicas=1: speedup and efficiency are measured against it")
-    _check_counts(counts, devices, text)
-    route: Optional[Dict[str, str]] = None
-    if counts[-1] > 1:
-        route = dict(api.describe(gpus=counts[-1]))
-        if "error" in route:
-            raise UsageError(explain(
-                "--replicas", text, "replica counts the route can build here",
-                f"see `kerasmgpu doctor` ({route['error']})", raw=True,
-            ))
+
+
+def _route(api: Any, counts: List[int], text: str) -> Optional[Dict[str, str]]:
+    """describe() for the largest count (None when only 1 replica is measured)."""
+    if counts[-1] == 1:
+        return None
+    route = dict(api.describe(gpus=counts[-1]))
+    if "error" in route:
+        raise UsageError(explain(
+            "--replicas", text, "replica counts the route can build here",
+            f"see `kerasmgpu doctor` ({route['error']})", raw=True,
+        ))
+    return route
+
+
+def _device_notes(devices: Sequence[Any], asked: Optional[int]) -> List[str]:
+    if _common.device_kind(devices) != "virtual cpu":
+        return []
+    notes = [_common.shared_cores_note(measure="efficiency")]
+    made = _common.made_virtual_note("bench", len(devices), asked)
+    return notes + [made] if made else notes
+
+
+def _device_label(devices: Sequence[Any], summary: Dict[str, Any]) -> str:
     kind = _common.device_kind(devices)
-    if kind == "virtual cpu":
-        notes.append(_common.shared_cores_note(measure="efficiency"))
-        made = _common.made_virtual_note("bench", len(devices), asked)
-        if made:
-            notes.append(made)
-    summary = _common.environment_summary(env, devices)
-    device_label = (f"{summary['gpu_name'] or 'GPU'} x{len(devices)}" if kind == "gpu"
-                    else f"{kind} devices ({summary['cpu_cores']} cores)")
+    if kind == "gpu":
+        return f"{summary['gpu_name'] or 'GPU'} x{len(devices)}"
+    return f"{kind} devices ({summary['cpu_cores']} cores)"
+
+
+def _print_plan(report: Report, args: argparse.Namespace, env: Any, counts: List[int],
+                route: Optional[Dict[str, str]], label: str) -> None:
     report.line(f"kerasmgpu bench {__version__}: {args.model}, {_common.line_label(env)}, "
-                f"{device_label}")
+                f"{label}")
     length = f"{args.steps} timed steps" if args.steps else f"{args.seconds:g} s"
     report.line(f"replicas {','.join(map(str, counts))}; batch {args.batch_size} "
                 f"({args.batch_policy}); {args.warmup} warm-up steps, then {args.rounds} "
@@ -482,6 +518,10 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
         report.line(f"route: {route.get('route')} - {route.get('engine', '-')}, all-reduce: "
                     f"{route.get('all_reduce', '-')}")
 
+
+def _measure(keras: Any, args: argparse.Namespace, counts: List[int],
+             report: Report) -> List[Dict[str, Any]]:
+    """Warm every count up, then time them in interleaved rounds; one row per count."""
     largest = global_batch(args.batch_size, args.batch_policy, counts[-1])
     data = make_data(args.model, largest * max(CHUNK_STEPS, args.warmup, 2))
     contenders = [Contender(keras, args, n, data, report) for n in counts]
@@ -500,9 +540,15 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
         row = contender.result()
         row.update({k: v for k, v in extra.items() if k != "replicas"})
         measured.append(row)
+    return measured
 
+
+def _write(args: argparse.Namespace, env: Any, label: str, counts: List[int],
+           summary: Dict[str, Any], route: Optional[Dict[str, str]],
+           measured: List[Dict[str, Any]], notes: List[str]) -> Tuple[Dict[str, Any], str]:
+    """bench.json and the plot in --output; returns the JSON object and what was written."""
     os.makedirs(args.output, exist_ok=True)
-    title = f"kerasmgpu bench: {args.model}, {_common.line_label(env)}, {device_label}"
+    title = f"kerasmgpu bench: {args.model}, {_common.line_label(env)}, {label}"
     plot = write_plot(measured, os.path.join(args.output, "scaling.png"), title)
     if plot is None:
         notes.append("plot skipped: matplotlib is not installed (pip install matplotlib)")
@@ -521,7 +567,11 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     json_path = os.path.join(args.output, "bench.json")
     with open(json_path, "w", encoding="utf-8") as handle:
         handle.write(_common.to_json(result) + "\n")
+    return result, json_path + (f" and {plot}" if plot else "")
 
+
+def _print_results(report: Report, args: argparse.Namespace,
+                   measured: List[Dict[str, Any]], notes: List[str], written: str) -> None:
     report.line()
     rows = [["replicas", "global batch", "per replica", "steps", "samples/s", "min-max",
              "speedup", "min-max", "efficiency"]]
@@ -539,8 +589,7 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     report.line()
     for note in notes:
         report.line(f"note: {note}")
-    report.line(f"wrote {json_path}" + (f" and {plot}" if plot else ""))
-    return result
+    report.line(f"wrote {written}")
 
 
 def main(argv: List[str]) -> int:

@@ -356,6 +356,25 @@ def _device_findings(facts: Facts) -> List[Finding]:
 
 def findings(facts: Facts) -> List[Finding]:
     """What is wrong or worth knowing, most serious first. Pure: reads only `facts`."""
+    out = _install_findings(facts) + _start_findings(facts) + _process_findings(facts)
+    out.extend(_device_findings(facts))
+    route_error = facts.description.get("error")
+    if route_error and not _torch_outside(facts) and not facts.devices_error and (
+            not facts.keras_import_error):
+        out.append(Finding(
+            BLOCKING, "route_unavailable",
+            f"parallelize() cannot build its route here: {route_error}",
+            "fix the findings above; if none applies, report this with "
+            "`kerasmgpu doctor --json`",
+        ))
+    for text in facts.warnings:
+        out.append(Finding(INFO, "kerasmgpu_warning", text, "see the message"))
+    rank = {BLOCKING: 0, WARNING: 1, INFO: 2}
+    return sorted(out, key=lambda f: rank.get(f.severity, 3))
+
+
+def _install_findings(facts: Facts) -> List[Finding]:
+    """What is installed and asked for: Keras, versions, virtual devices, the backend."""
     out: List[Finding] = []
     for error in facts.internal_errors:
         out.append(Finding(
@@ -381,22 +400,27 @@ def findings(facts: Facts) -> List[Finding]:
             BLOCKING, "backend_cannot_train", facts.route_error,
             "set KERAS_BACKEND=tensorflow, jax or torch",
         ))
+    return out
+
+
+def _start_findings(facts: Facts) -> List[Finding]:
+    """Whether the framework and Keras started (imported, listed their devices)."""
+    out: List[Finding] = []
     framework = _framework(facts)
-    if facts.devices_error:
-        if facts.devices_error_is_import:
-            out.append(Finding(
-                BLOCKING, "framework_import_failed",
-                f"{framework} failed to import: {facts.devices_error}",
-                f"check the install with `python -c \"import {framework}\"`; "
-                f"{INSTALL.get(framework, '')}",
-            ))
-        else:
-            out.append(Finding(
-                BLOCKING, "device_listing_failed",
-                f"{framework} could not list its devices: {facts.devices_error}",
-                f"run `python -c \"import {framework}\"` to see the framework's own error; "
-                f"with virtual devices, set {VIRTUAL_DEVICES_ENV} before the process starts",
-            ))
+    if facts.devices_error and facts.devices_error_is_import:
+        out.append(Finding(
+            BLOCKING, "framework_import_failed",
+            f"{framework} failed to import: {facts.devices_error}",
+            f"check the install with `python -c \"import {framework}\"`; "
+            f"{INSTALL.get(framework, '')}",
+        ))
+    elif facts.devices_error:
+        out.append(Finding(
+            BLOCKING, "device_listing_failed",
+            f"{framework} could not list its devices: {facts.devices_error}",
+            f"run `python -c \"import {framework}\"` to see the framework's own error; "
+            f"with virtual devices, set {VIRTUAL_DEVICES_ENV} before the process starts",
+        ))
     if facts.keras_import_error:
         out.append(Finding(
             BLOCKING, "keras_import_failed",
@@ -404,8 +428,17 @@ def findings(facts: Facts) -> List[Finding]:
             "reinstall Keras and its framework with matching versions "
             '(e.g. pip install -U tensorflow)',
         ))
-    torch_outside = facts.backend == "torch" and not facts.launched
-    if torch_outside:
+    return out
+
+
+def _torch_outside(facts: Facts) -> bool:
+    return facts.backend == "torch" and not facts.launched
+
+
+def _process_findings(facts: Facts) -> List[Finding]:
+    """Whether this process is one of several, and what its launcher said."""
+    out: List[Finding] = []
+    if _torch_outside(facts):
         out.append(Finding(
             WARNING, "torch_outside_launch",
             "the torch backend trains one process per device, and this process is not "
@@ -427,19 +460,7 @@ def findings(facts: Facts) -> List[Finding]:
             f"{facts.cluster.split(':', 1)[0]} ({facts.cluster}).",
             "each process reports its own devices; replicas = processes x devices",
         ))
-    out.extend(_device_findings(facts))
-    route_error = facts.description.get("error")
-    if route_error and not torch_outside and not facts.devices_error and not facts.keras_import_error:
-        out.append(Finding(
-            BLOCKING, "route_unavailable",
-            f"parallelize() cannot build its route here: {route_error}",
-            "fix the findings above; if none applies, report this with "
-            "`kerasmgpu doctor --json`",
-        ))
-    for text in facts.warnings:
-        out.append(Finding(INFO, "kerasmgpu_warning", text, "see the message"))
-    rank = {BLOCKING: 0, WARNING: 1, INFO: 2}
-    return sorted(out, key=lambda f: rank.get(f.severity, 3))
+    return out
 
 
 def can_train(facts: Facts, found: Sequence[Finding]) -> bool:
@@ -667,7 +688,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
     )
     try:
         job = cluster.current()
-        values.update(launched=_common.launched(), process_index=job.global_rank(),
+        values.update(launched=_common.started_by_launcher(), process_index=job.global_rank(),
                       process_count=job.world_size(), cluster=job.describe())
     except ValueError as exc:  # contradictory launcher variables
         values["cluster_error"] = str(exc)

@@ -1,5 +1,4 @@
-"""Several processes: the engines that must start before their frameworks' runtimes, and
-how a process of such a job ends.
+"""Several processes: the engines that must start before their frameworks' runtimes.
 
 Whatever started the processes - `kerasmgpu launch`, torchrun, `mpirun`, `srun`, or a
 cluster's TF_CONFIG (see `kerasmgpu.env.cluster`) - `import kerasmgpu` in each one
@@ -19,30 +18,26 @@ framework itself:
 So a multi-process script must `import kerasmgpu` before it imports TensorFlow or JAX
 (and before Keras, which imports them); otherwise parallelize() explains that.
 
-Ending. A process that fails must not wait for the others at exit: they may be blocked
-in a collective with it, and JAX's exit handler waits for every process to shut down
-together. So, in a process of a job of several, an uncaught exception or
-`sys.exit(n)` with n != 0 ends the process right after its traceback and the exit
-handlers registered after the framework started, without the framework's own
-shutdown; the launcher then sees the failure and stops the others. A process that ends
-normally tears down what was started (torch's process group; JAX shuts itself down),
-every wait bounded by `KERASMGPU_COLLECTIVE_TIMEOUT`.
+Each start-up function is given the job's detected `ClusterEnvironment`. How a process
+of such a job ends (at once when it fails, without the frameworks' shutdown) is
+`kerasmgpu.process.ending`'s; this module tells it when a framework has started.
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime
+import functools
 import inspect
 import os
 import socket
 import sys
-import threading
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, Dict, Optional
 
 from kerasmgpu import _hooks
+from kerasmgpu._errors import InvalidClusterError
 from kerasmgpu.env import cluster
 from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
+from kerasmgpu.process import ending
 
 _tf_strategy: Any = None
 _tf_error: Optional[BaseException] = None
@@ -50,6 +45,20 @@ _jax_error: Optional[BaseException] = None
 
 
 # --- set-up at import -------------------------------------------------------------------
+
+
+def setup_at_import(environment: cluster.ClusterEnvironment) -> None:
+    """In a process of `environment`'s multi-process job, start each engine before its
+    runtime does, and learn how the process ends."""
+    if environment.world_size() < 2:
+        return
+    ending.watch(environment)
+    starts: Dict[str, Callable[[cluster.ClusterEnvironment], None]] = {
+        "tensorflow": _start_tensorflow, "jax": _start_jax, "torch": _start_torch,
+    }
+    backend = backend_for(detect_keras_line()[0])
+    if backend in starts:
+        _hooks.after_import(backend, functools.partial(starts[backend], environment))
 
 
 def _one_gpu_each(environment: cluster.ClusterEnvironment) -> bool:
@@ -75,7 +84,7 @@ def _tf_resolver(tf: Any, environment: cluster.ClusterEnvironment) -> Any:
             auto_set_gpu=False)
     workers = environment.tf_workers()
     if workers is None:
-        raise RuntimeError(
+        raise InvalidClusterError(
             f"Invalid cluster for TensorFlow: {environment.describe()}. TensorFlow needs "
             "every process's address, which this launcher does not give. Allowed: one "
             "machine, srun, a TF_CONFIG naming every worker, or `kerasmgpu launch "
@@ -87,7 +96,7 @@ def _tf_resolver(tf: Any, environment: cluster.ClusterEnvironment) -> Any:
         task_id=environment.global_rank(), rpc_layer="grpc")
 
 
-def _start_tensorflow() -> None:
+def _start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
     global _tf_strategy, _tf_error
     line, _ = detect_keras_line()
     if line not in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
@@ -95,7 +104,6 @@ def _start_tensorflow() -> None:
     try:
         import tensorflow as tf
 
-        environment = cluster.current()
         gpus = tf.config.list_physical_devices("GPU")
         if len(gpus) > 1 and _one_gpu_each(environment):
             tf.config.set_visible_devices(gpus[environment.local_rank() % len(gpus)], "GPU")
@@ -103,7 +111,7 @@ def _start_tensorflow() -> None:
             cluster_resolver=_tf_resolver(tf, environment))
     except Exception as exc:  # reported by parallelize(), never at import
         _tf_error = exc
-    _register_exit()
+    ending.framework_started()
 
 
 def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
@@ -129,7 +137,7 @@ def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
     return {k: v for k, v in wanted.items() if k in accepted}
 
 
-def _start_jax() -> None:
+def _start_jax(environment: cluster.ClusterEnvironment) -> None:
     global _jax_error
     try:
         import jax
@@ -139,135 +147,20 @@ def _start_jax() -> None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         except (AttributeError, ValueError):  # older/newer jax: default is fine
             pass
-        jax.distributed.initialize(**_jax_arguments(jax, cluster.current()))
+        jax.distributed.initialize(**_jax_arguments(jax, environment))
     except Exception as exc:
         _jax_error = exc
-    _register_exit()
+    ending.framework_started()
 
 
-def _start_torch() -> None:
+def _start_torch(environment: cluster.ClusterEnvironment) -> None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count():
         # Each worker sees its own GPUs (`launch --gpus-per-proc`) or all of them.
-        torch.cuda.set_device(cluster.local_process_index() % torch.cuda.device_count())
-    _register_exit()
-
-
-def setup_at_import() -> None:
-    """In a process of a multi-process job, start each engine before its runtime does."""
-    if not cluster.launched():
-        return
-    _catch_failures()
-    line, _ = detect_keras_line()
-    backend = backend_for(line)
-    if backend == "tensorflow":
-        _hooks.after_import("tensorflow", _start_tensorflow)
-    elif backend == "jax":
-        _hooks.after_import("jax", _start_jax)
-    elif backend == "torch":
-        _hooks.after_import("torch", _start_torch)
-
-
-# --- how a process of the job ends ----------------------------------------------------------
-
-_failure_code: Optional[int] = None
-_caught = False
-_exit_registered = False
-
-
-def _exit_status(code: Any) -> int:
-    """The status Python gives `sys.exit(code)`."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    return 1
-
-
-class _EndsTheProcess:
-    """Rides on the SystemExit raised by `sys.exit` and dies with it.
-
-    When the interpreter itself handles that SystemExit (nobody caught it), it releases
-    the exception with no Python frame left on the main thread's stack, just before the
-    exit handlers run: that is how we learn the process is exiting with this status. A
-    SystemExit caught by the script dies inside the script's frames and changes nothing.
-    """
-
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-    def __del__(self) -> None:
-        global _failure_code
-        if threading.current_thread() is not threading.main_thread():
-            return
-        frame = inspect.currentframe()  # this method's own frame
-        if frame is not None and frame.f_back is None and self.status:
-            _failure_code = self.status
-        del frame
-
-
-def _exit(status: Any = None) -> NoReturn:
-    raise _system_exit(status)
-
-
-def _system_exit(status: Any) -> SystemExit:
-    # Built here, not in _exit: a local there would tie the exception to its own
-    # traceback in a cycle, and only the garbage collector would then release it.
-    error = SystemExit(status)
-    error._kerasmgpu_exit = _EndsTheProcess(_exit_status(status))  # type: ignore[attr-defined]
-    return error
-
-
-def _catch_failures() -> None:
-    """Learn how the process ends: uncaught exceptions and `sys.exit(n)`."""
-    global _caught
-    if _caught:
-        return
-    _caught = True
-    previous = sys.excepthook
-
-    def excepthook(kind: Any, value: Any, traceback: Any) -> None:
-        global _failure_code
-        previous(kind, value, traceback)  # the traceback first, as always
-        _failure_code = 130 if issubclass(kind, KeyboardInterrupt) else 1
-
-    sys.excepthook = excepthook
-    sys.exit = _exit
-
-
-def _register_exit() -> None:
-    """Called once a framework is imported, so that ours runs before its exit handlers
-    (they run last-registered first)."""
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    code = _failure_code
-    if code:
-        # The others may be blocked in a collective with this process, and the
-        # framework's own shutdown would wait for them: leave now, so that the launcher
-        # sees this process fail and stops the rest.
-        rank = cluster.process_index()
-        try:
-            sys.stderr.write(f"kerasmgpu: process {rank} failed (exit status {code}); "
-                             "exiting without waiting for the other processes\n")
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        os._exit(code)
-    _bounded(_teardown_torch, cluster.collective_timeout())
-
-
-def _bounded(work: Any, seconds: float) -> None:
-    """Run `work` but give up after `seconds` (it may wait on a process that is gone)."""
-    thread = threading.Thread(target=work, name="kerasmgpu-teardown", daemon=True)
-    thread.start()
-    thread.join(seconds)
+        torch.cuda.set_device(environment.local_rank() % torch.cuda.device_count())
+    # What starts also stops: the process group parallelize() joins, at a normal end.
+    ending.framework_started(teardown=_teardown_torch)
 
 
 def _teardown_torch() -> None:
@@ -296,19 +189,22 @@ def tf_strategy() -> Any:
     """The worker's MultiWorkerMirroredStrategy (created when TF was imported)."""
     if _tf_strategy is not None:
         return _tf_strategy
-    if isinstance(_tf_error, RuntimeError) and str(_tf_error).startswith("Invalid cluster"):
+    if isinstance(_tf_error, InvalidClusterError):
         raise _tf_error
     if _tf_error is not None:
         raise _too_late("TensorFlow", _tf_error) from _tf_error
     raise _too_late("TensorFlow", "no strategy was created at import")
 
 
-def ensure_jax() -> None:
+def ensure_jax(environment: Optional[cluster.ClusterEnvironment] = None) -> None:
+    """Raise when `jax.distributed` did not start for `environment`'s job (default: the
+    one detected now)."""
     if _jax_error is not None:
         raise _too_late("JAX", _jax_error) from _jax_error
     import jax
 
-    if jax.process_count() != cluster.process_count():
+    environment = environment or cluster.current()
+    if jax.process_count() != environment.world_size():
         raise _too_late("JAX", f"jax.process_count() is {jax.process_count()}")
 
 
@@ -320,8 +216,9 @@ def _loopback_interface() -> Optional[str]:
     return next((name for name in names if name == "lo" or name.startswith("lo")), None)
 
 
-def torch_process_group() -> Any:
-    """Join (once) the job's torch.distributed group; gloo on CPU, nccl on GPUs.
+def torch_process_group(environment: Optional[cluster.ClusterEnvironment] = None) -> Any:
+    """Join (once) the torch.distributed group of `environment`'s job (default: the one
+    detected now); gloo on CPU, nccl on GPUs.
 
     Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.
     Elsewhere rank 0 serves the store itself, on loopback when the job runs on this
@@ -332,7 +229,7 @@ def torch_process_group() -> Any:
 
     if dist.is_initialized():
         return dist
-    environment = cluster.current()
+    environment = environment or cluster.current()
     backend = os.environ.get("KERASMGPU_TORCH_BACKEND") or (
         "nccl" if _torch_has_gpu() else "gloo"
     )

@@ -61,11 +61,13 @@ __all__ = [
     "current",
     "detect",
     "is_chief",
+    "join_address",
     "launched",
     "local_process_index",
     "process_count",
     "process_index",
     "shared_seed",
+    "split_address",
 ]
 
 
@@ -171,7 +173,7 @@ class ClusterEnvironment:
         return "0.0.0.0" if self.multi_node() else LOOPBACK
 
     def jax_coordinator(self) -> str:
-        return _address(self.main_address, self.main_port + 1)
+        return join_address(self.main_address, self.main_port + 1)
 
     def torch_store(self) -> Optional[Tuple[str, int]]:
         """(host, port) of a TCPStore rank 0 starts, or None when the launcher runs one."""
@@ -182,7 +184,7 @@ class ClusterEnvironment:
         if self.multi_node():
             return None  # other machines' addresses are not in this environment
         base = self.main_port + 2
-        return [_address(LOOPBACK, base + rank) for rank in range(self.world_size())]
+        return [join_address(LOOPBACK, base + rank) for rank in range(self.world_size())]
 
     def run_id(self) -> str:
         """Text that every process of this run shares (seeds agreement on it)."""
@@ -205,15 +207,24 @@ class ClusterEnvironment:
                 f"{self.main_address}, {'several machines' if self.multi_node() else 'this machine only'}")
 
 
-def _address(host: str, port: int) -> str:
+def join_address(host: str, port: int) -> str:
+    """"host:port", with an IPv6 address in brackets ("[::1]:29500")."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _split_address(text: str, variable: str) -> Tuple[str, int]:
+def split_address(text: str) -> Optional[Tuple[str, int]]:
+    """"host:port" or "[ipv6]:port" -> (host, port); None when `text` is neither."""
     match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]\s]+):(\d+)", text.strip())
     if not match:
-        raise _bad(variable, text, "HOST:PORT", f"set {variable} to rank 0's host:port")
+        return None
     return (match.group(1) or match.group(3)), int(match.group(2) or match.group(4))
+
+
+def _address_in(text: str, variable: str) -> Tuple[str, int]:
+    parts = split_address(text)
+    if parts is None:
+        raise _bad(variable, text, "HOST:PORT", f"set {variable} to rank 0's host:port")
+    return parts
 
 
 class SingleProcess(ClusterEnvironment):
@@ -271,10 +282,10 @@ class KerasmgpuLaunch(ClusterEnvironment):
         return _int(self.env, "MASTER_PORT", self._coordinator()[1] + 1)
 
     def _coordinator(self) -> Tuple[str, int]:
-        return _split_address(self.env.get(COORDINATOR_ENV, f"{LOOPBACK}:0"), COORDINATOR_ENV)
+        return _address_in(self.env.get(COORDINATOR_ENV, f"{LOOPBACK}:0"), COORDINATOR_ENV)
 
     def jax_coordinator(self) -> str:
-        return self.env.get("JAX_COORDINATOR_ADDRESS") or _address(*self._coordinator())
+        return self.env.get("JAX_COORDINATOR_ADDRESS") or join_address(*self._coordinator())
 
     def tf_workers(self) -> Optional[List[str]]:
         return _tf_config_workers(self.env)
@@ -464,23 +475,23 @@ class TFConfigCluster(ClusterEnvironment):
         return offset + int(task.get("index", 0))
 
     def local_world_size(self) -> int:
-        hosts = [_split_address(a, "TF_CONFIG")[0] for a in _ranks(self._config())]
+        hosts = [_address_in(a, "TF_CONFIG")[0] for a in _ranks(self._config())]
         if all(_is_loopback(h) for h in hosts):
             return len(hosts)
         return 1
 
     @property
     def main_address(self) -> str:
-        host = _split_address(_ranks(self._config())[0], "TF_CONFIG")[0]
+        host = _address_in(_ranks(self._config())[0], "TF_CONFIG")[0]
         return LOOPBACK if not self.multi_node() else host
 
     @property
     def main_port(self) -> int:
-        return _split_address(_ranks(self._config())[0], "TF_CONFIG")[1]
+        return _address_in(_ranks(self._config())[0], "TF_CONFIG")[1]
 
     def jax_coordinator(self) -> str:
         # The cluster opened rank 0's TF port for this job; no TF server uses it on JAX.
-        return _address(self.main_address, self.main_port)
+        return join_address(self.main_address, self.main_port)
 
     def tf_workers(self) -> Optional[List[str]]:
         return _ranks(self._config())
