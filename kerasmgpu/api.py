@@ -12,13 +12,13 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
+from kerasmgpu import engines, registry
 from kerasmgpu import inventory as environment_module
-from kerasmgpu.engines import load_route
 from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env import versions as env_module
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
+from kerasmgpu.routes import Route, check_route_fits, parse_route
 
 if TYPE_CHECKING:
     from kerasmgpu.adapters import Family
@@ -63,7 +63,7 @@ def _prepare(
     family_module.check_release(line, version, backend)
     if cluster.launched():
         family_module.check_multi_process(line, version, backend)
-    natural = choose_route(line, backend)
+    entry = registry.lookup(line, backend)
     if chosen is not None:
         check_route_fits(chosen, line, backend)
     fam = family_module.load(line, backend, version)
@@ -75,7 +75,7 @@ def _prepare(
                 "the model you built (the template)",
                 "call parallelize() once, on the model you built",
             )
-    cls = load_route(natural)
+    cls = engines.load(entry)
     selected = devices_module.resolve_gpus(gpus, cls.available_devices(fam))
     return fam, cls, selected
 

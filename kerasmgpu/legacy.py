@@ -54,12 +54,11 @@ def _migration_hint() -> None:
 
 def _available(line: detection.KerasLine) -> List[Any]:
     from kerasmgpu import adapters as family_module
-    from kerasmgpu.engines import load_route
-    from kerasmgpu.routes import choose_route
+    from kerasmgpu import engines, registry
 
     backend = detection.backend_for(line)
     fam = family_module.load(line, backend)
-    return load_route(choose_route(line, backend)).available_devices(fam)
+    return engines.load(registry.lookup(line, backend)).available_devices(fam)
 
 
 def _check_flag(name: str, value: Any) -> None:

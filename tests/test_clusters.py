@@ -22,7 +22,7 @@ from typing import Dict
 
 import numpy as np
 import pytest
-from helpers import ON_LEGACY, ON_TF, keras_module, requires
+from helpers import ON_LEGACY, keras_module, requires
 
 import kerasmgpu
 from kerasmgpu import batching
@@ -431,7 +431,7 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
 def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     import tensorflow as tf
 
-    from kerasmgpu import adapters
+    from kerasmgpu import adapters, registry
     from kerasmgpu.adapters import tf_data
     from kerasmgpu.data import feeds
     from kerasmgpu.env.versions import backend_for, detect_keras_line
@@ -447,7 +447,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     assert tf_data.unseeded_shuffles(data.batch(4)) == 0
     nested = tf.data.Dataset.range(2).interleave(lambda _: unseeded)
     assert tf_data.unseeded_shuffles(nested) == 1
-    kind = "tf" if ON_TF else "python"
+    kind = registry.lookup(line).feed
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
         feeds.build(family, kind, two, unseeded)

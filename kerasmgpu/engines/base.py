@@ -21,19 +21,18 @@ from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
 
 import numpy as np
 
+from kerasmgpu import registry
 from kerasmgpu.adapters import Family
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.registry import FeedKind, Route
 
 
 class BaseRoute(abc.ABC):
     route: ClassVar[Route]
-    # How fit() input reaches this engine: "tf" (tf.data) or "python" (PyDataset).
-    feed_kind: ClassVar[str] = "python"
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
@@ -41,6 +40,11 @@ class BaseRoute(abc.ABC):
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         self.family = family
         self.devices = tuple(devices)
+
+    @property
+    def feed_kind(self) -> FeedKind:
+        """How fit() input reaches this engine (the Keras line and backend's entry)."""
+        return registry.lookup(self.family.line, self.family.backend).feed
 
     @classmethod
     def available_devices(cls, family: Family) -> List[Device]:

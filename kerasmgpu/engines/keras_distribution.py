@@ -54,7 +54,6 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
 
 class KerasDistributionRoute(BaseRoute):
     route = Route.KERAS_DISTRIBUTION
-    feed_kind = "python"
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)

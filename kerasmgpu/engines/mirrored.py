@@ -50,7 +50,6 @@ def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
 
 class MirroredRoute(BaseRoute):
     route = Route.MIRRORED
-    feed_kind = "tf"
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
         super().__init__(family, devices)

@@ -31,12 +31,12 @@ import inspect
 import os
 import socket
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
-from kerasmgpu import _hooks
+from kerasmgpu import _hooks, registry
 from kerasmgpu._errors import InvalidClusterError
 from kerasmgpu.env import cluster
-from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
+from kerasmgpu.env.versions import detect_keras_line
 from kerasmgpu.process import ending
 
 _tf_strategy: Any = None
@@ -48,17 +48,16 @@ _jax_error: Optional[BaseException] = None
 
 
 def setup_at_import(environment: cluster.ClusterEnvironment) -> None:
-    """In a process of `environment`'s multi-process job, start each engine before its
-    runtime does, and learn how the process ends."""
+    """In a process of `environment`'s multi-process job, start the engine of the active
+    Keras (its registry entry's start-up) before its runtime does, and learn how the
+    process ends."""
     if environment.world_size() < 2:
         return
     ending.watch(environment)
-    starts: Dict[str, Callable[[cluster.ClusterEnvironment], None]] = {
-        "tensorflow": _start_tensorflow, "jax": _start_jax, "torch": _start_torch,
-    }
-    backend = backend_for(detect_keras_line()[0])
-    if backend in starts:
-        _hooks.after_import(backend, functools.partial(starts[backend], environment))
+    entry = registry.find(detect_keras_line()[0])
+    if entry is not None and entry.startup is not None:
+        start: Callable[[cluster.ClusterEnvironment], None] = registry.resolve(entry.startup)
+        _hooks.after_import(entry.backend, functools.partial(start, environment))
 
 
 def _one_gpu_each(environment: cluster.ClusterEnvironment) -> bool:
@@ -96,11 +95,9 @@ def _tf_resolver(tf: Any, environment: cluster.ClusterEnvironment) -> Any:
         task_id=environment.global_rank(), rpc_layer="grpc")
 
 
-def _start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
+def start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
+    """The worker's MultiWorkerMirroredStrategy, the moment TensorFlow is imported."""
     global _tf_strategy, _tf_error
-    line, _ = detect_keras_line()
-    if line not in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
-        return  # Keras 3 on TF cannot train under it (keras-team/keras#20585)
     try:
         import tensorflow as tf
 
@@ -137,7 +134,7 @@ def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
     return {k: v for k, v in wanted.items() if k in accepted}
 
 
-def _start_jax(environment: cluster.ClusterEnvironment) -> None:
+def start_jax(environment: cluster.ClusterEnvironment) -> None:
     global _jax_error
     try:
         import jax
@@ -153,7 +150,7 @@ def _start_jax(environment: cluster.ClusterEnvironment) -> None:
     ending.framework_started()
 
 
-def _start_torch(environment: cluster.ClusterEnvironment) -> None:
+def start_torch(environment: cluster.ClusterEnvironment) -> None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count():

@@ -82,7 +82,6 @@ def _one_device_hint(device: Device) -> str:
 
 class TorchDDPRoute(BaseRoute):
     route = Route.TORCH_DDP
-    feed_kind = "python"
     saves_locally = True
 
     def __init__(self, family: Family, devices: Sequence[Device]) -> None:
