@@ -112,7 +112,7 @@ def start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
 
 
 def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
-    timeout = int(cluster.collective_timeout())
+    timeout = int(environment.collective_timeout())
     port = environment.jax_coordinator().rsplit(":", 1)[1]
     wanted = {
         "coordinator_address": environment.jax_coordinator(),
@@ -193,14 +193,12 @@ def tf_strategy() -> Any:
     raise _too_late("TensorFlow", "no strategy was created at import")
 
 
-def ensure_jax(environment: Optional[cluster.ClusterEnvironment] = None) -> None:
-    """Raise when `jax.distributed` did not start for `environment`'s job (default: the
-    one detected now)."""
+def ensure_jax(environment: cluster.ClusterEnvironment) -> None:
+    """Raise when `jax.distributed` did not start for `environment`'s job."""
     if _jax_error is not None:
         raise _too_late("JAX", _jax_error) from _jax_error
     import jax
 
-    environment = environment or cluster.current()
     if jax.process_count() != environment.world_size():
         raise _too_late("JAX", f"jax.process_count() is {jax.process_count()}")
 
@@ -213,9 +211,9 @@ def _loopback_interface() -> Optional[str]:
     return next((name for name in names if name == "lo" or name.startswith("lo")), None)
 
 
-def torch_process_group(environment: Optional[cluster.ClusterEnvironment] = None) -> Any:
-    """Join (once) the torch.distributed group of `environment`'s job (default: the one
-    detected now); gloo on CPU, nccl on GPUs.
+def torch_process_group(environment: cluster.ClusterEnvironment) -> Any:
+    """Join (once) the torch.distributed group of `environment`'s job; gloo on CPU, nccl
+    on GPUs (or what the launcher chose).
 
     Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.
     Elsewhere rank 0 serves the store itself, on loopback when the job runs on this
@@ -226,11 +224,8 @@ def torch_process_group(environment: Optional[cluster.ClusterEnvironment] = None
 
     if dist.is_initialized():
         return dist
-    environment = environment or cluster.current()
-    backend = os.environ.get("KERASMGPU_TORCH_BACKEND") or (
-        "nccl" if _torch_has_gpu() else "gloo"
-    )
-    timeout = datetime.timedelta(seconds=cluster.collective_timeout())
+    backend = environment.torch_backend() or ("nccl" if _torch_has_gpu() else "gloo")
+    timeout = datetime.timedelta(seconds=environment.collective_timeout())
     rank, world = environment.global_rank(), environment.world_size()
     if backend == "gloo" and not environment.multi_node():
         # gloo listens on the address the host name resolves to unless told otherwise.

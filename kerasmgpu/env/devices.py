@@ -264,6 +264,13 @@ def torch_devices(n: Optional[int]) -> List[Device]:
     return [Device("cpu", i, f"cpu:{i}", virtual=total > 1) for i in range(total)]
 
 
+def physical_gpu(index: int) -> Union[int, str]:
+    """The physical GPU that visible GPU `index` is (CUDA_VISIBLE_DEVICES' entry)."""
+    visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if e.strip()]
+    return visible[index] if index < len(visible) else index
+
+
 def default_device_only(selected: Sequence[Device]) -> bool:
     """Whether `selected` is at most the device a framework uses when none is named.
 
