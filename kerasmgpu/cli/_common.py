@@ -174,10 +174,6 @@ def started_by_launcher() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1" or process_count() > 1
 
 
-# The old name, still called by cli/demo.py; remove once demo calls the new one.
-launched = started_by_launcher
-
-
 def framework_started() -> bool:
     """Whether a framework that fixes its device count at start-up is imported."""
     return any(name in sys.modules for name in _RUNTIMES)

@@ -244,14 +244,14 @@ def _set_up(args: argparse.Namespace) -> _Setup:
     env = api.environment()
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
-    torch_single = env.backend == "torch" and not _common.launched()
+    torch_single = env.backend == "torch" and not _common.started_by_launcher()
     asked = _common.requested_virtual()
     wanted = args.replicas or asked or _common.DEFAULT_VIRTUAL
     # On torch outside launch one process is one replica: no virtual devices to ask for.
     env, keras, devices = _common.start(env, None if torch_single else wanted,
                                         verbose=args.verbose)
     # Under `kerasmgpu launch` the processes are the replicas: parallelize() takes them all.
-    in_launch = _common.launched()
+    in_launch = _common.started_by_launcher()
     replicas = 1 if torch_single or in_launch else _choose_replicas(args, devices, wanted)
     setup = _Setup(env, keras, devices, replicas, torch_single, asked)
     setup.single = build_model(keras)
@@ -281,7 +281,7 @@ def _set_up(args: argparse.Namespace) -> _Setup:
 def _cpu_replicas() -> str:
     """What replicas without a GPU are: processes under `kerasmgpu launch` (one CPU
     device each), virtual CPU devices of one process otherwise."""
-    return "processes on the CPU" if _common.launched() else "virtual CPU devices"
+    return "processes on the CPU" if _common.started_by_launcher() else "virtual CPU devices"
 
 
 def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made: Optional[str],
@@ -297,7 +297,7 @@ def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made:
     report.line()
     report.line(f"Keras      : {_common.line_label(setup.env)}")
     shown = ", ".join(str(d) for d in setup.devices) or "none listed"
-    if _common.launched():
+    if _common.started_by_launcher():
         shown += f" in each of {_common.process_count()} processes"
     if setup.virtual:
         shown += f" - {_cpu_replicas()}, sharing {_common.cpu_cores()} CPU core(s)"
@@ -370,9 +370,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
 
     began = time.perf_counter()
     setup = _set_up(args)
-    replicas, keras, devices = setup.replicas, setup.keras, setup.devices
+    replicas, devices = setup.replicas, setup.devices
     made = (_common.made_virtual_note("the demo", len(devices), setup.asked)
-            if _common.all_virtual(devices) and not _common.launched() else None)
+            if _common.all_virtual(devices) and not _common.started_by_launcher() else None)
     data = load_digits_split()
     x, _, x_val, _ = data
     sizes = batching.batch_sizes(len(x), args.batch_size)
@@ -381,44 +381,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
                   if sizes[-1] != sizes[0] else None)
     _print_header(setup, args, report, made, split_full, split_last, len(x), len(x_val))
 
-    result_single = _train(setup.single, keras, data, args, report, "1 device", 1)
-    report.line(f"trained on 1 device in {result_single['seconds']:.1f} s")
-    result_parallel: Optional[Dict[str, Any]] = None
-    difference: Optional[float] = None
-    if setup.parallel is not None:
-        label = _plural(replicas, "replica")
-        try:
-            result_parallel = _train(setup.parallel, keras, data, args, report, label, replicas)
-            shared = " (wall time on shared cores: not a speed, see the note)" if (
-                setup.virtual) else ""
-            report.line(f"trained on {label} in {result_parallel['seconds']:.1f} s{shared}")
-            # The template receives the trained weights (parallelize()'s contract).
-            difference = _common.max_weight_difference(setup.single, setup.template)
-        except Exception as exc:  # reported as the demo's result
-            report.end_progress()
-            setup.failure = f"{type(exc).__name__}: {exc}"
-    report.line()
-
-    runs = [result_single] + ([result_parallel] if result_parallel else [])
-    # Virtual devices share the CPU's cores: their samples/s is no GPU's, so none is
-    # shown (or written) for either run, rather than two figures that read as a speed-up.
-    throughput = not setup.virtual
-    if not throughput:
-        for r in runs:
-            r["samples_per_s"] = None
-    _print_table(runs, replicas, throughput, report)
-    verdict, status, agree = _verdict(setup, difference, report)
-    if result_parallel is not None and replicas > 1 and throughput:
-        setup.notes.append(
-            f"this model is tiny ({batching.steps_per_epoch(len(x), args.batch_size)} steps "
-            f"of {args.batch_size} rows an epoch), so per-step overhead dominates samples/s: "
-            "it shows that the replicas run, not how training scales. `kerasmgpu bench` "
-            "measures scaling."
-        )
-    if result_parallel is not None and setup.notes:
-        report.line("note: " + setup.notes[0])
-    report.line(f"verdict: {verdict}")
-
+    single, parallel, difference = _train_both(setup, data, args, report)
+    verdict, status, agree = _conclude(setup, args, report, len(x), single, parallel,
+                                       difference)
     result: Dict[str, Any] = {
         "kerasmgpu": __version__,
         "environment": _common.environment_summary(setup.env, devices),
@@ -431,9 +396,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         "data": {"dataset": "sklearn.datasets.load_digits", "train": len(x),
                  "validation": len(x_val), "features": 64, "classes": 10},
         "batch_split": {"full": split_full, "last": split_last},
-        "single": result_single,
-        "parallel": result_parallel,
-        "throughput_compared": throughput,
+        "single": single,
+        "parallel": parallel,
+        "throughput_compared": not setup.virtual,
         "max_weight_difference": difference,
         "tolerance": TOLERANCE,
         "agree": agree,
@@ -442,6 +407,63 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
         "seconds": round(time.perf_counter() - began, 3),
     }
     return result, status
+
+
+def _train_both(setup: _Setup, data: Tuple[Any, Any, Any, Any], args: argparse.Namespace,
+                report: Report
+                ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], Optional[float]]:
+    """Train the one-device model, then the parallel one (when there is one): their runs
+    and the largest weight difference between them. A failure of the parallel run is
+    the demo's result (`setup.failure`), not an exception."""
+    keras, replicas = setup.keras, setup.replicas
+    single = _train(setup.single, keras, data, args, report, "1 device", 1)
+    report.line(f"trained on 1 device in {single['seconds']:.1f} s")
+    parallel: Optional[Dict[str, Any]] = None
+    difference: Optional[float] = None
+    if setup.parallel is not None:
+        label = _plural(replicas, "replica")
+        try:
+            parallel = _train(setup.parallel, keras, data, args, report, label, replicas)
+            shared = " (wall time on shared cores: not a speed, see the note)" if (
+                setup.virtual) else ""
+            report.line(f"trained on {label} in {parallel['seconds']:.1f} s{shared}")
+            # The template receives the trained weights (parallelize()'s contract).
+            difference = _common.max_weight_difference(setup.single, setup.template)
+        except Exception as exc:  # reported as the demo's result
+            report.end_progress()
+            setup.failure = f"{type(exc).__name__}: {exc}"
+    report.line()
+    return single, parallel, difference
+
+
+def _conclude(setup: _Setup, args: argparse.Namespace, report: Report, rows: int,
+              single: Dict[str, Any], parallel: Optional[Dict[str, Any]],
+              difference: Optional[float]) -> Tuple[str, int, Optional[bool]]:
+    """The table of both runs, the note and the verdict; returns the verdict, the exit
+    status and whether the weights agree (None: nothing compared)."""
+    from kerasmgpu import batching
+
+    replicas = setup.replicas
+    runs = [single] + ([parallel] if parallel else [])
+    # Virtual devices share the CPU's cores: their samples/s is no GPU's, so none is
+    # shown (or written) for either run, rather than two figures that read as a speed-up.
+    throughput = not setup.virtual
+    if not throughput:
+        for r in runs:
+            r["samples_per_s"] = None
+    _print_table(runs, replicas, throughput, report)
+    verdict, status, agree = _verdict(setup, difference, report)
+    if parallel is not None and replicas > 1 and throughput:
+        setup.notes.append(
+            f"this model is tiny ({batching.steps_per_epoch(rows, args.batch_size)} steps "
+            f"of {args.batch_size} rows an epoch), so per-step overhead dominates samples/s: "
+            "it shows that the replicas run, not how training scales. `kerasmgpu bench` "
+            "measures scaling."
+        )
+    if parallel is not None and setup.notes:
+        report.line("note: " + setup.notes[0])
+    report.line(f"verdict: {verdict}")
+    return verdict, status, agree
 
 
 def main(argv: List[str]) -> int:
