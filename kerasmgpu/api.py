@@ -12,13 +12,13 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
+from kerasmgpu import engines, registry
 from kerasmgpu import inventory as environment_module
-from kerasmgpu.engines import load_route
 from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env import versions as env_module
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
+from kerasmgpu.routes import Route, check_route_fits, parse_route
 
 if TYPE_CHECKING:
     from kerasmgpu.adapters import Family
@@ -51,8 +51,11 @@ def _warn_single_device(devices: Tuple[Device, ...]) -> None:
 
 def _prepare(
     gpus: devices_module.GpusArg, route: Union[str, Route, None], model: Any = None
-) -> Tuple[Family, type[BaseRoute], Tuple[Device, ...]]:
-    """Detect, validate every argument, and choose the devices - touching nothing."""
+) -> Tuple[Family, type[BaseRoute], Tuple[Device, ...], cluster.ClusterEnvironment]:
+    """Detect, validate every argument, and choose the devices - touching nothing.
+
+    The choices made once here - the registry entry of the active Keras and backend, and
+    the job this process belongs to - are what the engine is built from."""
     from kerasmgpu import adapters as family_module
     from kerasmgpu._errors import bad_value
     from kerasmgpu.training import model as parallel_model
@@ -61,9 +64,10 @@ def _prepare(
     line, version = env_module.detect_keras_line()
     backend = env_module.backend_for(line)
     family_module.check_release(line, version, backend)
-    if cluster.launched():
+    environment = cluster.current()
+    if environment.multi_process():
         family_module.check_multi_process(line, version, backend)
-    natural = choose_route(line, backend)
+    entry = registry.lookup(line, backend)
     if chosen is not None:
         check_route_fits(chosen, line, backend)
     fam = family_module.load(line, backend, version)
@@ -75,9 +79,9 @@ def _prepare(
                 "the model you built (the template)",
                 "call parallelize() once, on the model you built",
             )
-    cls = load_route(natural)
-    selected = devices_module.resolve_gpus(gpus, cls.available_devices(fam))
-    return fam, cls, selected
+    cls = engines.load(entry)
+    selected = devices_module.resolve_gpus(gpus, cls.available_devices(fam, environment))
+    return fam, cls, selected, environment
 
 
 def parallelize(
@@ -100,18 +104,19 @@ def parallelize(
         from kerasmgpu._errors import bad_type
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
-    fam, cls, selected = _prepare(gpus, route, model)
+    fam, cls, selected, environment = _prepare(gpus, route, model)
     for active in reversed(_scoped):
         if active.owns(model) and active.devices == selected:
             adopted: ModelT = active.parallelize(model)
             _chief_writes_the_template(model, adopted, active)
             return adopted
-    if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
+    if devices_module.default_device_only(selected) and cls.single_device_passthrough(
+            fam, environment):
         # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    engine = cls(fam, selected)
+    engine = cls(fam, selected, environment=environment)
     parallel: ModelT = engine.parallelize(model)
     _chief_writes_the_template(model, parallel, engine)
     return parallel
@@ -125,7 +130,7 @@ def _chief_writes_the_template(model: Any, parallel: Any, route: BaseRoute) -> N
     (TensorFlow reads its synchronised variables with every worker): then every process
     must save. On torch the template is the parallel model and saves locally.
     """
-    if not cluster.launched() or cluster.is_chief():
+    if not route.environment.multi_process() or route.environment.is_chief():
         return
     if parallel is model and not route.saves_locally:
         return
@@ -147,8 +152,8 @@ def scope(
     ``with kerasmgpu.scope(): model = build(); model.compile(...)`` then
     ``kerasmgpu.parallelize(model)`` adopts that model as it is.
     """
-    fam, cls, selected = _prepare(gpus, route)
-    active = cls(fam, selected)
+    fam, cls, selected, environment = _prepare(gpus, route)
+    active = cls(fam, selected, environment=environment)
     _scoped.append(active)
     del _scoped[:-_SCOPED_KEPT]
     with active.scope():
@@ -186,10 +191,11 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
     if state is not None:
         return dict(state.route.describe())
     try:
-        fam, cls, selected = _prepare(gpus, None)
-        if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
+        fam, cls, selected, environment = _prepare(gpus, None)
+        if devices_module.default_device_only(selected) and cls.single_device_passthrough(
+                fam, environment):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return dict(cls(fam, selected).describe())
+        return dict(cls(fam, selected, environment=environment).describe())
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import importlib
 import math
 import threading
 import warnings
@@ -535,20 +534,12 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ builds it
 
 def keras_callback_base() -> type:
     """``Callback`` of the active Keras line; imports that framework."""
-    from kerasmgpu.env.versions import KerasLine, detect_keras_line
+    from kerasmgpu import registry
+    from kerasmgpu.env.versions import detect_keras_line
 
-    line, version = detect_keras_line()
-    if line is KerasLine.TF_KERAS:
-        return importlib.import_module("tensorflow").keras.callbacks.Callback
-    if line is KerasLine.TF_KERAS_LEGACY:
-        return importlib.import_module("tf_keras").callbacks.Callback
-    if line is KerasLine.KERAS_3:
-        return importlib.import_module("keras").callbacks.Callback
-    if line is KerasLine.LEGACY:
-        try:
-            return importlib.import_module("keras").callbacks.Callback
-        except ImportError:  # TF < 2.4 without the keras package: tf.keras is the line
-            return importlib.import_module("tensorflow").keras.callbacks.Callback
+    entry = registry.find(detect_keras_line()[0])
+    if entry is not None:
+        return registry.keras_module(entry).callbacks.Callback
     raise ImportError(
         "kerasmgpu.callbacks.DeviceMonitor is a Keras callback, but no Keras is installed. "
         "Fix: pip install 'kerasmgpu[jax]' (or [tensorflow], [torch]); without Keras, "

@@ -30,8 +30,10 @@ import types
 import warnings
 from typing import Any, List, Optional, Sequence, Union
 
+from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import keras23
+from kerasmgpu.env import cluster
 from kerasmgpu.env import versions as detection
 
 __all__ = ["multi_gpu_model", "make_parallel", "install", "installed"]
@@ -52,14 +54,15 @@ def _migration_hint() -> None:
         )
 
 
-def _available(line: detection.KerasLine) -> List[Any]:
+def _available(line: detection.KerasLine,
+               environment: Optional[cluster.ClusterEnvironment] = None) -> List[Any]:
+    """The devices `line`'s engine can use in `environment`'s job (default: this one)."""
     from kerasmgpu import adapters as family_module
-    from kerasmgpu.engines import load_route
-    from kerasmgpu.routes import choose_route
+    from kerasmgpu import engines
 
-    backend = detection.backend_for(line)
-    fam = family_module.load(line, backend)
-    return load_route(choose_route(line, backend)).available_devices(fam)
+    entry = registry.lookup(line, detection.backend_for(line))
+    fam = family_module.load(line, entry.backend)
+    return engines.load(entry).available_devices(fam, environment or cluster.current())
 
 
 def _check_flag(name: str, value: Any) -> None:
@@ -126,22 +129,25 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
     line, _ = detection.detect_keras_line()
-    fam = family_module.load(line, detection.backend_for(line))
+    entry = registry.lookup(line, detection.backend_for(line))
+    environment = cluster.current()
+    fam = family_module.load(line, entry.backend)
     try:
         family_module.check_model(model, fam)
     except ValueError as exc:
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
         raise TypeError(str(exc)) from exc
-    available = _available(line)
+    available = _available(line, environment)
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
-    if line is detection.KerasLine.LEGACY:
+    if entry.route is registry.Route.MULTI_GPU_MODEL:
         from kerasmgpu.engines.multi_gpu_model import MultiGpuModelRoute
 
         assert isinstance(fam, keras23.Keras23)
         route = MultiGpuModelRoute(fam, [available[i] for i in ids], cpu_merge=cpu_merge,
-                                   cpu_relocation=cpu_relocation)
+                                   cpu_relocation=cpu_relocation,
+                                   environment=environment)
         return route.parallelize(model)
     return api.parallelize(model, gpus=ids)
 

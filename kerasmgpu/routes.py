@@ -7,30 +7,19 @@
 | Keras 3 JAX                              | `keras_distribution` | keras.distribution.DataParallel |
 | Keras 3 PyTorch                          | `torch_ddp`          | torch.distributed all-reduce  |
 
-This module only names and chooses routes; `kerasmgpu.engines` holds one module per
-engine, imported when its route is chosen.
+This module parses and checks a user's `route=`; the `Route` enum and the choice of a
+route for each Keras line and backend are `kerasmgpu.registry`'s, and
+`kerasmgpu.engines` holds one module per engine, imported when its route is chosen.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Dict, Optional, Union
 
+from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.env.versions import KerasLine
-
-
-class Route(str, enum.Enum):
-    """How `parallelize()` spreads a model over devices."""
-
-    MULTI_GPU_MODEL = "multi_gpu_model"
-    MIRRORED = "mirrored"
-    KERAS_DISTRIBUTION = "keras_distribution"
-    TORCH_DDP = "torch_ddp"
-
-    def __str__(self) -> str:
-        return self.value
-
+from kerasmgpu.registry import Route
 
 # Which lines/backends each route can drive.
 _SUPPORTS: Dict[Route, str] = {
@@ -42,26 +31,8 @@ _SUPPORTS: Dict[Route, str] = {
 
 
 def choose_route(line: KerasLine, backend: str) -> Route:
-    """The route for a Keras line and backend: a short ordered chain, first match wins."""
-    if line is KerasLine.LEGACY:
-        return Route.MULTI_GPU_MODEL
-    if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
-        return Route.MIRRORED
-    if line is KerasLine.KERAS_3 and backend == "tensorflow":
-        return Route.MIRRORED
-    if line is KerasLine.KERAS_3 and backend == "jax":
-        return Route.KERAS_DISTRIBUTION
-    if line is KerasLine.KERAS_3 and backend == "torch":
-        return Route.TORCH_DDP
-    if line is KerasLine.NONE:
-        raise bad_value(
-            "keras", "no Keras installed", "tf.keras, tf_keras, Keras 3 or Keras <= 2.3",
-            'install one, e.g. `pip install "kerasmgpu[tensorflow]"`',
-        )
-    raise bad_value(
-        "KERAS_BACKEND", backend, "tensorflow, jax or torch",
-        "set KERAS_BACKEND to one of them (numpy and openvino cannot train)",
-    )
+    """The route for a Keras line and backend (its entry in `kerasmgpu.registry`)."""
+    return registry.lookup(line, backend).route
 
 
 def parse_route(route: Union[str, Route, None]) -> Optional[Route]:

@@ -22,7 +22,7 @@ from typing import Dict
 
 import numpy as np
 import pytest
-from helpers import ON_LEGACY, ON_TF, keras_module, requires
+from helpers import ON_LEGACY, keras_module, requires
 
 import kerasmgpu
 from kerasmgpu import batching
@@ -431,7 +431,7 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
 def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     import tensorflow as tf
 
-    from kerasmgpu import adapters
+    from kerasmgpu import adapters, registry
     from kerasmgpu.adapters import tf_data
     from kerasmgpu.data import feeds
     from kerasmgpu.env.versions import backend_for, detect_keras_line
@@ -447,7 +447,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     assert tf_data.unseeded_shuffles(data.batch(4)) == 0
     nested = tf.data.Dataset.range(2).interleave(lambda _: unseeded)
     assert tf_data.unseeded_shuffles(nested) == 1
-    kind = "tf" if ON_TF else "python"
+    kind = registry.lookup(line).feed
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
         feeds.build(family, kind, two, unseeded)
@@ -479,3 +479,51 @@ def test_jax_coordinator_arguments_bind_loopback() -> None:
     spread = startup._jax_arguments(jax, cluster.detect(launch_env(rank=3, world=4)))
     assert spread["coordinator_bind_address"] == "[::]:29500"
     assert spread["local_device_ids"] is None  # kerasmgpu launch hands out GPUs itself
+
+
+def test_the_environment_object_answers_not_the_process_variables(monkeypatch) -> None:
+    """What an engine is given is what it reads: the seed, timeout, chief and torch
+    backend come from the detected environment's own variables."""
+    monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
+    job = cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7",
+                          cluster.TORCH_BACKEND_ENV: "gloo"})
+    assert job.multi_process() and not job.is_chief()
+    assert job.collective_timeout() == 7.0 and cluster.collective_timeout() == 300.0
+    assert job.torch_backend() == "gloo"
+    assert cluster.detect({}).torch_backend() is None
+    other = cluster.detect({**OMPI, "OMPI_MCA_ess_base_jobid": "1"})
+    assert job.shared_seed() == cluster.detect(OMPI).shared_seed() != other.shared_seed()
+    with pytest.raises(ValueError, match=cluster.TIMEOUT_ENV):
+        cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "0"}).collective_timeout()
+
+
+@requires(jax=True)
+def test_jax_start_up_takes_the_timeout_of_its_environment(monkeypatch) -> None:
+    import jax
+
+    from kerasmgpu.engines import startup
+
+    monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
+    arguments = startup._jax_arguments(jax, cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7"}))
+    assert arguments["initialization_timeout"] == 7
+
+
+def test_engines_training_and_data_read_no_process_variables() -> None:
+    """The cluster reaches engines, training and feeds as the object `api` detected:
+    none of them reads an environment variable or asks `env.cluster` itself."""
+    import ast
+
+    asks = {"current", "detect", "launched", "is_chief", "process_index", "process_count",
+            "local_process_index", "shared_seed", "collective_timeout"}
+    package = Path(kerasmgpu.__file__).parent
+    found = []
+    for folder in ("engines", "training", "data"):
+        for path in sorted((package / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Subscript)) else ""
+                read = text.startswith(("os.environ.get(", "os.getenv(", "os.environ["))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    read |= ast.unparse(node.func.value) == "cluster" and node.func.attr in asks
+                if read:
+                    found.append(f"{folder}/{path.name}:{node.lineno}: {text}")
+    assert not found

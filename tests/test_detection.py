@@ -11,6 +11,7 @@ import pytest
 from packaging.version import Version
 
 import kerasmgpu
+from kerasmgpu import registry
 from kerasmgpu.env import cluster
 from kerasmgpu.env import versions as detection
 from kerasmgpu.env.versions import KerasLine
@@ -118,7 +119,7 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_releases_outside_the_verified_ranges_are_named(monkeypatch) -> None:
     monkeypatch.delenv(detection.UNVERIFIED_OK_ENV, raising=False)
-    unsupported = detection.unsupported_version
+    unsupported = registry.unsupported_version
     assert "needs >= 2.12" in unsupported(KerasLine.TF_KERAS, Version("2.11.1"))
     assert unsupported(KerasLine.TF_KERAS, Version("2.12.0")) is None
     assert unsupported(KerasLine.TF_KERAS, Version("2.15.1")) is None

@@ -28,12 +28,8 @@ import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
 
 import kerasmgpu
-from kerasmgpu.env.versions import (
-    KERAS3_JAX_MULTI_PROCESS_MIN,
-    KerasLine,
-    below_multi_process_floor,
-    detect_keras_line,
-)
+from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
+from kerasmgpu.registry import below_multi_process_floor
 
 WORKERS = Path(__file__).parent / "workers"
 WORKER = str(WORKERS / "train.py")

@@ -12,7 +12,7 @@ from helpers import IN_PROCESS, LINE, ON_LEGACY, keras_module, mlp, requires
 from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu import adapters
+from kerasmgpu import adapters, registry
 from kerasmgpu.env import versions
 from kerasmgpu.env.versions import KerasLine
 
@@ -31,7 +31,7 @@ def _pretend_release(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
 
 
 def _beyond() -> str:
-    span = versions.verified_range(LINE)
+    span = registry.verified_range(LINE)
     assert span is not None
     return f"{span[1].major}.{span[1].minor}.0"
 
@@ -57,7 +57,7 @@ def test_release_above_the_verified_range_is_refused(monkeypatch) -> None:
 @pytest.mark.core
 @requires(in_process=True)
 def test_release_below_the_floor_is_refused(monkeypatch) -> None:
-    span = versions.verified_range(LINE)
+    span = registry.verified_range(LINE)
     assert span is not None
     older = f"{span[0].major}.{max(span[0].minor - 1, 0)}.0"
     if Version(older) >= span[0]:
@@ -110,5 +110,5 @@ def test_a_reshaped_tfkeras_internal_is_named(monkeypatch) -> None:
 @requires(legacy=True)
 def test_legacy_release_range_is_keras_231() -> None:
     assert ON_LEGACY
-    assert versions.unsupported_version(KerasLine.LEGACY, Version("2.3.1")) is None
-    assert "needs >= 2.3.1" in versions.unsupported_version(KerasLine.LEGACY, Version("2.2.4"))
+    assert registry.unsupported_version(KerasLine.LEGACY, Version("2.3.1")) is None
+    assert "needs >= 2.3.1" in registry.unsupported_version(KerasLine.LEGACY, Version("2.2.4"))

@@ -32,6 +32,7 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),
     ("kerasmgpu.env", 1),
+    ("kerasmgpu.registry", 1),  # reads env.versions; env.devices reads it
     ("kerasmgpu.routes", 2),
     ("kerasmgpu.launch", 2),
     ("kerasmgpu.process", 2),

@@ -219,7 +219,7 @@ def test_fewer_than_two_gpus_is_a_value_error(gpus: Any) -> None:
 
 
 def test_gpus_none_on_one_device_is_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(legacy, "_available", lambda line: [Device("cpu", 0, "/cpu:0")])
+    monkeypatch.setattr(legacy, "_available", lambda *args: [Device("cpu", 0, "/cpu:0")])
     with pytest.raises(ValueError, match=r"gpus >= 2.*shows 1"):
         legacy.multi_gpu_model(mlp(keras, compile=False))
 
@@ -259,7 +259,7 @@ def test_legacy_fallback_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Keras docs' Example 2: `except ValueError` falls back to the model itself."""
     single = mlp(keras)
     model = mlp(keras, compile=False)
-    monkeypatch.setattr(legacy, "_available", lambda line: [Device("cpu", 0, "/cpu:0")])
+    monkeypatch.setattr(legacy, "_available", lambda *args: [Device("cpu", 0, "/cpu:0")])
     try:
         parallel_model = legacy.multi_gpu_model(model, cpu_relocation=True)
     except ValueError:

@@ -1,19 +1,19 @@
 """Adapters: the one place that knows each Keras line's internals.
 
 `load(line, backend)` returns the adapter of the active Keras - `keras3.Keras3`,
-`tfkeras2.TfKeras2` (tf.keras 2.x and tf_keras) or `keras23.Keras23` - after checking
-the release against the range it is verified on (`kerasmgpu.env.versions`). Everything
-above this package (feeds, training hooks, engines) goes through an adapter; a test
-(tests/test_layers.py) fails if a private name of Keras, TF or JAX appears elsewhere.
+`tfkeras2.TfKeras2` (tf.keras 2.x and tf_keras) or `keras23.Keras23`, as the line and
+backend's entry in `kerasmgpu.registry` names it; `check_release` checks the release
+against the range that entry is verified on. Everything above this package (feeds,
+training hooks, engines) goes through an adapter; a test (tests/test_layers.py) fails if
+a private name of Keras, TF or JAX appears elsewhere.
 `tensorflow.py` holds tf.distribute's internals, shared by the TF-backed lines.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Type
 
+from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters.base import Adapter, InternalsChanged
 from kerasmgpu.env import versions
@@ -26,55 +26,27 @@ __all__ = ["Adapter", "InternalsChanged", "load", "check_model", "model_origin",
 Family = Adapter
 
 
-def _keras_module(line: KerasLine) -> Any:
-    if line is KerasLine.KERAS_3:
-        return importlib.import_module("keras")
-    if line is KerasLine.TF_KERAS_LEGACY:
-        return importlib.import_module("tf_keras")
-    if line is KerasLine.TF_KERAS:
-        return importlib.import_module("tensorflow").keras
-    if line is KerasLine.LEGACY:
-        # Standalone Keras 2.3, or tf.keras itself on TF < 2.4 (no `keras` package).
-        if importlib.util.find_spec("keras") is not None:
-            return importlib.import_module("keras")
-        return importlib.import_module("tensorflow").keras
-    raise bad_value(
-        "keras",
-        "no Keras installed",
-        "standalone Keras <= 2.3, tf.keras 2.x, tf_keras, or Keras 3",
-        'install one, e.g. `pip install "kerasmgpu[tensorflow]"`',
-    )
-
-
 def load(line: KerasLine, backend: str, version: Optional[Any] = None) -> Adapter:
-    """The adapter of the active Keras (imports it)."""
-    module = _keras_module(line)
+    """The adapter of the active Keras (imports it): the class its registry entry names."""
+    entry = registry.lookup(line, backend)
+    module = registry.keras_module(entry)
     if version is None:
         version = versions.detect_keras_line()[1]
-    if line is KerasLine.KERAS_3:
-        from kerasmgpu.adapters.keras3 import Keras3
-
-        return Keras3(line, module, backend, version)
-    if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
-        from kerasmgpu.adapters.tfkeras2 import TfKeras2
-
-        return TfKeras2(line, module, backend, version)
-    from kerasmgpu.adapters.keras23 import Keras23
-
-    return Keras23(line, module, backend, version)
+    adapter: Type[Adapter] = registry.resolve(entry.adapter)
+    return adapter(line, module, backend, version)
 
 
 def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) -> None:
     """Refuse a release outside the verified range, saying what to install."""
-    why = versions.unsupported_version(line, version, backend)
+    why = registry.unsupported_version(line, version, backend)
     if why is None:
         return
-    span = versions.verified_range(line, backend)
+    span = registry.verified_range(line, backend)
     allowed = (f"{line.value} {span[0]} to below {span[1]}" if span else "a verified release")
     raise bad_value(
         "keras", why, allowed + " (the releases kerasmgpu's test matrix runs)",
         "install a verified release (see the README's tested versions), e.g. "
-        + _pin_hint(line, span),
+        + _pin_hint(line, span, backend),
         raw=True,
     )
 
@@ -82,27 +54,27 @@ def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) 
 def check_multi_process(line: KerasLine, version: Any, backend: Optional[str] = None
                         ) -> None:
     """Refuse a release that trains on one process but not on several."""
-    floor = versions.below_multi_process_floor(line, version, backend)
+    floor = registry.below_multi_process_floor(line, version, backend)
     if floor is None:
         return
-    below = versions.verified_range(line, backend)
+    below = registry.verified_range(line, backend)
     raise bad_value(
         "keras", f"{line.value} {version} on {backend} in a job of several processes",
         f"{line.value} {floor} or later for several processes (one process: any verified "
         "release)",
         "install a newer Keras, e.g. "
-        + _pin_hint(line, (floor, below[1] if below else floor))
+        + _pin_hint(line, (floor, below[1] if below else floor), backend)
         + ", or run one process per machine",
         raw=True,
     )
 
 
-def _pin_hint(line: KerasLine, span: Optional[Tuple[Any, Any]]) -> str:
-    if span is None:
+def _pin_hint(line: KerasLine, span: Optional[Tuple[Any, Any]],
+              backend: Optional[str] = None) -> str:
+    entry = registry.find(line, backend)
+    if span is None or entry is None:
         return "`pip install -U keras`"
-    dist = {KerasLine.KERAS_3: "keras", KerasLine.TF_KERAS_LEGACY: "tf-keras",
-            KerasLine.LEGACY: "keras"}.get(line, "tensorflow")
-    return f'`pip install "{dist}>={span[0]},<{span[1]}"`'
+    return f'`pip install "{entry.dist}>={span[0]},<{span[1]}"`'
 
 
 # --- Which Keras a model belongs to ------------------------------------------------------

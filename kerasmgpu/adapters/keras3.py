@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
-from kerasmgpu.env.versions import verified_range
+from kerasmgpu.registry import verified_range
 
 
 class Keras3(Adapter):

@@ -23,6 +23,7 @@ from kerasmgpu import batching
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import Family
 from kerasmgpu.data.bundle import bundle, order_key
+from kerasmgpu.registry import FeedKind
 
 
 @dataclass
@@ -655,7 +656,7 @@ def _refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
 
 def build(
     family: Family,
-    kind: str,
+    kind: FeedKind,
     planner: batching.Planner,
     x: Any,
     y: Any = None,
@@ -667,7 +668,7 @@ def build(
     seed: Optional[int] = None,
     inputs: Optional[List[Tuple[str, Tuple[Optional[int], ...]]]] = None,
 ) -> Feed:
-    """A padded feed for `x` (and `y`, weights); `kind` is "tf" or "python".
+    """A padded feed for `x` (and `y`, weights), in the form the engine consumes (`kind`).
 
     `y` may be None (a model trained by add_loss or by its own step). `inputs`: the
     model's declared (name, shape) inputs, to check array features against up front.
@@ -691,10 +692,10 @@ def build(
         if _is_dataset(x):
             if planner.process_count > 1:
                 _refuse_unseeded_shuffle(x, planner.process_count)
-            if kind == "tf":
+            if kind is FeedKind.TF:
                 return _dataset_tf_feed(x, class_weight, planner, predict)
             return _dataset_python_feed(family, x, class_weight, planner, predict)
-        if kind == "tf" and not hasattr(x, "__getitem__"):
+        if kind is FeedKind.TF and not hasattr(x, "__getitem__"):
             return _generator_tf_feed(family, iter(x), class_weight, planner, predict)
         if shuffle and seed is not None and planner.process_count > 1 and hasattr(x, "__len__"):
             return _same_order_everywhere(family, x, seed, class_weight, planner, predict)
@@ -715,7 +716,7 @@ def build(
     size = 32 if batch_size is None else batch_size
     shuffle_rows = bool(shuffle) and not predict
     source = _ArraySource(x, y, weights, size, shuffle_rows, planner, seed)
-    if kind == "tf":
+    if kind is FeedKind.TF:
         return _array_tf_feed(source, predict, seed)
     return _array_python_feed(family, source, predict)
 

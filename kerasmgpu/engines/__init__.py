@@ -1,4 +1,4 @@
-"""The engines: one module per route, all with the surface of `engines.base.Engine`.
+"""The engines: one module per route, all with the surface of `engines.base.BaseRoute`.
 
 | route                | module                 | engine                                   |
 |----------------------|------------------------|------------------------------------------|
@@ -7,34 +7,30 @@
 | `keras_distribution` | `keras_distribution.py`| keras.distribution.DataParallel (JAX)    |
 | `torch_ddp`          | `torch_ddp.py`         | torch.distributed all-reduce             |
 
-The registry names modules; an engine module (and its framework) is imported only
-when its route is chosen.
+`kerasmgpu.registry` names each entry's engine; an engine module (and its framework) is
+imported only when its entry is chosen.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Dict, Type
+from typing import TYPE_CHECKING, Type
 
-from kerasmgpu.routes import Route
+from kerasmgpu import registry
+from kerasmgpu.registry import Entry, Route
 
 if TYPE_CHECKING:
     from kerasmgpu.engines.base import BaseRoute
 
-# Route -> "module:Class"; imported only when the route is used.
-_REGISTRY: Dict[Route, str] = {
-    Route.MULTI_GPU_MODEL: "kerasmgpu.engines.multi_gpu_model:MultiGpuModelRoute",
-    Route.MIRRORED: "kerasmgpu.engines.mirrored:MirroredRoute",
-    Route.KERAS_DISTRIBUTION: "kerasmgpu.engines.keras_distribution:KerasDistributionRoute",
-    Route.TORCH_DDP: "kerasmgpu.engines.torch_ddp:TorchDDPRoute",
-}
+
+def load(entry: Entry) -> Type[BaseRoute]:
+    """The engine class of a registry entry (imports its module, not yet its framework)."""
+    engine: Type[BaseRoute] = registry.resolve(entry.engine)
+    return engine
 
 
 def load_route(route: Route) -> Type[BaseRoute]:
-    """The engine class of a route (imports its module, not yet its framework)."""
-    module_name, _, class_name = _REGISTRY[route].partition(":")
-    route_class: Type[BaseRoute] = getattr(importlib.import_module(module_name), class_name)
-    return route_class
+    """The engine class of a route (every entry of a route names the same engine)."""
+    return load(registry.entries_of(route)[0])
 
 
-__all__ = ["load_route"]
+__all__ = ["load", "load_route"]

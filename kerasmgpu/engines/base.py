@@ -21,29 +21,38 @@ from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
 
 import numpy as np
 
+from kerasmgpu import registry
 from kerasmgpu.adapters import Family
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
-from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
+from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.registry import FeedKind, Route
 
 
 class BaseRoute(abc.ABC):
     route: ClassVar[Route]
-    # How fit() input reaches this engine: "tf" (tf.data) or "python" (PyDataset).
-    feed_kind: ClassVar[str] = "python"
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
 
-    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
+    def __init__(self, family: Family, devices: Sequence[Device], *,
+                 environment: ClusterEnvironment) -> None:
         self.family = family
         self.devices = tuple(devices)
+        # The job this process belongs to, detected once by the caller (`kerasmgpu.api`):
+        # engines read the cluster from it, never from environment variables.
+        self.environment = environment
+
+    @property
+    def feed_kind(self) -> FeedKind:
+        """How fit() input reaches this engine (the Keras line and backend's entry)."""
+        return registry.lookup(self.family.line, self.family.backend).feed
 
     @classmethod
-    def available_devices(cls, family: Family) -> List[Device]:
+    def available_devices(cls, family: Family, environment: ClusterEnvironment
+                          ) -> List[Device]:
         """Devices this route could place replicas on: its backend's, as listed there."""
         return devices_module.list_devices(family.line, family.backend)
 
@@ -61,12 +70,13 @@ class BaseRoute(abc.ABC):
         """Whether `model` was built in this route's scope (then no copy is needed)."""
 
     @classmethod
-    def single_device_passthrough(cls, family: Family) -> bool:
+    def single_device_passthrough(cls, family: Family, environment: ClusterEnvironment
+                                  ) -> bool:
         """Whether one local device means "return the model unchanged".
 
-        Not in a `kerasmgpu launch` worker: its one device is one of several replicas.
+        Not in a process of a job of several: its one device is one of several replicas.
         """
-        return not cluster.launched()
+        return not environment.multi_process()
 
     @functools.cached_property
     def planner(self) -> Planner:
@@ -75,7 +85,8 @@ class BaseRoute(abc.ABC):
         Built once: the step overrides read it on every `*_on_batch` call, and neither
         the replica count nor the process layout changes during a route's life.
         """
-        return Planner(self.replicas, cluster.process_index(), cluster.process_count())
+        return Planner(self.replicas, self.environment.global_rank(),
+                       self.environment.world_size())
 
     def distribute_feed(self, feed: Feed) -> Feed:
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
@@ -112,7 +123,7 @@ class BaseRoute(abc.ABC):
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""
-        if not cluster.launched() or cluster.is_chief():
+        if not self.environment.multi_process() or self.environment.is_chief():
             return callbacks
         kept = []
         for callback in callbacks:
@@ -130,7 +141,7 @@ class BaseRoute(abc.ABC):
 
         if self.owns(model):
             return parallel_model.adopt(self, self.family, model)
-        if cluster.launched() and model.weights:
+        if self.environment.multi_process() and model.weights:
             # Each process built its own template, with its own random initial weights
             # unless the script seeded them alike: all start from rank 0's.
             model.set_weights(self.broadcast_arrays(model.get_weights()))

@@ -13,19 +13,19 @@ from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 from kerasmgpu.adapters import Family
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import BaseRoute
-from kerasmgpu.env import cluster
+from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
 
-def _same_seed_everywhere(family: Family) -> None:
+def _same_seed_everywhere(family: Family, environment: ClusterEnvironment) -> None:
     """Variables created under a multi-process layout must start equal everywhere.
 
     `keras.distribution.initialize()` agrees on a seed across processes unless one was
     set; we start JAX ourselves (before Keras is imported), so we do the same here.
     """
     if family.random_seed() is None:  # type: ignore[attr-defined]
-        family.keras.utils.set_random_seed(cluster.shared_seed() % (2**31))
+        family.keras.utils.set_random_seed(environment.shared_seed() % (2**31))
 
 
 @contextlib.contextmanager
@@ -54,19 +54,19 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
 
 class KerasDistributionRoute(BaseRoute):
     route = Route.KERAS_DISTRIBUTION
-    feed_kind = "python"
 
-    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
-        super().__init__(family, devices)
+    def __init__(self, family: Family, devices: Sequence[Device], *,
+                 environment: ClusterEnvironment) -> None:
+        super().__init__(family, devices, environment=environment)
         import jax
 
         keras = family.keras
-        if cluster.launched():
+        if environment.multi_process():
             # Every process's devices, in process order: process p feeds the p-th
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
-            startup.ensure_jax()
+            startup.ensure_jax(environment)
             self.jax_devices = list(jax.devices())
-            _same_seed_everywhere(family)
+            _same_seed_everywhere(family, environment)
         else:
             gpus = [d for d in jax.devices() if d.platform == "gpu"]
             pool = gpus if gpus else jax.devices("cpu")
@@ -98,7 +98,7 @@ class KerasDistributionRoute(BaseRoute):
         return True
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
-        if not cluster.launched():
+        if not self.environment.multi_process():
             return list(arrays)
         import numpy as np
         from jax.experimental import multihost_utils
@@ -107,7 +107,7 @@ class KerasDistributionRoute(BaseRoute):
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         callbacks = super().worker_callbacks(callbacks)
-        if cluster.launched():
+        if self.environment.multi_process():
             for callback in callbacks:
                 if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
                     _save_outside_the_layout(self.family.keras, callback)

@@ -17,7 +17,7 @@ from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import BaseRoute
-from kerasmgpu.env import cluster
+from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
@@ -50,12 +50,12 @@ def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
 
 class MirroredRoute(BaseRoute):
     route = Route.MIRRORED
-    feed_kind = "tf"
 
-    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
-        super().__init__(family, devices)
+    def __init__(self, family: Family, devices: Sequence[Device], *,
+                 environment: ClusterEnvironment) -> None:
+        super().__init__(family, devices, environment=environment)
 
-        self.multi_worker = cluster.launched()
+        self.multi_worker = environment.multi_process()
         if self.multi_worker:
             if family.keras3:
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)

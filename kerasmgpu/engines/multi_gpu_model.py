@@ -21,6 +21,7 @@ from typing import Any, ContextManager, Dict, Sequence
 from kerasmgpu._errors import not_compiled
 from kerasmgpu.adapters.keras23 import Keras23
 from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
@@ -30,8 +31,9 @@ class MultiGpuModelRoute(BaseRoute):
     family: Keras23
 
     def __init__(self, family: Keras23, devices: Sequence[Device],
-                 cpu_merge: bool = True, cpu_relocation: bool = False) -> None:
-        super().__init__(family, devices)
+                 cpu_merge: bool = True, cpu_relocation: bool = False, *,
+                 environment: ClusterEnvironment) -> None:
+        super().__init__(family, devices, environment=environment)
         self.cpu_merge = cpu_merge
         self.cpu_relocation = cpu_relocation
 
@@ -49,7 +51,7 @@ class MultiGpuModelRoute(BaseRoute):
     def _gpu_names_for_virtual_devices(self) -> ContextManager[Any]:
         if all(d.kind == "gpu" for d in self.devices):
             return contextlib.nullcontext()
-        count = len(self.available_devices(self.family))
+        count = len(self.available_devices(self.family, self.environment))
         return self.family.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
 
     def parallelize(self, model: Any) -> Any:

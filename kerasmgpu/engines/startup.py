@@ -31,12 +31,12 @@ import inspect
 import os
 import socket
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
-from kerasmgpu import _hooks
+from kerasmgpu import _hooks, registry
 from kerasmgpu._errors import InvalidClusterError
 from kerasmgpu.env import cluster
-from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
+from kerasmgpu.env.versions import detect_keras_line
 from kerasmgpu.process import ending
 
 _tf_strategy: Any = None
@@ -48,17 +48,16 @@ _jax_error: Optional[BaseException] = None
 
 
 def setup_at_import(environment: cluster.ClusterEnvironment) -> None:
-    """In a process of `environment`'s multi-process job, start each engine before its
-    runtime does, and learn how the process ends."""
+    """In a process of `environment`'s multi-process job, start the engine of the active
+    Keras (its registry entry's start-up) before its runtime does, and learn how the
+    process ends."""
     if environment.world_size() < 2:
         return
     ending.watch(environment)
-    starts: Dict[str, Callable[[cluster.ClusterEnvironment], None]] = {
-        "tensorflow": _start_tensorflow, "jax": _start_jax, "torch": _start_torch,
-    }
-    backend = backend_for(detect_keras_line()[0])
-    if backend in starts:
-        _hooks.after_import(backend, functools.partial(starts[backend], environment))
+    entry = registry.find(detect_keras_line()[0])
+    if entry is not None and entry.startup is not None:
+        start: Callable[[cluster.ClusterEnvironment], None] = registry.resolve(entry.startup)
+        _hooks.after_import(entry.backend, functools.partial(start, environment))
 
 
 def _one_gpu_each(environment: cluster.ClusterEnvironment) -> bool:
@@ -96,11 +95,9 @@ def _tf_resolver(tf: Any, environment: cluster.ClusterEnvironment) -> Any:
         task_id=environment.global_rank(), rpc_layer="grpc")
 
 
-def _start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
+def start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
+    """The worker's MultiWorkerMirroredStrategy, the moment TensorFlow is imported."""
     global _tf_strategy, _tf_error
-    line, _ = detect_keras_line()
-    if line not in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY):
-        return  # Keras 3 on TF cannot train under it (keras-team/keras#20585)
     try:
         import tensorflow as tf
 
@@ -115,7 +112,7 @@ def _start_tensorflow(environment: cluster.ClusterEnvironment) -> None:
 
 
 def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
-    timeout = int(cluster.collective_timeout())
+    timeout = int(environment.collective_timeout())
     port = environment.jax_coordinator().rsplit(":", 1)[1]
     wanted = {
         "coordinator_address": environment.jax_coordinator(),
@@ -137,7 +134,7 @@ def _jax_arguments(jax: Any, environment: cluster.ClusterEnvironment) -> dict:
     return {k: v for k, v in wanted.items() if k in accepted}
 
 
-def _start_jax(environment: cluster.ClusterEnvironment) -> None:
+def start_jax(environment: cluster.ClusterEnvironment) -> None:
     global _jax_error
     try:
         import jax
@@ -153,7 +150,7 @@ def _start_jax(environment: cluster.ClusterEnvironment) -> None:
     ending.framework_started()
 
 
-def _start_torch(environment: cluster.ClusterEnvironment) -> None:
+def start_torch(environment: cluster.ClusterEnvironment) -> None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count():
@@ -196,14 +193,12 @@ def tf_strategy() -> Any:
     raise _too_late("TensorFlow", "no strategy was created at import")
 
 
-def ensure_jax(environment: Optional[cluster.ClusterEnvironment] = None) -> None:
-    """Raise when `jax.distributed` did not start for `environment`'s job (default: the
-    one detected now)."""
+def ensure_jax(environment: cluster.ClusterEnvironment) -> None:
+    """Raise when `jax.distributed` did not start for `environment`'s job."""
     if _jax_error is not None:
         raise _too_late("JAX", _jax_error) from _jax_error
     import jax
 
-    environment = environment or cluster.current()
     if jax.process_count() != environment.world_size():
         raise _too_late("JAX", f"jax.process_count() is {jax.process_count()}")
 
@@ -216,9 +211,9 @@ def _loopback_interface() -> Optional[str]:
     return next((name for name in names if name == "lo" or name.startswith("lo")), None)
 
 
-def torch_process_group(environment: Optional[cluster.ClusterEnvironment] = None) -> Any:
-    """Join (once) the torch.distributed group of `environment`'s job (default: the one
-    detected now); gloo on CPU, nccl on GPUs.
+def torch_process_group(environment: cluster.ClusterEnvironment) -> Any:
+    """Join (once) the torch.distributed group of `environment`'s job; gloo on CPU, nccl
+    on GPUs (or what the launcher chose).
 
     Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.
     Elsewhere rank 0 serves the store itself, on loopback when the job runs on this
@@ -229,11 +224,8 @@ def torch_process_group(environment: Optional[cluster.ClusterEnvironment] = None
 
     if dist.is_initialized():
         return dist
-    environment = environment or cluster.current()
-    backend = os.environ.get("KERASMGPU_TORCH_BACKEND") or (
-        "nccl" if _torch_has_gpu() else "gloo"
-    )
-    timeout = datetime.timedelta(seconds=cluster.collective_timeout())
+    backend = environment.torch_backend() or ("nccl" if _torch_has_gpu() else "gloo")
+    timeout = datetime.timedelta(seconds=environment.collective_timeout())
     rank, world = environment.global_rank(), environment.world_size()
     if backend == "gloo" and not environment.multi_node():
         # gloo listens on the address the host name resolves to unless told otherwise.

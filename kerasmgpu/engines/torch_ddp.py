@@ -25,7 +25,6 @@ error that says how to make it the process's first (`_one_device_hint`).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import types
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
@@ -34,8 +33,8 @@ from kerasmgpu._errors import explain
 from kerasmgpu.adapters import Family
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import BaseRoute
-from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
+from kerasmgpu.env.cluster import TIMEOUT_ENV, ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
@@ -62,9 +61,7 @@ def _one_device_hint(device: Device) -> str:
     rest on the first device. Making device k the process's first one does move it all.
     """
     if device.kind == "gpu":
-        visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-                   if e.strip()]
-        physical = visible[device.index] if device.index < len(visible) else device.index
+        physical = devices_module.physical_gpu(device.index)
         fix = (f"make it the process's first GPU: run with CUDA_VISIBLE_DEVICES={physical} "
                "and pass gpus=1")
     else:
@@ -82,21 +79,23 @@ def _one_device_hint(device: Device) -> str:
 
 class TorchDDPRoute(BaseRoute):
     route = Route.TORCH_DDP
-    feed_kind = "python"
     saves_locally = True
 
-    def __init__(self, family: Family, devices: Sequence[Device]) -> None:
-        super().__init__(family, devices)
-        if not cluster.launched():
+    def __init__(self, family: Family, devices: Sequence[Device], *,
+                 environment: ClusterEnvironment) -> None:
+        super().__init__(family, devices, environment=environment)
+        if not environment.multi_process():
             if len(devices) == 1:
                 raise ValueError(_one_device_hint(devices[0]))
             raise ValueError(_launch_hint(devices))
-        self.dist = startup.torch_process_group()
+        self.dist = startup.torch_process_group(environment)
+        self.timeout = environment.collective_timeout()
         self.world = int(self.dist.get_world_size())
 
     @classmethod
-    def available_devices(cls, family: Family) -> List[Device]:
-        if not cluster.launched():
+    def available_devices(cls, family: Family, environment: ClusterEnvironment
+                          ) -> List[Device]:
+        if not environment.multi_process():
             return devices_module.list_devices(family.line, "torch")
         import torch
 
@@ -120,7 +119,7 @@ class TorchDDPRoute(BaseRoute):
 
     def _broadcast(self, variables: Sequence[Any]) -> None:
         for variable in variables:
-            _collective(self.dist.broadcast, variable.value.data, src=0)
+            _collective(self.timeout, self.dist.broadcast, variable.value.data, src=0)
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         import torch
@@ -129,7 +128,7 @@ class TorchDDPRoute(BaseRoute):
         if self.dist.get_backend() == "nccl":
             tensors = [t.cuda() for t in tensors]
         for tensor in tensors:
-            _collective(self.dist.broadcast, tensor, src=0)
+            _collective(self.timeout, self.dist.broadcast, tensor, src=0)
         return [t.cpu().numpy() for t in tensors]
 
     def prepare_replica(self, replica: Any) -> None:
@@ -178,7 +177,7 @@ class TorchDDPRoute(BaseRoute):
 
             present = [g for g in grads if g is not None]
             if present:
-                for g, total in zip(present, _all_reduce_flat(dist, present)):
+                for g, total in zip(present, _all_reduce_flat(self.timeout, dist, present)):
                     g.copy_(total / world)
             return original(grads, trainable_variables)
 
@@ -196,7 +195,7 @@ class TorchDDPRoute(BaseRoute):
             return
         saved = [v.value.detach().clone() for v in variables]
         for variable, value, total in zip(
-            variables, saved, _all_reduce_flat(self.dist, saved, torch.float64)
+            variables, saved, _all_reduce_flat(self.timeout, self.dist, saved, torch.float64)
         ):
             variable.assign(total.to(value.dtype))
         try:
@@ -221,20 +220,23 @@ class TorchDDPRoute(BaseRoute):
         }
 
 
-def _all_reduce_flat(dist: Any, tensors: Sequence[Any], dtype: Any = None) -> List[Any]:
+def _all_reduce_flat(timeout: float, dist: Any, tensors: Sequence[Any], dtype: Any = None
+                     ) -> List[Any]:
     """The sums of `tensors` over the processes, shaped like them, in one collective
     (one flat all-reduce per step instead of one per weight)."""
     import torch
 
     flat = torch.cat([t.reshape(-1) if dtype is None else t.reshape(-1).to(dtype)
                       for t in tensors])
-    _collective(dist.all_reduce, flat)
+    _collective(timeout, dist.all_reduce, flat)
     pieces = torch.split(flat, [t.numel() for t in tensors])
     return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
 
 
-def _collective(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A torch.distributed call whose failure says what went wrong in our words."""
+def _collective(timeout: float, operation: Callable[..., Any], *args: Any, **kwargs: Any
+                ) -> Any:
+    """A torch.distributed call whose failure says what went wrong in our words
+    (`timeout`: the seconds the process group waits, for the message)."""
     try:
         return operation(*args, **kwargs)
     except RuntimeError as exc:  # DistBackendError is one; gloo's timeouts are others
@@ -243,7 +245,7 @@ def _collective(operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}). Every "
             "process of the job must call fit/evaluate/train_on_batch together; one "
             "that stopped, failed or called it alone makes the others wait until "
-            f"{cluster.TIMEOUT_ENV} ({cluster.collective_timeout():g} s) passes. Fix: "
+            f"{TIMEOUT_ENV} ({timeout:g} s) passes. Fix: "
             "call these methods on every process (predict runs on each alone), and "
             "look for an earlier error in the other processes' output."
         ) from exc

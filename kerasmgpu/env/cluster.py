@@ -49,6 +49,8 @@ LOCAL_PROCESS_COUNT_ENV = "KERASMGPU_LOCAL_PROCESS_COUNT"
 # How long a process waits for the others in a collective, at start-up and at exit.
 TIMEOUT_ENV = "KERASMGPU_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0
+# Set by `kerasmgpu launch`: the torch.distributed backend of each worker.
+TORCH_BACKEND_ENV = "KERASMGPU_TORCH_BACKEND"
 
 LOOPBACK = "127.0.0.1"
 _LOCAL_NAMES = {"localhost", "::1", "[::1]"}
@@ -189,6 +191,27 @@ class ClusterEnvironment:
     def run_id(self) -> str:
         """Text that every process of this run shares (seeds agreement on it)."""
         return f"{self.name}:{self.main_address}:{self.main_port}"
+
+    def multi_process(self) -> bool:
+        """Whether this is a job of several processes (what `launched()` asks)."""
+        return self.world_size() > 1
+
+    def is_chief(self) -> bool:
+        """Whether this process writes checkpoints and the template (rank 0)."""
+        return self.global_rank() == 0
+
+    def shared_seed(self) -> int:
+        """A seed every process of one run agrees on (from what they share)."""
+        return int(hashlib.sha256(self.run_id().encode()).hexdigest()[:8], 16)
+
+    def collective_timeout(self) -> float:
+        """Seconds a process waits for the others (start-up, collectives, shutdown)."""
+        return _collective_timeout(self.env)
+
+    def torch_backend(self) -> Optional[str]:
+        """The torch.distributed backend the launcher chose (`kerasmgpu launch` sets
+        it by the worker's GPUs), or None to choose by this process's devices."""
+        return self.env.get(TORCH_BACKEND_ENV) or None
 
     def check(self) -> ClusterEnvironment:
         """Raise a fixable error when the variables contradict each other."""
@@ -556,12 +579,12 @@ def process_count() -> int:
 
 def is_chief() -> bool:
     """True in the process that writes checkpoints and the template (rank 0)."""
-    return process_index() == 0
+    return current().is_chief()
 
 
 def launched() -> bool:
     """True in a process of a job of several (whichever launcher started it)."""
-    return process_count() > 1
+    return current().multi_process()
 
 
 def local_process_index() -> int:
@@ -570,12 +593,16 @@ def local_process_index() -> int:
 
 def shared_seed() -> int:
     """A seed every process of one run agrees on (from what the run's processes share)."""
-    return int(hashlib.sha256(current().run_id().encode()).hexdigest()[:8], 16)
+    return current().shared_seed()
 
 
 def collective_timeout() -> float:
     """Seconds a process waits for the others (start-up, collectives, shutdown)."""
-    text = os.environ.get(TIMEOUT_ENV)
+    return _collective_timeout(os.environ)
+
+
+def _collective_timeout(env: Mapping[str, str]) -> float:
+    text = env.get(TIMEOUT_ENV)
     if not text:
         return DEFAULT_TIMEOUT
     try:

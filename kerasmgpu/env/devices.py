@@ -15,9 +15,9 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from kerasmgpu import _hooks
+from kerasmgpu import _hooks, registry
 from kerasmgpu._errors import TooLateError, bad_type, bad_value
 from kerasmgpu.env import versions as env_module
 from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV, KerasLine
@@ -216,22 +216,16 @@ def _install_tf_hook() -> None:
 
 
 def list_devices(line: KerasLine, backend: str) -> List[Device]:
-    """The devices replicas can use: GPUs if any, else (virtual) CPU devices."""
-    n = requested()
-    if backend == "tensorflow" or line in (
-        KerasLine.LEGACY,
-        KerasLine.TF_KERAS,
-        KerasLine.TF_KERAS_LEGACY,
-    ):
-        return _tf_devices(n)
-    if backend == "jax":
-        return _jax_devices(n)
-    if backend == "torch":
-        return _torch_devices(n)
-    return []
+    """The devices replicas can use: GPUs if any, else (virtual) CPU devices, as the
+    lister of the line and backend's registry entry sees them ([] for no entry)."""
+    entry = registry.find(line, backend)
+    if entry is None:
+        return []
+    lister: Callable[[Optional[int]], List[Device]] = registry.resolve(entry.devices)
+    return lister(requested())
 
 
-def _tf_devices(n: Optional[int]) -> List[Device]:
+def tf_devices(n: Optional[int]) -> List[Device]:
     import tensorflow as tf
 
     if n is not None:
@@ -246,7 +240,7 @@ def _tf_devices(n: Optional[int]) -> List[Device]:
     return [Device("cpu", i, f"/cpu:{i}", virtual=virtual) for i in range(len(cpus))]
 
 
-def _jax_devices(n: Optional[int]) -> List[Device]:
+def jax_devices(n: Optional[int]) -> List[Device]:
     import jax
 
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
@@ -259,7 +253,7 @@ def _jax_devices(n: Optional[int]) -> List[Device]:
     return [Device("cpu", i, f"cpu:{d.id}", virtual=virtual) for i, d in enumerate(cpus)]
 
 
-def _torch_devices(n: Optional[int]) -> List[Device]:
+def torch_devices(n: Optional[int]) -> List[Device]:
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -268,6 +262,13 @@ def _torch_devices(n: Optional[int]) -> List[Device]:
     # On torch a virtual device is a gloo process (see `kerasmgpu launch`).
     total = n or 1
     return [Device("cpu", i, f"cpu:{i}", virtual=total > 1) for i in range(total)]
+
+
+def physical_gpu(index: int) -> Union[int, str]:
+    """The physical GPU that visible GPU `index` is (CUDA_VISIBLE_DEVICES' entry)."""
+    visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if e.strip()]
+    return visible[index] if index < len(visible) else index
 
 
 def default_device_only(selected: Sequence[Device]) -> bool:

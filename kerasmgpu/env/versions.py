@@ -39,6 +39,7 @@ TF_SPLIT_KERAS = Version("2.6")
 # the way back to Keras 2 there.
 TF_WITH_KERAS_3 = Version("2.16")
 # --- Verified ranges: [min, below) of each line, what the tox matrix tests -------------
+# (`kerasmgpu.registry` puts each in its line and backend's entry: the one table.)
 # tf.keras 2.x: 2.12 is the oldest TensorFlow with wheels for Python 3.11, where our CI
 # runs; 2.9-2.11 cannot be installed there, so they are not claimed (compat/README.md).
 TF_KERAS_MIN = Version("2.12")
@@ -203,55 +204,5 @@ def jax_has_num_cpu_devices_option() -> bool:
     return version is not None and version >= JAX_NUM_CPU_DEVICES_OPTION
 
 
-def verified_range(line: KerasLine, backend: Optional[str] = None
-                   ) -> Optional[Tuple[Version, Version]]:
-    """[min, below) of the releases of `line` (on `backend`) kerasmgpu is verified on."""
-    if line is KerasLine.KERAS_3 and (backend or backend_for(line)) == "tensorflow":
-        return (KERAS3_TF_MIN, KERAS3_VERIFIED_BELOW)
-    return {
-        KerasLine.TF_KERAS: (TF_KERAS_MIN, TF_KERAS_VERIFIED_BELOW),
-        KerasLine.TF_KERAS_LEGACY: (TF_KERAS_LEGACY_MIN, TF_KERAS_LEGACY_VERIFIED_BELOW),
-        KerasLine.KERAS_3: (KERAS3_MIN, KERAS3_VERIFIED_BELOW),
-        KerasLine.LEGACY: (LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW),
-    }.get(line)
-
-
-def multi_process_floor(line: KerasLine, backend: Optional[str] = None
-                        ) -> Optional[Version]:
-    """The first release of `line` that trains in several processes, where it differs
-    from the line's own floor."""
-    if line is KerasLine.KERAS_3 and (backend or backend_for(line)) == "jax":
-        return KERAS3_JAX_MULTI_PROCESS_MIN
-    return None
-
-
-def below_multi_process_floor(line: KerasLine, version: Optional[Version],
-                              backend: Optional[str] = None) -> Optional[Version]:
-    """The floor for several processes when `version` is below it, else None."""
-    floor = multi_process_floor(line, backend)
-    if floor is None or version is None or Version(version.base_version) >= floor:
-        return None
-    return floor
-
-
 def unverified_ok() -> bool:
     return _truthy(os.environ.get(UNVERIFIED_OK_ENV))
-
-
-def unsupported_version(line: KerasLine, version: Optional[Version],
-                        backend: Optional[str] = None) -> Optional[str]:
-    """Why this Keras release is outside kerasmgpu's verified range, or None."""
-    span = verified_range(line, backend)
-    if version is None or span is None:
-        return None
-    low, below = span
-    # Patch releases and pre-releases of a verified minor count as that minor.
-    base = Version(version.base_version)
-    if base < low:
-        on = f" on {backend or backend_for(line)}" if line is KerasLine.KERAS_3 else ""
-        return f"{line.value} {version}{on} (kerasmgpu needs >= {low})"
-    if base >= below and not unverified_ok():
-        return (f"{line.value} {version} (kerasmgpu is verified below {below}; "
-                f"{UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
-                "of its hooks moved)")
-    return None

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds
-from kerasmgpu.env import cluster
 from kerasmgpu.training import steps as step_hooks
 
 if TYPE_CHECKING:  # the engine's surface, seen from here: scope(), planner, hooks
@@ -380,7 +379,7 @@ def _fixed_results(state: ParallelState, model: Any, results: Any, return_dict: 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
     state = _state(self)
-    if cluster.launched():
+    if state.route.environment.multi_process():
         # Each worker would only see its own rows; every worker holds all the weights,
         # so each predicts everything on its own (on the template, one device).
         sync_template(self)
