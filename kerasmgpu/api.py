@@ -123,24 +123,51 @@ def parallelize(
 
 
 def _chief_writes_the_template(model: Any, parallel: Any, route: BaseRoute) -> None:
-    """Processes other than rank 0 skip `template.save()` - every process holds the
-    same weights, and N processes writing one file would corrupt it.
+    """The saving policy of a job of several processes: only the chief (process 0)
+    writes the template's files. Every process holds the same weights, and N processes
+    writing one file would corrupt it, so on the others `save()` / `save_weights()`
+    write nothing and say so once (a `KerasMGPUSaveSkipped` warning naming the call).
 
     Not when the template is the parallel model itself and saving it is a collective
     (TensorFlow reads its synchronised variables with every worker): then every process
     must save. On torch the template is the parallel model and saves locally.
     """
-    if not route.environment.multi_process() or route.environment.is_chief():
+    environment = route.environment
+    if not environment.multi_process() or environment.is_chief():
         return
     if parallel is model and not route.saves_locally:
         return
     import types
 
-    def skip(self: Any, *args: Any, **kwargs: Any) -> None:
-        return None
+    def skipper(name: str) -> Any:
+        def skip(self: Any, *args: Any, **kwargs: Any) -> None:
+            _tell_save_skipped(environment, name, args[0] if args else kwargs.get("filepath"))
+        return skip
 
     for name in ("save", "save_weights"):
-        model.__dict__[name] = types.MethodType(skip, model)
+        model.__dict__[name] = types.MethodType(skipper(name), model)
+
+
+class KerasMGPUSaveSkipped(UserWarning):
+    """A process other than the chief was asked to save the template: it wrote nothing."""
+
+
+_told_save_skipped = False
+
+
+def _tell_save_skipped(environment: cluster.ClusterEnvironment, name: str, target: Any
+                       ) -> None:
+    global _told_save_skipped
+    if _told_save_skipped:
+        return
+    _told_save_skipped = True
+    warnings.warn(
+        f"kerasmgpu: process {environment.global_rank()} of {environment.world_size()} did "
+        f"not write {name}({target!r}): in a job of several processes only the chief "
+        "(process 0) writes the model's files - every process holds the same weights. "
+        "Nothing is lost; to skip the call yourself, guard it with "
+        "`if kerasmgpu.is_chief():` (said once per process)",
+        KerasMGPUSaveSkipped, stacklevel=3)
 
 
 @contextlib.contextmanager

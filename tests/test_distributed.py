@@ -133,6 +133,10 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
     # Only the chief wrote the template, though both processes asked to.
     written = sorted(p.name for p in (tmp_path / "two").glob("template-from-rank*"))
     assert written == ["template-from-rank0.weights.h5"]
+    # ... and the other process said so, once, naming the call (not a silent no-op).
+    output = run.stdout + run.stderr
+    assert output.count("did not write save_weights(") == 1, output[-4000:]
+    assert "process 1 of 2 did not write save_weights(" in output
     _assert_listeners(tmp_path / "two")
 
 
