@@ -10,7 +10,8 @@ import contextlib
 import importlib
 from typing import Any, Dict, Iterator, List
 
-from kerasmgpu.adapters.base import Adapter
+from kerasmgpu.adapters import tensorflow as tf_internals
+from kerasmgpu.adapters.base import Adapter, StateReader
 from kerasmgpu.env.versions import LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW
 
 # --- Where multi_gpu_model lived: the module names `kerasmgpu migrate` recognises in a
@@ -95,3 +96,23 @@ class Keras23(Adapter):
             "sample_weight_mode": model.sample_weight_mode,
             "weighted_metrics": getattr(model, "_compile_weighted_metrics", None),
         }
+
+    # --- the training state: graph mode, read through Keras's session ---------------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        """The variables' hashes, from ops added once to Keras's graph."""
+        import tensorflow as tf
+
+        if not variables:
+            return lambda: []
+        backend = self.keras.backend
+        with backend.get_session().graph.as_default():
+            hashes = tf.stack([tf_internals.bits_hash(tf, tf.convert_to_tensor(v))
+                               for v in variables])
+        return lambda: [int(h) for h in backend.get_session().run(hashes)]
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        return list(self.keras.backend.batch_get_value(list(variables)))
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        self.keras.backend.batch_set_value(list(zip(variables, values)))

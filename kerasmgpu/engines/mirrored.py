@@ -63,6 +63,7 @@ class MirroredRoute(BaseRoute):
             # Each strategy gets its own collective key range: a second one of another
             # size in this process would otherwise join the first one's groups.
             self.strategy = tf_internals.new_mirrored_strategy([d.name for d in self.devices])
+        self._any_process: Any = None
 
     @property
     def replicas(self) -> int:
@@ -75,8 +76,29 @@ class MirroredRoute(BaseRoute):
     def owns(self, model: Any) -> bool:
         return self.family.distribution_strategy_of(model) is self.strategy
 
+    def owns_optimizer(self, optimizer: Any) -> bool:
+        return self.family.optimizer_strategy(optimizer) is self.strategy
+
     def equalize(self, replica: Any) -> None:
         self.family.equalize_replica_state(replica, self.strategy)
+
+    def any_process(self, flag: bool) -> bool:
+        if not self.multi_worker:
+            return flag
+        import tensorflow as tf
+
+        if self._any_process is None:  # traced once: it runs before every call
+
+            def total(value: Any) -> Any:
+                def add(v: Any) -> Any:
+                    context = tf.distribute.get_replica_context()
+                    return context.all_reduce(tf.distribute.ReduceOp.SUM, v)
+
+                return self.strategy.run(add, args=(value,))
+
+            self._any_process = tf.function(total)
+        result = self._any_process(tf.constant(float(flag)))
+        return float(self.strategy.experimental_local_results(result)[0].numpy()) > 0
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.multi_worker:
