@@ -51,9 +51,10 @@ class Keras23(Adapter):
     """What the multi_gpu_model engine needs of Keras 2.3: its own multi_gpu_model.
 
     Read here: `keras.utils.multi_gpu_utils` and its `_get_available_devices` (its
-    device check, shown GPU names while virtual CPU devices stand in), and the compile
+    device check, shown GPU names while virtual CPU devices stand in), the compile
     arguments Keras 2.3 keeps on the model (`_is_compiled`, `_compile_metrics`,
-    `_compile_weighted_metrics`).
+    `_compile_weighted_metrics`), and the session of `tensorflow.python.keras.backend`
+    (where Keras 2.3 runs on TensorFlow 2) to read the change tokens.
     """
 
     VERIFIED = (LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW)
@@ -105,11 +106,13 @@ class Keras23(Adapter):
 
         if not variables:
             return lambda: []
-        backend = self.keras.backend
-        with backend.get_session().graph.as_default():
+        # The session Keras 2.3 runs in on TensorFlow 2: TensorFlow's internal Keras
+        # backend's (Keras 2.3's own get_session refuses to run on TensorFlow 2).
+        session = importlib.import_module("tensorflow.python.keras.backend").get_session
+        with session().graph.as_default():
             hashes = tf.stack([tf_internals.bits_hash(tf, tf.convert_to_tensor(v))
                                for v in variables])
-        return lambda: [int(h) for h in backend.get_session().run(hashes)]
+        return lambda: [int(h) for h in session().run(hashes)]
 
     def read_values(self, variables: List[Any]) -> List[Any]:
         return list(self.keras.backend.batch_get_value(list(variables)))
