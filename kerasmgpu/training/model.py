@@ -187,6 +187,7 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     if scaled is None:
         scaled = _loss_scaling(adapter, loss)
     state.has_compiled_loss = loss is not None
+    _install_steps(replica)
     adapter.check_internals(replica)
     adapter.install_loss_hook(
         replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
@@ -495,6 +496,21 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
     replica.__dict__[STATE_ATTR] = state
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
+    _install_steps(replica)
+    route.prepare_replica(replica)
+    return replica
+
+
+def _install_steps(replica: Any) -> None:
+    """The replica's steps, hooked (see `kerasmgpu.training.steps`).
+
+    Made anew at every compile: JAX caches what it traced by the step function, and a
+    step kept from before a compile would bring back the old compile's metrics.
+    """
+    state = state_of(replica)
+    assert state is not None
+    fam, report = state.family, state.report
+    assert report is not None
 
     def after(kind: str, frame: step_hooks.Frame, model: Any) -> None:
         report.after(kind, frame, model, state.has_compiled_loss)
@@ -508,8 +524,6 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
         if name in state.originals:
             replica.__dict__[name] = types.MethodType(
                 step_hooks.make_unbundling(state.originals[name]), replica)
-    route.prepare_replica(replica)
-    return replica
 
 
 def _is_keras_own(function: Any) -> bool:
