@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, ContextManager, Dict, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 from kerasmgpu.adapters.keras23 import Keras23
 from kerasmgpu.engines.base import BaseRoute
@@ -140,36 +140,40 @@ def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None
     """Every call of `parallel` starts from the template's state and, when it trains,
     gives the template its weights (at every epoch end too); with `device`, it runs
     under `tf.device(device)`."""
-    import tensorflow as tf
-
     klass = type(parallel)
-    busy = []  # fit_generator calls train_on_batch: only the outermost call syncs
+    busy: List[str] = []  # fit_generator calls train_on_batch: only the outermost syncs
     for name in _TRAINING_CALLS + _OTHER_CALLS:
         original = getattr(klass, name, None)
-        if original is None:
-            continue
+        if original is not None:
+            parallel.__dict__[name] = types.MethodType(
+                _synced(original, name, mirror, device, busy), parallel)
 
-        def call(self: Any, *args: Any, _original: Any = original,
-                 _trains: bool = name in _TRAINING_CALLS, _fits: bool = name.startswith("fit"),
-                 **kwargs: Any) -> Any:
-            placed = tf.device(device) if device else contextlib.nullcontext()
-            if busy:
-                with placed:
-                    return _original(self, *args, **kwargs)
-            sync.before_call(mirror, training=_trains, collective=False)
-            if _fits:
-                kwargs["callbacks"] = [_epoch_end(mirror)] + list(kwargs.get("callbacks") or [])
-            busy.append(name)
-            try:
-                with placed:
-                    result = _original(self, *args, **kwargs)
-            finally:
-                busy.pop()
-            if _trains:
-                sync.after_training(mirror)
-            return result
 
-        parallel.__dict__[name] = types.MethodType(call, parallel)
+def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str],
+            busy: List[str]) -> Any:
+    import tensorflow as tf
+
+    trains, fits = name in _TRAINING_CALLS, name.startswith("fit")
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        placed = tf.device(device) if device else contextlib.nullcontext()
+        if busy:
+            with placed:
+                return original(self, *args, **kwargs)
+        sync.before_call(mirror, training=trains, collective=False)
+        if fits:
+            kwargs["callbacks"] = [_epoch_end(mirror)] + list(kwargs.get("callbacks") or [])
+        busy.append(name)
+        try:
+            with placed:
+                result = original(self, *args, **kwargs)
+        finally:
+            busy.pop()
+        if trains:
+            sync.after_training(mirror)
+        return result
+
+    return call
 
 
 def _epoch_end(mirror: sync.Mirror) -> Any:
