@@ -83,12 +83,16 @@ def _assert_same_outputs(single: Any, pmodel: Any) -> None:
 
 @pytest.mark.core
 def test_training_the_template_between_parallel_calls() -> None:
-    """p.fit, m.fit, p.fit equals three epochs on one device (Adam: its moments too)."""
+    """p.fit, m.fit, p.fit equals three epochs on one device (Adam: its moments too,
+    and the learning rate a callback set while the template trained)."""
     single, template = _pair()
     pmodel = kerasmgpu.parallelize(template, gpus=N)
     for model in (pmodel, template, pmodel):
-        single.fit(X, Y, **FIT)
-        model.fit(X, Y, **FIT)
+        callbacks = [_lr_callback("LearningRateScheduler")] if model is template else []
+        single.fit(X, Y, callbacks=callbacks, **FIT)
+        model.fit(X, Y, callbacks=[_lr_callback("LearningRateScheduler")] if callbacks else [],
+                  **FIT)
+    assert _lr(template) == pytest.approx(0.005)
     for model in (template, pmodel):
         single.train_on_batch(X[:40], Y[:40])
         model.train_on_batch(X[:40], Y[:40])
@@ -180,7 +184,7 @@ def _lr_callback(kind: str) -> Any:
     if kind == "ReduceLROnPlateau":
         return keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
                                                  min_delta=10.0)
-    return keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.1 * 0.5 ** epoch)
+    return keras.callbacks.LearningRateScheduler(lambda epoch, rate: float(rate) * 0.5)
 
 
 @pytest.mark.core

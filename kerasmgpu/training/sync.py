@@ -258,9 +258,11 @@ def _refresh(mirror: Mirror) -> None:
             f"copy {len(theirs)}: they cannot be kept equal. Fix: build the model (call "
             "it on a batch, or give it an input shape) before parallelize()."
         )
-    mirror.weights = _part(mirror.weights, ours, theirs, mirror.adapter)
+    weights = _part(mirror.weights, ours, theirs, mirror.adapter)
+    if weights is not mirror.weights or not mirror.layers[0]:  # new variables: new layers?
+        mirror.layers = (mirror.adapter.layers_of(template), mirror.adapter.layers_of(replica))
+    mirror.weights = weights
     mirror.optimizer = _optimizer_part(mirror)
-    mirror.layers = (mirror.adapter.layers_of(template), mirror.adapter.layers_of(replica))
 
 
 def _part(old: Optional[Part], template: List[Any], replica: List[Any],
