@@ -464,3 +464,36 @@ def test_one_engine_per_device_set() -> None:
     assert first is second is parallel_model.state_of(pmodel).route  # type: ignore[union-attr]
     if ON_JAX:
         assert first.distribution is second.distribution
+
+
+@pytest.mark.core
+@requires(tf=True)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int64", "bool"])
+def test_the_tensorflow_change_token_sees_every_change(dtype: str) -> None:
+    """The on-device hash (TF lines) changes with any one element, and with changes
+    that cancel out in a plain weighted sum (every element doubled, two swapped); XLA
+    (used for variables on a GPU) computes the same hashes."""
+    import tensorflow as tf
+
+    from kerasmgpu.adapters import tensorflow as tf_internals
+
+    rng = np.random.default_rng(0)
+    start = (rng.normal(size=64) > 0) if dtype == "bool" else rng.normal(size=64) * 8 + 1
+    variable = tf.Variable(start.astype(dtype))
+    read = tf_internals.value_hasher([variable])
+    xla = tf.function(lambda: tf_internals.bits_hash(tf, tf.convert_to_tensor(variable)),
+                      jit_compile=True)
+    first = read()[0]
+    seen = {first}
+    assert int(xla()) == first
+    changes = [lambda v: np.logical_not(v) if dtype == "bool" else v * 2,
+               lambda v: v[::-1].copy()]
+    if dtype != "bool":
+        changes.append(lambda v: np.where(np.arange(64) == 5, v + 1, v))
+    for change in changes:
+        variable.assign(change(variable.numpy()).astype(dtype))
+        token = read()[0]
+        assert token not in seen and int(xla()) == token
+        seen.add(token)
+    variable.assign(start.astype(dtype))
+    assert read()[0] == first  # the same bits, the same token
