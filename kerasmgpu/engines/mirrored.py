@@ -88,17 +88,21 @@ class MirroredRoute(BaseRoute):
         import tensorflow as tf
 
         if self._any_process is None:  # traced once: it runs before every call
+            # The flag travels in a variable of this process: a tensor passed to
+            # `strategy.run` inside a tf.function fails under MultiWorkerMirroredStrategy
+            # ("destinations can not be empty"), and a new function per call retraces.
+            mine = tf.Variable(0.0, trainable=False)
 
-            def total(value: Any) -> Any:
-                def add(v: Any) -> Any:
-                    context = tf.distribute.get_replica_context()
-                    return context.all_reduce(tf.distribute.ReduceOp.SUM, v)
+            def add() -> Any:
+                context = tf.distribute.get_replica_context()
+                return context.all_reduce(tf.distribute.ReduceOp.SUM, mine.read_value())
 
-                return self.strategy.run(add, args=(value,))
-
-            self._any_process = tf.function(total)
-        result = self._any_process(tf.constant(float(flag)))
-        return float(self.strategy.experimental_local_results(result)[0].numpy()) > 0
+            total = tf.function(lambda: self.strategy.run(add))
+            self._any_process = (mine, total)
+        mine, total = self._any_process
+        mine.assign(float(flag))
+        result = self.strategy.experimental_local_results(total())[0]
+        return float(result.numpy()) > 0
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.multi_worker:
@@ -106,17 +110,27 @@ class MirroredRoute(BaseRoute):
         import tensorflow as tf
 
         values = [tf.constant(a) for a in arrays]
+        # One all-reduce per dtype: TF packs a list into one buffer of a single type
+        # (an optimizer's int64 iterations beside its float slots would not concatenate).
+        groups: dict = {}
+        for index, value in enumerate(values):
+            groups.setdefault(value.dtype, []).append(index)
 
         def rank0_only() -> Any:
             # A sum to which only the first replica of rank 0 adds anything.
             context = tf.distribute.get_replica_context()
             first = context.replica_id_in_sync_group == 0
             mine = [tf.where(first, v, tf.zeros_like(v)) for v in values]
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+            return [context.all_reduce(tf.distribute.ReduceOp.SUM, [mine[i] for i in group])
+                    for group in groups.values()]
 
         # In a tf.function: run eagerly, the strategy warns that it is slow.
         totals = tf.function(lambda: self.strategy.run(rank0_only))()
-        return [self.strategy.experimental_local_results(t)[0].numpy() for t in totals]
+        out: List[Any] = [None] * len(values)
+        for group, reduced in zip(groups.values(), totals):
+            for index, total in zip(group, reduced):
+                out[index] = self.strategy.experimental_local_results(total)[0].numpy()
+        return out
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
