@@ -369,6 +369,20 @@ def test_batchnorm_statistics_set_on_the_template_reach_the_parallel_model() -> 
     np.testing.assert_allclose(pmodel.get_layer("bn").get_weights()[3], statistics[3])
 
 
+@pytest.mark.core
+def test_batchnorm_statistics_of_a_model_built_in_scope_are_one() -> None:
+    """Built in scope, the parallel model is the template: after training every replica
+    holds the replicas' mean statistics, so it predicts as one model with its weights."""
+    with kerasmgpu.scope(gpus=N):
+        model = _with_batchnorm()
+    pmodel = kerasmgpu.parallelize(model, gpus=N)
+    pmodel.fit(X, Y, **FIT)
+    single = _with_batchnorm()
+    single.set_weights(pmodel.get_weights())
+    np.testing.assert_allclose(pmodel.predict(X, batch_size=40, verbose=0),
+                               single.predict(X, batch_size=40, verbose=0), atol=1e-5)
+
+
 def _count_copies(monkeypatch: pytest.MonkeyPatch, pmodel: Any) -> list:
     adapter = parallel_model.state_of(pmodel).mirror.adapter  # type: ignore[union-attr]
     copied: list = []

@@ -213,13 +213,15 @@ def _copy_flags(mirror: Mirror) -> None:
 
 def after_training(mirror: Mirror) -> None:
     """The replica's whole training state into the template (epoch ends, after calls)."""
+    # Every replica's copy of the BatchNorm statistics becomes their mean, also when
+    # the parallel model is the template.
+    mirror.route.equalize(mirror.replica)
     if mirror.idle:
         return
     if mirror.shared:
         for part in mirror.parts():
             part.seen = part.reader()
         return
-    mirror.route.equalize(mirror.replica)
     _refresh(mirror)  # the call may have built the replica or its optimizer
     for part in mirror.parts():
         _copy(mirror, part, to_replica=False)
