@@ -203,6 +203,6 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
         if devices_module.default_device_only(selected) and cls.single_device_passthrough(fam):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return dict(cls(fam, selected).describe())
+        return dict(_engine(cls, fam, selected).describe())
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}
