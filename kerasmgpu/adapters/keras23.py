@@ -45,6 +45,9 @@ GONE_MODULES = frozenset(
 # Where `kerasmgpu.legacy.install()` keeps Keras's own `multi_gpu_model` once the
 # drop-in stands in its place, so that the multi_gpu_model engine still calls Keras's.
 KERAS_OWN = "_kerasmgpu_keras_multi_gpu_model"
+# The name scope of the graph ops that read the change tokens of a model's variables
+# (placed where those variables live).
+TOKENS_SCOPE = "kerasmgpu_change_tokens"
 
 
 class Keras23(Adapter):
@@ -109,7 +112,7 @@ class Keras23(Adapter):
         # The session Keras 2.3 runs in on TensorFlow 2: TensorFlow's internal Keras
         # backend's (Keras 2.3's own get_session refuses to run on TensorFlow 2).
         session = importlib.import_module("tensorflow.python.keras.backend").get_session
-        with session().graph.as_default():
+        with session().graph.as_default(), tf.name_scope(TOKENS_SCOPE):
             hashes = tf.stack([tf_internals.bits_hash(tf, tf.convert_to_tensor(v))
                                for v in variables])
         return lambda: [int(h) for h in session().run(hashes)]
