@@ -196,8 +196,11 @@ def test_a_learning_rate_changed_by_a_callback_is_in_the_template(kind: str,
     single, template = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.9))
     pmodel = kerasmgpu.parallelize(template, gpus=N)
     fit = dict(FIT, epochs=3)
-    h1 = single.fit(X, Y, callbacks=[_lr_callback(kind)], **fit)
-    h2 = pmodel.fit(X, Y, callbacks=[_lr_callback(kind)], **fit)
+    h1 = _outcome(lambda: single.fit(X, Y, callbacks=[_lr_callback(kind)], **fit))
+    h2 = _outcome(lambda: pmodel.fit(X, Y, callbacks=[_lr_callback(kind)], **fit))
+    if isinstance(h1, Exception):  # Keras 3.3's ReduceLROnPlateau reads NumPy 2's np.Inf
+        assert type(h2) is type(h1), (h2, h1)
+        return
     assert_history_close(h1, h2)
     assert _lr(single) < 0.1
     assert _lr(template) == pytest.approx(_lr(single)) == pytest.approx(_lr(pmodel))
@@ -293,11 +296,12 @@ def test_a_layer_frozen_after_parallelize_does_not_move() -> None:
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
+    """What `call` returns, or the exception it raised: what Keras does is the
+    reference, an error included."""
     try:
-        call()
-    except Exception as exc:  # what Keras does is the reference, an error included
+        return call()
+    except Exception as exc:
         return exc
-    return None
 
 
 @pytest.mark.core
@@ -315,11 +319,11 @@ def test_frozen_without_recompile_does_what_keras_does_on_one_device() -> None:
         model.get_layer("base").trainable = False
     expected = _outcome(lambda: single.fit(X, Y, **FIT))
     got = _outcome(lambda: pmodel.fit(X, Y, **FIT))
-    if expected is not None:
+    if isinstance(expected, Exception):
         assert type(got) is type(expected), (got, expected)
         assert str(expected).split(".")[0] in str(got)
         return
-    assert got is None, got
+    assert not isinstance(got, Exception), got
     assert_weights_close(single, template)
 
 
