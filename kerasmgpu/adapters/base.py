@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -42,6 +43,28 @@ COMPILE_KEYS = (
 
 class InternalsChanged(RuntimeError):
     """A Keras internal kerasmgpu relies on is missing or has another shape."""
+
+
+class Held:
+    """A change token for an immutable value (a JAX array): equal to another token only
+    while both hold the very same object. Holds it weakly, so a replaced value is freed
+    (a dead reference means it was replaced: the token then differs)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, value: Any) -> None:
+        self.ref = weakref.ref(value)
+
+    def __eq__(self, other: object) -> bool:
+        mine = self.ref()
+        return mine is not None and isinstance(other, Held) and mine is other.ref()
+
+    def __hash__(self) -> int:
+        return id(self.ref())
+
+
+# Reads one change token per variable (see `Adapter.state_reader`).
+StateReader = Callable[[], List[Any]]
 
 
 def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
@@ -185,6 +208,19 @@ class Adapter:
             variables = variables()
         return list(variables or [])
 
+    def learning_rate_variable(self, optimizer: Any) -> Any:
+        """The optimizer's learning-rate variable when `optimizer_variables` leaves it out
+        (tf.keras 2.x and tf_keras keep it apart), else None."""
+        return None
+
+    def optimizer_state(self, optimizer: Any) -> List[Any]:
+        """Every variable of the optimizer's state: iterations, slots, learning rate."""
+        variables = self.optimizer_variables(optimizer)
+        rate = self.learning_rate_variable(optimizer)
+        if rate is not None and not any(rate is v for v in variables):
+            variables.append(rate)
+        return variables
+
     def build_optimizer(self, optimizer: Any, variables: List[Any]) -> None:
         """Create the optimizer's slots for `variables` (no-op once built)."""
         build = getattr(optimizer, "build", None)
@@ -240,6 +276,37 @@ class Adapter:
             name = str(getattr(tensor, "name", "") or "input").split(":")[0]
             out.append((name, dims))
         return out
+
+    # --- the training state, template <-> replica (kerasmgpu.training.sync) ---------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        """A function giving one token per variable, equal between two reads exactly when
+        the variable was not changed in between - by any path (assign, set_weights,
+        load_weights, an optimizer step, a restore) - and cheap enough for every call."""
+        raise NotImplementedError
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        """The variables' values as NumPy arrays."""
+        return [v.numpy() for v in variables]
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    def layers_of(self, model: Any) -> List[Any]:
+        """The model and every layer inside it, each before the layers it holds."""
+        out = [model]
+        for layer in getattr(model, "layers", None) or []:
+            out.extend(self.layers_of(layer))
+        return out
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        """Objects that `compile()` replaces: a new compile gives other objects."""
+        return (getattr(model, "optimizer", None),)
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        """The tf.distribute strategy an optimizer was created under (None off TF)."""
+        return None
 
     # --- tensor ops used inside steps ---------------------------------------------------
 

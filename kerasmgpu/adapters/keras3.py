@@ -12,15 +12,21 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers.
 * `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
 * `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
+* change tokens (`state_reader`): `variable._value`, the backend value the public
+  `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX
+  array, replaced by every assign, or a torch tensor, whose `_version` counts in-place
+  writes; on TensorFlow a hash of the tf.Variable (`tensorflow.value_hasher`).
+* `model._compile_config`: a new object at every `compile()` (3.3+).
+* `optimizer._distribution_strategy`: the tf.distribute strategy it was created under.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter, Held, StateReader
 from kerasmgpu.env.versions import verified_range
 
 
@@ -194,6 +200,36 @@ class Keras3(Adapter):
             raise self.fail("a compiled model has no `_compile_metrics`", "CompileMetrics")
         if not hasattr(model, "_flatten_layers"):
             raise self.fail("models have no `_flatten_layers`", "layer traversal")
+
+    # --- the training state -------------------------------------------------------------
+
+    def _backend_values(self, variables: List[Any]) -> List[Any]:
+        if any(not hasattr(v, "_value") for v in variables):
+            raise self.fail("a variable has no `_value`", "the backend value of a Variable")
+        return variables
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        variables = self._backend_values(list(variables))
+        if self.backend == "jax":
+            # JAX arrays are immutable: an assign puts a new array in the variable.
+            return lambda: [Held(v._value) for v in variables]
+        if self.backend == "torch":
+            # A tensor's version counter grows with every in-place write (copy_, the
+            # optimizers' foreach updates).
+            return lambda: [(id(v._value), v._value._version) for v in variables]
+        return tf_internals.value_hasher([v.value for v in variables])
+
+    def layers_of(self, model: Any) -> List[Any]:
+        metric = self.keras.metrics.Metric
+        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+                if not isinstance(layer, metric)]
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        return (getattr(model, "optimizer", None), getattr(model, "_compile_config", None))
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        """The tf.distribute strategy an optimizer's variables belong to (TF backend)."""
+        return getattr(optimizer, "_distribution_strategy", None)
 
     # --- engines ----------------------------------------------------------------------------
 

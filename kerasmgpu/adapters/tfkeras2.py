@@ -13,14 +13,17 @@ wrapped here:
 * `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
   `_user_losses` / `_user_metrics` ...), `model._distribution_strategy`,
   `model._build_input_shape` (2.12, for subclassed copies), `layer._losses`.
+* `optimizer._distribution_strategy`: the strategy it was created under.
+* The learning rate is a variable outside `optimizer.variables` (the public
+  `optimizer.learning_rate` returns it; `_current_learning_rate` for a schedule).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter, StateReader
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -196,6 +199,36 @@ class TfKeras2(Adapter):
             raise self.fail("`compiled_metrics` lacks build/built/metrics", type(metrics).__name__)
         if not hasattr(model, "_flatten_layers"):
             raise self.fail("models have no `_flatten_layers`", "layer traversal")
+
+    # --- the training state -------------------------------------------------------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        return tf_internals.value_hasher(list(variables))
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        return list(self.keras.backend.batch_get_value(list(variables)))
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        self.keras.backend.batch_set_value(list(zip(variables, values)))
+
+    def learning_rate_variable(self, optimizer: Any) -> Any:
+        try:
+            rate = optimizer.learning_rate  # a schedule's: the variable of its current value
+        except (AttributeError, ValueError):
+            return None
+        return rate if isinstance(rate, self._tf.Variable) else None
+
+    def layers_of(self, model: Any) -> List[Any]:
+        metric = self.keras.metrics.Metric
+        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+                if not isinstance(layer, metric)]
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        return (getattr(model, "optimizer", None), self._container(model, "compiled_loss"),
+                self._container(model, "compiled_metrics"))
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        return getattr(optimizer, "_distribution_strategy", None)
 
     # --- engines ----------------------------------------------------------------------------
 
