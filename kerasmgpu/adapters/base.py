@@ -358,3 +358,20 @@ class Adapter:
 
     def equalize_replica_state(self, model: Any, strategy: Any) -> None:
         """Make every replica's copy of non-trainable state equal (BatchNorm moments)."""
+
+    def optimizers_of(self, model: Any) -> List[Any]:
+        """`model.optimizer` and the optimizers a model's own step keeps as attributes
+        (a GAN's `d_optimizer`, `g_optimizer`), each once."""
+        found: List[Any] = []
+        kind = getattr(self.keras.optimizers, "Optimizer", None)
+        candidates = [getattr(model, "optimizer", None), *vars(model).values()]
+        for value in candidates:
+            is_optimizer = value is not None and (
+                isinstance(value, kind) if isinstance(kind, type) else False)
+            if is_optimizer and all(value is not seen for seen in found):
+                found.append(value)
+        return found
+
+    def reduce_gradients_first(self, optimizer: Any) -> None:
+        """Make `optimizer` clip and transform the all-reduced gradient of a step
+        rather than each replica's (nothing to do where Keras already does)."""

@@ -200,6 +200,47 @@ class Keras3(Adapter):
     def distribution_strategy_of(self, model: Any) -> Any:
         return getattr(model, "_distribute_strategy", None)
 
+    def reduce_gradients_first(self, optimizer: Any) -> None:
+        """Keras 3 on TF: the optimizer transforms the global batch's gradient.
+
+        Under tf.distribute, `BaseOptimizer._backend_apply_gradients` clips (clipnorm,
+        global_clipnorm, clipvalue) and accumulates each replica's own gradient; only
+        `TFOptimizer._backend_update_step` sums them over the replicas
+        (`_all_reduce_sum_gradients`). One device clips the sum. Here the sum is taken
+        on entry to `_backend_apply_gradients` - the same one all-reduce, moved before
+        the transforms - and the later one passes the reduced gradients through. A
+        LossScaleOptimizer's inner optimizer is reduced the same way, and its finiteness
+        check is agreed by every replica (Keras takes replica 0's). Verified on Keras
+        3.10 - 3.15 (`keras/src/optimizers/base_optimizer.py`,
+        `keras/src/backend/tensorflow/optimizer.py`, `loss_scale_optimizer.py`).
+        """
+        if self.backend != "tensorflow" or optimizer is None:
+            return
+        inner = getattr(optimizer, "inner_optimizer", None)
+        if inner is not None:
+            self._agree_on_finite(optimizer)
+            optimizer = inner
+        if optimizer.__dict__.get(HOOKED + "_reduce"):
+            return
+        apply = getattr(optimizer, "_backend_apply_gradients", None)
+        reduce = getattr(optimizer, "_all_reduce_sum_gradients", None)
+        if not callable(apply) or not callable(reduce):
+            raise self.fail("`_backend_apply_gradients` / `_all_reduce_sum_gradients` are "
+                            "missing", type(optimizer).__name__)
+        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce)
+        optimizer.__dict__["_backend_apply_gradients"] = early_apply
+        optimizer.__dict__["_all_reduce_sum_gradients"] = late_reduce
+        optimizer.__dict__[HOOKED + "_reduce"] = True
+
+    def _agree_on_finite(self, optimizer: Any) -> None:
+        check = getattr(optimizer, "check_finite", None)
+        if not callable(check):
+            raise self.fail("`LossScaleOptimizer.check_finite` is missing",
+                            type(optimizer).__name__)
+        if not optimizer.__dict__.get(HOOKED + "_finite"):
+            optimizer.__dict__["check_finite"] = tf_internals.all_replicas_agree(check)
+            optimizer.__dict__[HOOKED + "_finite"] = True
+
     def random_seed(self) -> Optional[int]:
         """The seed given to `keras.utils.set_random_seed`, or None."""
         rng_utils = importlib.import_module("keras.src.utils.rng_utils")

@@ -96,6 +96,11 @@ class MirroredRoute(BaseRoute):
         totals = tf.function(lambda: self.strategy.run(rank0_only))()
         return [self.strategy.experimental_local_results(t)[0].numpy() for t in totals]
 
+    def prepare_compiled(self, replica: Any) -> None:
+        # Keras 3 clips a replica's own gradient; one device clips the batch's.
+        for optimizer in self.family.optimizers_of(replica):
+            self.family.reduce_gradients_first(optimizer)
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
         # only, and every worker must take part in their (collective) saves.
