@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
-from kerasmgpu._errors import bad_type
+from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.env.versions import KerasLine
 
 # Hooks are recorded on the objects they wrap under this attribute, so that a second
@@ -42,6 +42,11 @@ COMPILE_KEYS = (
 
 class InternalsChanged(RuntimeError):
     """A Keras internal kerasmgpu relies on is missing or has another shape."""
+
+
+def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
+    """A `class_weight` the active Keras refuses too (ValueError, as Keras raises)."""
+    return bad_value("class_weight", class_weight, allowed, fix)
 
 
 def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
@@ -222,6 +227,22 @@ class Adapter:
         """Build a subclassed clone for the shapes the original was built for."""
         raise NotImplementedError
 
+    # --- class_weight: Keras's own rule, per Keras line ---------------------------------
+
+    def class_weigher(self, class_weight: Any, kind: str
+                      ) -> Optional[Callable[[Any, Any], Any]]:
+        """`weigh(y, sample_weight) -> sample weights` for one batch (or all rows) of an
+        input of `kind` ("arrays", "pydataset", "generator", "batch"), as this line's
+        `fit` / `train_on_batch` turn `class_weight` into sample weights - raising what
+        Keras raises, before anything runs where Keras checks up front. None when Keras
+        ignores the `class_weight` given."""
+        raise NotImplementedError
+
+    def class_weight_map_fn(self, class_weight: Any) -> Optional[Callable[..., Any]]:
+        """The `tf.data` map function this line's `fit` applies to a dataset's
+        `(x, y[, sample_weight])` for `class_weight` (Keras's own), or None."""
+        raise NotImplementedError
+
     def model_inputs(self, model: Any) -> Optional[List[Tuple[str, Tuple[Optional[int], ...]]]]:
         """(name, shape) of each declared model input, or None when unknown."""
         inputs = None
@@ -371,6 +392,10 @@ class Adapter:
             if is_optimizer and all(value is not seen for seen in found):
                 found.append(value)
         return found
+
+    def build_without_peeking(self, model: Any) -> None:
+        """Make `fit`/`evaluate` build `model` without reading a batch of the data
+        first where one device reads none (nothing to do where Keras does not)."""
 
     def reduce_gradients_first(self, optimizer: Any) -> None:
         """Make `optimizer` clip and transform the all-reduced gradient of a step

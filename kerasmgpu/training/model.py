@@ -388,7 +388,8 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
 def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     state = _state(self)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, class_weight,
+                                 state.route.planner)
     with state.route.scope():
         logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
     sync_template(self)
@@ -398,7 +399,7 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
 def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     state = _state(self)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, None, state.route.planner)
     with state.route.scope():
         return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
 
