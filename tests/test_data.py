@@ -42,15 +42,22 @@ X, Y = classification_data(rows=101)
 ROWS = len(X)
 
 
-def _python_batches(*arrays: np.ndarray, batch: int = 10) -> Any:
+def _python_batches(*structures: Any, batch: int = 10) -> Any:
     base = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
+
+    def rows(s: Any, i: int) -> Any:
+        if isinstance(s, dict):
+            return {k: rows(v, i) for k, v in s.items()}
+        if isinstance(s, (list, tuple)):
+            return type(s)(rows(v, i) for v in s)
+        return s[i * batch:(i + 1) * batch]
 
     class Batches(base):  # type: ignore[misc, valid-type]
         def __len__(self) -> int:
             return -(-ROWS // batch)
 
         def __getitem__(self, i: int) -> Any:
-            return tuple(a[i * batch:(i + 1) * batch] for a in arrays)
+            return tuple(rows(s, i) for s in structures)
 
     return Batches()
 
@@ -220,3 +227,122 @@ def test_train_on_batch_with_class_weight() -> None:
         l2 = pmodel.train_on_batch(X[start:start + 10], Y[start:start + 10], class_weight=cw)
         np.testing.assert_allclose(l1, l2, rtol=1e-5)
     assert_weights_close(single, template)
+
+
+# --- target structures --------------------------------------------------------------------
+
+GUIDE_ROWS = np.random.default_rng(5)
+GUIDE_X = {"title": GUIDE_ROWS.integers(0, 50, size=(ROWS, 6)),
+           "body": GUIDE_ROWS.integers(0, 50, size=(ROWS, 9)),
+           "tags": GUIDE_ROWS.integers(0, 2, size=(ROWS, 5)).astype("float32")}
+PRIORITY = GUIDE_ROWS.random(size=(ROWS, 1)).astype("float32")
+DEPARTMENT = np.eye(4, dtype="float32")[GUIDE_ROWS.integers(0, 4, size=ROWS)]
+
+
+def _guide_model(outputs: str = "list") -> Any:
+    """The Keras functional API guide's ticket model (multi-input, multi-output), small:
+    its outputs a list (as in the guide) or a dict keyed by the output names."""
+    layers = keras.layers
+    title = keras.Input(shape=(None,), name="title")
+    body = keras.Input(shape=(None,), name="body")
+    tags = keras.Input(shape=(5,), name="tags")
+    features = layers.concatenate([
+        layers.GlobalAveragePooling1D()(layers.Embedding(50, 8)(title)),
+        layers.GlobalAveragePooling1D()(layers.Embedding(50, 4)(body)),
+        tags,
+    ])
+    priority = layers.Dense(1, name="priority")(features)
+    department = layers.Dense(4, name="department")(features)
+    out = [priority, department] if outputs == "list" else {"priority": priority,
+                                                             "department": department}
+    model = keras.Model(inputs=[title, body, tags], outputs=out)
+    rng = np.random.default_rng(2)
+    model.set_weights([rng.normal(scale=0.3, size=w.shape).astype(w.dtype)
+                       for w in model.get_weights()])
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05),
+        loss={"priority": keras.losses.BinaryCrossentropy(from_logits=True),
+              "department": keras.losses.CategoricalCrossentropy(from_logits=True)},
+        loss_weights={"priority": 1.0, "department": 0.2},
+        metrics={"department": ["accuracy"]},
+    )
+    return model
+
+
+def _guide_fit(model: Any, inputs: str, y: Any, **fit: Any) -> Any:
+    if inputs == "tf.data":
+        return model.fit(_dataset(GUIDE_X, y), epochs=2, verbose=0, **fit)
+    if inputs == "pydataset":
+        return model.fit(_python_batches(GUIDE_X, y), epochs=2, shuffle=False, verbose=0,
+                         **fit)
+    return model.fit(GUIDE_X, y, batch_size=10, epochs=2, shuffle=False, verbose=0, **fit)
+
+
+TARGET_INPUTS = ["arrays", "pydataset"] + (["tf.data"] if HAS_TF else [])
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("replicas", REPLICAS)
+@pytest.mark.parametrize("inputs", TARGET_INPUTS)
+@pytest.mark.parametrize("outputs,targets", [("list", "dict"), ("list", "list"),
+                                             ("dict", "dict")])
+def test_targets_keyed_by_output_names(replicas: int, inputs: str, outputs: str,
+                                       targets: str) -> None:
+    """The guide's own call - outputs a list, targets a dict keyed by the output names
+    - crashed on tf.keras and tf_keras ("The two structures don't have the same
+    sequence type"); every structure Keras takes trains as on one device."""
+    y = ({"priority": PRIORITY, "department": DEPARTMENT} if targets == "dict"
+         else [PRIORITY, DEPARTMENT])
+    if inputs == "tf.data" and targets == "list":
+        y = tuple(y)  # tf.data holds tuples
+    single, template = _guide_model(outputs), _guide_model(outputs)
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1, h2 = _guide_fit(single, inputs, y), _guide_fit(pmodel, inputs, y)
+    assert_weights_close(single, template)
+    assert_history_close(h1, h2)
+    np.testing.assert_allclose(single.evaluate(GUIDE_X, y, batch_size=10, verbose=0),
+                               pmodel.evaluate(GUIDE_X, y, batch_size=10, verbose=0),
+                               rtol=1e-5)
+
+
+@pytest.mark.core
+def test_per_output_sample_weights_keyed_by_output_names() -> None:
+    """tf.keras maps a dict of sample weights onto list outputs by name; Keras 3 does
+    not (KeyError on one device): the parallel model does the same."""
+    replicas = REPLICAS[-1]
+    y = {"priority": PRIORITY, "department": DEPARTMENT}
+    weights = {"priority": np.linspace(0.5, 1.5, ROWS).astype("float32"),
+               "department": np.linspace(1.5, 0.5, ROWS).astype("float32")}
+    single, template = _guide_model(), _guide_model()
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    if KERAS3:
+        with pytest.raises(KeyError):
+            _guide_fit(single, "arrays", y, sample_weight=weights)
+        with pytest.raises(KeyError):
+            _guide_fit(pmodel, "arrays", y, sample_weight=weights)
+        return
+    h1 = _guide_fit(single, "arrays", y, sample_weight=weights)
+    h2 = _guide_fit(pmodel, "arrays", y, sample_weight=weights)
+    assert_weights_close(single, template)
+    assert_history_close(h1, h2)
+
+
+@pytest.mark.core
+def test_target_structures_keras_refuses() -> None:
+    """A list of targets for dict outputs, and class_weight for several outputs: Keras
+    refuses both on one device; so does the parallel model (ValueError each)."""
+    replicas = REPLICAS[-1]
+    for outputs, y, fit in [
+        ("dict", [PRIORITY, DEPARTMENT], {}),
+        ("list", {"priority": PRIORITY, "department": DEPARTMENT},
+         {"class_weight": {0: 1.0, 1: 2.0}}),
+    ]:
+        single, template = _guide_model(outputs), _guide_model(outputs)
+        with pytest.raises(ValueError):
+            _guide_fit(single, "arrays", y, **fit)
+        pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+        before = template.get_weights()
+        with pytest.raises(ValueError):
+            _guide_fit(pmodel, "arrays", y, **fit)
+        for a, b in zip(before, template.get_weights()):
+            np.testing.assert_array_equal(a, b)

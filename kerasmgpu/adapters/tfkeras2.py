@@ -9,7 +9,7 @@ wrapped here:
   used to build it first. Its loss trackers: `_total_loss_mean` (2.13+) or
   `_loss_metric` (2.12), and `_per_output_metrics`.
 * `model.compiled_metrics` (a `MetricsContainer`): `update_state` wrapped on the
-  instance; `build(y_pred, y_true)`, `built` and `metrics`.
+  instance; `build(y_pred, y_true)`, `built`, `metrics` and `_conform_to_outputs`.
 * `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
   `_user_losses` / `_user_metrics` ...), `model._distribution_strategy`,
   `model._build_input_shape` (2.12, for subclassed copies), `layer._losses`.
@@ -207,7 +207,10 @@ class TfKeras2(Adapter):
 
         def update_state(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
             if not container.built:
-                container.build(y_pred, y_true)
+                # As Keras's own update_state does first: targets keyed by output
+                # names (a dict for a model whose outputs are a list) take the outputs'
+                # structure.
+                container.build(y_pred, container._conform_to_outputs(y_pred, y_true))
             for metric in container.metrics:
                 container.__dict__[HOOKED + "_fn"](metric)
             return original(y_true, y_pred, sample_weight)
@@ -248,9 +251,10 @@ class TfKeras2(Adapter):
                 raise self.fail("`compiled_loss` has no loss tracker",
                                 "_total_loss_mean / _loss_metric")
         metrics = getattr(model, "compiled_metrics", None)
-        if metrics is not None and not all(hasattr(metrics, n) for n in ("build", "built",
-                                                                       "metrics")):
-            raise self.fail("`compiled_metrics` lacks build/built/metrics", type(metrics).__name__)
+        needed = ("build", "built", "metrics", "_conform_to_outputs")
+        if metrics is not None and not all(hasattr(metrics, n) for n in needed):
+            raise self.fail("`compiled_metrics` lacks build/built/metrics/_conform_to_outputs",
+                            type(metrics).__name__)
         if not hasattr(model, "_flatten_layers"):
             raise self.fail("models have no `_flatten_layers`", "layer traversal")
 
