@@ -229,6 +229,87 @@ def test_train_on_batch_with_class_weight() -> None:
     assert_weights_close(single, template)
 
 
+# --- shuffled and random tf.data pipelines -------------------------------------------------
+
+
+def _pipelines() -> Dict[str, Callable[[], Any]]:
+    """Pipelines whose every new iterator draws other data: a seeded reshuffle (each
+    iterator the next permutation), op-seeded random ops (each iterator restarts them),
+    seeded sampling and random datasets."""
+    if not HAS_TF:
+        return {}
+    import tensorflow as tf
+
+    def rows() -> Any:
+        return tf.data.Dataset.from_tensor_slices((X, Y))
+
+    def sampled() -> Any:
+        halves = [tf.data.Dataset.from_tensor_slices((X[:50], Y[:50])),
+                  tf.data.Dataset.from_tensor_slices((X[50:], Y[50:]))]
+        return tf.data.Dataset.sample_from_datasets(halves, seed=11).batch(10)
+
+    def global_seed() -> Any:
+        tf.random.set_seed(4)  # op seeds from the global one, alike for both models
+        return rows().shuffle(ROWS).batch(10)
+
+    def noise_from_a_random_dataset() -> Any:
+        noise = tf.data.Dataset.random(seed=5).map(
+            lambda r: tf.cast(r % 1000, tf.float32) / 1000.0)
+        return tf.data.Dataset.zip((rows(), noise)).map(
+            lambda xy, r: (xy[0] + r, xy[1])).batch(10)
+
+    return {
+        "shuffle_then_batch": lambda: rows().shuffle(ROWS, seed=7).batch(10),
+        "small_shuffle_buffer": lambda: rows().shuffle(16, seed=7).batch(10),
+        "batch_then_shuffle": lambda: rows().batch(10).shuffle(11, seed=7),
+        "seeded_random_map": lambda: rows().map(
+            lambda a, b: (a + tf.random.uniform([20], seed=3), b)).batch(10),
+        "sample_from_datasets": sampled,
+        "global_seed_shuffle": global_seed,
+        "random_dataset": noise_from_a_random_dataset,
+    }
+
+
+PIPELINES = _pipelines()
+
+
+@pytest.mark.core
+@requires(tf_data=True)
+@pytest.mark.parametrize("replicas", REPLICAS)
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_each_epoch_reads_what_one_device_reads(replicas: int, pipeline: str) -> None:
+    """`shuffle(n, seed=s)` reshuffles each epoch: one device reads the next
+    permutation from each new iterator, so the parallel model must make its iterators
+    as Keras does on one device - not one repeated iterator, and not the extra one
+    Keras 3 on TF reads a batch from under a strategy (plain MirroredStrategy differs
+    from one device there). The validation pipeline and evaluate too."""
+    make = PIPELINES[pipeline]
+    single, template = mlp(keras), mlp(keras)
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1 = single.fit(make(), epochs=3, verbose=0, validation_data=make())
+    h2 = pmodel.fit(make(), epochs=3, verbose=0, validation_data=make())
+    assert_weights_close(single, template)
+    assert_history_close(h1, h2)
+    np.testing.assert_allclose(single.evaluate(make(), verbose=0),
+                               pmodel.evaluate(make(), verbose=0), rtol=1e-5)
+
+
+@pytest.mark.core
+@requires(tf_data=True)
+def test_reshuffles_continue_across_fit_calls() -> None:
+    """Two fit calls on one pipeline object: the second call's epochs read the
+    permutations after the first call's, as on one device."""
+    make = PIPELINES["shuffle_then_batch"]
+    single, template = mlp(keras), mlp(keras)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    one, parallel = make(), make()
+    for _ in range(2):
+        h1 = single.fit(one, epochs=2, verbose=0)
+        h2 = pmodel.fit(parallel, epochs=2, verbose=0)
+        assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
 # --- target structures --------------------------------------------------------------------
 
 GUIDE_ROWS = np.random.default_rng(5)
