@@ -229,6 +229,16 @@ def test_train_on_batch_with_class_weight() -> None:
     assert_weights_close(single, template)
 
 
+@pytest.mark.core
+@pytest.mark.parametrize("replicas", REPLICAS)
+@pytest.mark.parametrize("inputs", list(INPUTS))
+def test_integer_sample_weights(replicas: int, inputs: str) -> None:
+    """Integer sample weights (counts, say): the padding weights were cast to the
+    integer type and a padded batch's scale truncated (7e-2 from one device)."""
+    counts = (np.arange(ROWS) % 3 + 1).astype("int64")
+    _fit_both(replicas, inputs, (X, Y, counts))
+
+
 # --- shuffled and random tf.data pipelines -------------------------------------------------
 
 

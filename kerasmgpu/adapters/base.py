@@ -109,11 +109,6 @@ class Adapter:
         """Expand the padding weights to each output's rank (see Keras3)."""
         return False
 
-    @property
-    def peeks_before_each_run(self) -> bool:
-        """fit/evaluate pull one batch through a throw-away iterator first."""
-        return False
-
     def fail(self, what: str, detail: str) -> InternalsChanged:
         """The error for an internal that moved: names the release and the fix."""
         low, below = self.VERIFIED

@@ -51,13 +51,6 @@ class Keras3(Adapter):
         # squeezes it where the loss values have one axis less.
         return True
 
-    @property
-    def peeks_before_each_run(self) -> bool:
-        # With a strategy active, Keras 3 on TF builds the model from a batch pulled
-        # through a fresh iterator before fit/evaluate (`_maybe_symbolic_build`);
-        # `build_without_peeking` makes it build from the data's element spec instead.
-        return False
-
     def is_compiled(self, model: Any) -> bool:
         return bool(getattr(model, "compiled", False))
 

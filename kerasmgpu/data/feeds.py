@@ -213,12 +213,22 @@ Weigh = Optional[Callable[[Any, Any], Any]]
 
 def _user_weights(y: Any, sample_weight: Any, weigh: Weigh) -> Any:
     if weigh is None:
-        return sample_weight
+        return _float(sample_weight)
     if y is None:
         raise bad_value("class_weight", "class weights without targets",
                         "class_weight with data that has targets (x, y)",
                         "pass the targets, or drop class_weight", raw=True)
-    return weigh(y, sample_weight)
+    return _float(weigh(y, sample_weight))
+
+
+def _float(weights: Any) -> Any:
+    """Integer (or boolean) sample weights as float32, as Keras's loss reads them: the
+    padding weights, fractions, are multiplied into them in the step."""
+    def one(w: Any) -> Any:
+        w = np.asarray(w)
+        return w if np.issubdtype(w.dtype, np.floating) else w.astype(np.float32)
+
+    return _map(one, weights)
 
 
 def _gather(structure: Any, rows: np.ndarray) -> Any:
@@ -361,8 +371,8 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
 
 
 def _float_weights(tf: Any, weights: Any) -> Any:
-    """Integer sample weights (class weights given as ints) as float32: the padding
-    weights, fractions, are multiplied into them."""
+    """`_float` in tf.data: integer sample weights (or class weights given as ints)
+    as float32."""
     if weights is None:
         return None
     return tf.nest.map_structure(
@@ -482,25 +492,23 @@ def _python_feed(
 
 
 class _Replay:
-    """A one-pass generator that survives Keras 3's build peek.
+    """A one-pass generator read through whichever iterator Keras made last.
 
-    With a strategy active, Keras 3 on TensorFlow builds the model from a batch pulled
-    through a fresh iterator, then starts the epoch with another iterator (fit and
-    evaluate, `TensorFlowTrainer._maybe_symbolic_build`). With a plain generator every
-    batch that first iterator prefetched is lost - native Keras 3 + MirroredStrategy
-    trains on fewer batches than the generator yields. Here, when Keras peeks, the first
-    iterator sees only the first batch, and the next one starts again from it; older
-    iterators stop when a newer one starts. No batch is lost or trained on twice.
+    Keras may make more than one iterator of a feed during one run (Keras 3 makes a new
+    one at every epoch end; under a plain MirroredStrategy it also reads a batch
+    through one of its own before fit, which kerasmgpu turns off). With a plain
+    generator every batch an older iterator prefetched would be lost. Here a newer
+    iterator starts where the older ones stopped handing batches out, and older
+    iterators stop: no batch is lost or trained on twice.
     """
 
-    def __init__(self, iterator: Iterator[Any], first_pass_is_peek: bool) -> None:
+    def __init__(self, iterator: Iterator[Any]) -> None:
         import threading
 
         self._source = iterator
         self._buffer: List[Any] = []
         self._base = 0  # stream index of _buffer[0]
         self._generation = 0
-        self._peek_pending = first_pass_is_peek
         self._lock = threading.Lock()
 
     def _get(self, index: int) -> Any:
@@ -516,10 +524,8 @@ class _Replay:
         with self._lock:
             self._generation += 1
             generation = self._generation
-            limit = 1 if self._peek_pending else None
-            self._peek_pending = False
             position = self._base
-        while limit is None or position < limit:
+        while True:
             with self._lock:
                 if generation != self._generation:
                     return  # a newer iterator took over
@@ -527,7 +533,7 @@ class _Replay:
                     element = self._get(position)
                 except StopIteration:
                     return
-                if limit is None and position > self._base:
+                if position > self._base:
                     # Batches before this one were taken by the newest iterator.
                     del self._buffer[: position - self._base]
                     self._base = position
@@ -544,7 +550,7 @@ def _generator_tf_feed(
         for number, element in enumerate(source):
             yield _tuples(_pad_element(element, weigh, planner, predict, number))
 
-    replay = _Replay(padded(), first_pass_is_peek=family.peeks_before_each_run and not predict)
+    replay = _Replay(padded())
     first = replay.peek()
     signature = tf.nest.map_structure(
         lambda a: tf.TensorSpec((None,) + tuple(a.shape[1:]), tf.as_dtype(a.dtype)), first

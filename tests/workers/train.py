@@ -10,7 +10,8 @@ of that epoch, or before fit with E = -1; once: a marker file holding the time o
 failure makes the next run train normally), --crash-how (os_exit: os._exit(3), sys_exit:
 sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup DIR
 (BackupAndRestore), --shuffle, --seed S (keras.utils.set_random_seed(S)), --tf-data (feed
-a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on).
+a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
+--clipnorm C (SGD(clipnorm=C)), --custom-step (the PyTorch guide's own train_step).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -41,6 +42,8 @@ parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
+parser.add_argument("--clipnorm", type=float, default=None,
+                    help="SGD(clipnorm=...): clipping must act on the global gradient")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -89,7 +92,8 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
+model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
 pmodel = kerasmgpu.parallelize(model)
 
