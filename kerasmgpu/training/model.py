@@ -71,7 +71,9 @@ class ParallelState:
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
-            # small model); one repeated iterator reads the epochs back to back.
+            # small model); one repeated iterator reads the epochs of kerasmgpu's own
+            # pipelines back to back. A user's tf.data pipeline is read as Keras reads
+            # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
         return self.route.distribute_feed(feed)
 
