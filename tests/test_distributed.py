@@ -183,6 +183,22 @@ def test_custom_train_step_on_two_torch_processes(tmp_path: Path) -> None:
     _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 
 
+@pytest.mark.core
+@trains_in_processes
+def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -> None:
+    """SGD(clipnorm) on two processes clips the all-reduced gradient, as one process
+    clips its batch's (the clip is active: it changes the weights)."""
+    clipped = _single(tmp_path / "one", "--clipnorm", "0.05")
+    assert clipped.returncode == 0, clipped.stderr[-3000:]
+    free = _single(tmp_path / "free")
+    assert free.returncode == 0, free.stderr[-3000:]
+    assert max(np.abs(u - v).max() for u, v in _paired_weights(
+        tmp_path / "one" / "rank0.npz", tmp_path / "free" / "rank0.npz")) > 1e-3
+    run = _launch(tmp_path / "two", "--clipnorm", "0.05")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+
+
 def _assert_listeners(out: Path) -> None:
     """What the job listens on, read from the socket table while it ran: the JAX
     coordinator and torch's store on loopback only; TensorFlow's servers on every

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
-from kerasmgpu._errors import bad_type
+from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.env.versions import KerasLine
 
 # Hooks are recorded on the objects they wrap under this attribute, so that a second
@@ -65,6 +65,11 @@ class Held:
 
 # Reads one change token per variable (see `Adapter.state_reader`).
 StateReader = Callable[[], List[Any]]
+
+
+def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
+    """A `class_weight` the active Keras refuses too (ValueError, as Keras raises)."""
+    return bad_value("class_weight", class_weight, allowed, fix)
 
 
 def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
@@ -125,11 +130,6 @@ class Adapter:
     @property
     def weights_follow_output_rank(self) -> bool:
         """Expand the padding weights to each output's rank (see Keras3)."""
-        return False
-
-    @property
-    def peeks_before_each_run(self) -> bool:
-        """fit/evaluate pull one batch through a throw-away iterator first."""
         return False
 
     def fail(self, what: str, detail: str) -> InternalsChanged:
@@ -256,6 +256,22 @@ class Adapter:
 
     def build_like(self, clone: Any, model: Any) -> None:
         """Build a subclassed clone for the shapes the original was built for."""
+        raise NotImplementedError
+
+    # --- class_weight: Keras's own rule, per Keras line ---------------------------------
+
+    def class_weigher(self, class_weight: Any, kind: str
+                      ) -> Optional[Callable[[Any, Any], Any]]:
+        """`weigh(y, sample_weight) -> sample weights` for one batch (or all rows) of an
+        input of `kind` ("arrays", "pydataset", "generator", "batch"), as this line's
+        `fit` / `train_on_batch` turn `class_weight` into sample weights - raising what
+        Keras raises, before anything runs where Keras checks up front. None when Keras
+        ignores the `class_weight` given."""
+        raise NotImplementedError
+
+    def class_weight_map_fn(self, class_weight: Any) -> Optional[Callable[..., Any]]:
+        """The `tf.data` map function this line's `fit` applies to a dataset's
+        `(x, y[, sample_weight])` for `class_weight` (Keras's own), or None."""
         raise NotImplementedError
 
     def model_inputs(self, model: Any) -> Optional[List[Tuple[str, Tuple[Optional[int], ...]]]]:
@@ -425,3 +441,24 @@ class Adapter:
 
     def equalize_replica_state(self, model: Any, strategy: Any) -> None:
         """Make every replica's copy of non-trainable state equal (BatchNorm moments)."""
+
+    def optimizers_of(self, model: Any) -> List[Any]:
+        """`model.optimizer` and the optimizers a model's own step keeps as attributes
+        (a GAN's `d_optimizer`, `g_optimizer`), each once."""
+        found: List[Any] = []
+        kind = getattr(self.keras.optimizers, "Optimizer", None)
+        candidates = [getattr(model, "optimizer", None), *vars(model).values()]
+        for value in candidates:
+            is_optimizer = value is not None and (
+                isinstance(value, kind) if isinstance(kind, type) else False)
+            if is_optimizer and all(value is not seen for seen in found):
+                found.append(value)
+        return found
+
+    def build_without_peeking(self, model: Any) -> None:
+        """Make `fit`/`evaluate` build `model` without reading a batch of the data
+        first where one device reads none (nothing to do where Keras does not)."""
+
+    def reduce_gradients_first(self, optimizer: Any) -> None:
+        """Make `optimizer` clip and transform the all-reduced gradient of a step
+        rather than each replica's (nothing to do where Keras already does)."""

@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -181,3 +181,55 @@ def value_hasher(variables: List[Any]) -> Callable[[], List[int]]:
         return [int(h) for h in compiled[0]().numpy()]
 
     return read
+
+
+def reduce_before(apply: Callable[[Any, Any], Any],
+                  reduce: Callable[[Any], Any]) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    """(apply, reduce) that sum a replica's gradients on entry to `apply`, once.
+
+    `apply(grads, variables)` transforms the gradients and calls `reduce(pairs)` - an
+    all-reduce sum over the replicas - before the update. The new `apply` reduces first
+    (in a replica of several; elsewhere it is the old one) and, while it runs on this
+    thread (each replica runs on its own), the new `reduce` hands the pairs back as they
+    are: one all-reduce per step, as before, and every transform sees the sum.
+    """
+    local = threading.local()
+
+    def reduce_once(grads_and_vars: Any) -> Any:
+        if getattr(local, "reduced", False):
+            return list(grads_and_vars)
+        return reduce(grads_and_vars)
+
+    def apply_reduced(grads: Any, trainable_variables: Any) -> Any:
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if (context is None or context.num_replicas_in_sync == 1
+                or getattr(local, "reduced", False)):
+            return apply(grads, trainable_variables)
+        trainable_variables = list(trainable_variables)
+        summed = [g for g, _ in reduce(list(zip(grads, trainable_variables)))]
+        local.reduced = True
+        try:
+            return apply(summed, trainable_variables)
+        finally:
+            local.reduced = False
+
+    return apply_reduced, reduce_once
+
+
+def all_replicas_agree(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A boolean `check(grads)` that holds in a replica only if it holds in every one."""
+
+    def agreed(grads: Any) -> Any:
+        import tensorflow as tf
+
+        value = check(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return value
+        failed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                    tf.cast(tf.logical_not(value), tf.float32))
+        return tf.equal(failed, 0.0)
+
+    return agreed

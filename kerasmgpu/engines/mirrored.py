@@ -136,6 +136,16 @@ class MirroredRoute(BaseRoute):
                 out[index] = self.strategy.experimental_local_results(total)[0].numpy()
         return out
 
+    def prepare_replica(self, replica: Any) -> None:
+        # Keras 3 reads a batch through an iterator of its own before fit/evaluate
+        # under a strategy; one device does not (a reshuffle would be drawn by it).
+        self.family.build_without_peeking(replica)
+
+    def prepare_compiled(self, replica: Any) -> None:
+        # Keras 3 clips a replica's own gradient; one device clips the batch's.
+        for optimizer in self.family.optimizers_of(replica):
+            self.family.reduce_gradients_first(optimizer)
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
         # only, and every worker must take part in their (collective) saves.
@@ -158,6 +168,11 @@ class MirroredRoute(BaseRoute):
                 "`steps_per_epoch`. Fix: pass steps_per_epoch= (and validation_steps=)."
             )
         dataset = feed.data
+        if feed.per_epoch_iterators and isinstance(dataset, tf.data.Dataset):
+            # Told the steps, tf.keras reads a distributed dataset through one iterator
+            # across epochs: it must not end (a user's reshuffles there are drawn by
+            # one iterator, not one per epoch as in one process).
+            dataset = dataset.repeat()
         if not isinstance(dataset, tf.data.Dataset):
             raise ValueError(
                 "Invalid input for several workers on TensorFlow: a Python "

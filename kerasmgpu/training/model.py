@@ -70,7 +70,9 @@ class ParallelState:
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
-            # small model); one repeated iterator reads the epochs back to back.
+            # small model); one repeated iterator reads the epochs of kerasmgpu's own
+            # pipelines back to back. A user's tf.data pipeline is read as Keras reads
+            # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
         return self.route.distribute_feed(feed)
 
@@ -351,7 +353,8 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     _compiled_for(self, "train_on_batch")
     state = _state(self, training=True)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, class_weight,
+                                 state.route.planner)
     with state.route.scope():
         logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
     _trained(state)
@@ -362,7 +365,7 @@ def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     _compiled_for(self, "test_on_batch")
     state = _state(self, training=False)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, None, state.route.planner)
     with state.route.scope():
         return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
 

@@ -12,7 +12,8 @@ sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup
 (BackupAndRestore), --shuffle, --seed S (keras.utils.set_random_seed(S)), --tf-data (feed
 a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
-rate, then every process fits one more epoch: the chief's template is the truth).
+rate, then every process fits one more epoch: the chief's template is the truth),
+--clipnorm C (SGD(clipnorm=C)), --custom-step (the PyTorch guide's own train_step).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -44,6 +45,8 @@ parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
+parser.add_argument("--clipnorm", type=float, default=None,
+                    help="SGD(clipnorm=...): clipping must act on the global gradient")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -92,7 +95,8 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
+model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
 pmodel = kerasmgpu.parallelize(model)
 
