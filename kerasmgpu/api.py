@@ -28,10 +28,26 @@ ModelT = TypeVar("ModelT")
 
 _warned_single = False
 _lock = threading.Lock()
-# Routes made by `kerasmgpu.scope()`, newest last, so that a model built there is
-# adopted by parallelize() - even after the `with` block - instead of copied.
-_scoped: list[BaseRoute] = []
-_SCOPED_KEPT = 8
+# One engine per route and device set, for the life of the process: every `scope()` and
+# `parallelize()` over the same devices shares one tf.distribute strategy or JAX layout,
+# so a model built in one `with kerasmgpu.scope():` block can be recompiled in another,
+# or parallelized, and trained (TF refuses to mix the variables of two strategies, JAX
+# to mix two layouts' arrays); each new strategy would also take its own collective keys.
+_engines: Dict[Tuple[Any, ...], BaseRoute] = {}
+
+
+def _engine(cls: type[BaseRoute], fam: Family, devices: Tuple[Device, ...],
+            environment: cluster.ClusterEnvironment) -> BaseRoute:
+    """The engine of this route over these devices, made once (a process's cluster
+    environment does not change while it runs)."""
+    key = (cls, fam.line, fam.backend, devices)
+    with _lock:
+        engine = _engines.get(key)
+    if engine is None:
+        engine = cls(fam, devices, environment=environment)
+        with _lock:
+            engine = _engines.setdefault(key, engine)
+    return engine
 
 
 def _warn_single_device(devices: Tuple[Device, ...]) -> None:
@@ -105,18 +121,20 @@ def parallelize(
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
     fam, cls, selected, environment = _prepare(gpus, route, model)
-    for active in reversed(_scoped):
-        if active.owns(model) and active.devices == selected:
-            adopted: ModelT = active.parallelize(model)
-            _chief_writes_the_template(model, adopted, active)
-            return adopted
+    scoped = _engines.get((cls, fam.line, fam.backend, selected))
+    if scoped is not None and scoped.owns(model):
+        # Built in `kerasmgpu.scope()` over these devices (even after the `with`
+        # block): adopted as it is, also on one device.
+        adopted: ModelT = scoped.parallelize(model)
+        _chief_writes_the_template(model, adopted, scoped)
+        return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
             fam, environment):
         # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    engine = cls(fam, selected, environment=environment)
+    engine = _engine(cls, fam, selected, environment)
     parallel: ModelT = engine.parallelize(model)
     _chief_writes_the_template(model, parallel, engine)
     return parallel
@@ -180,9 +198,7 @@ def scope(
     ``kerasmgpu.parallelize(model)`` adopts that model as it is.
     """
     fam, cls, selected, environment = _prepare(gpus, route)
-    active = cls(fam, selected, environment=environment)
-    _scoped.append(active)
-    del _scoped[:-_SCOPED_KEPT]
+    active = _engine(cls, fam, selected, environment)
     with active.scope():
         yield active
 
@@ -223,6 +239,6 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
                 fam, environment):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return dict(cls(fam, selected, environment=environment).describe())
+        return dict(_engine(cls, fam, selected, environment).describe())
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -137,25 +137,6 @@ def loss_weights(plan: BatchPlan, sample_weight: Optional[np.ndarray] = None) ->
     weights = np.ones(plan.real, np.float32) if sample_weight is None else np.asarray(
         sample_weight, np.float32).reshape(plan.real)
     return packed[:, SCALE] * packed[:, MASK] * weights[plan.source_rows()]
-
-
-def class_weights_to_sample_weights(y: Any, class_weight: Mapping[int, float]) -> np.ndarray:
-    """Keras's rule: one weight per sample, from its class (argmax of one-hot targets)."""
-    y = np.asarray(y)
-    if y.ndim >= 2 and y.shape[-1] > 1:
-        classes = np.argmax(y, axis=-1)
-    else:
-        classes = y.reshape(y.shape[0], -1)[:, 0]
-    classes = np.round(classes).astype(np.int64)
-    table = dict(class_weight)
-    missing = sorted(set(np.unique(classes).tolist()) - set(table))
-    if missing:
-        raise ValueError(
-            f"Invalid `class_weight`. Received: class_weight={table!r}, but the targets "
-            f"contain classes {missing} that it does not list. Allowed: a dict with a "
-            "weight for every class index. Fix: add the missing classes to `class_weight`."
-        )
-    return np.asarray([table[c] for c in classes.tolist()], dtype=np.float32)
 
 
 def validation_split_at(num_samples: int, validation_split: float) -> int:

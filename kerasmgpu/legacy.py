@@ -6,7 +6,9 @@ are): `gpus` is an int >= 2 or a list of ids, None means every visible device, a
 `ValueError` comes for `gpus <= 1` (legacy code catches it to fall back to one device)
 and for devices that do not exist ("Try reducing `gpus`"). It returns a model to
 compile and fit, whose `batch_size` is the global batch split over the replicas, and
-the template model holds the trained weights, so "save the template model" still works.
+whose weights are the template's both ways, as in Keras 2.3: the template holds the
+trained weights (at every epoch end), so "save the template model" still works, and
+weights set or loaded into the template are what the parallel model uses next.
 
 On real Keras <= 2.3 it is Keras's own function. Elsewhere it is `parallelize()`:
 `tf.distribute` or `keras.distribution`, which all-reduce gradients across replicas

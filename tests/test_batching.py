@@ -96,18 +96,6 @@ def test_process_shards_are_disjoint_and_even(
     assert sorted(seen) == list(range(samples))  # disjoint and complete
 
 
-def test_class_weights_follow_keras() -> None:
-    y_sparse = np.array([0, 2, 1, 2])
-    y_onehot = np.eye(3)[y_sparse]
-    cw = {0: 1.0, 1: 2.0, 2: 0.5}
-    expected = [1.0, 0.5, 2.0, 0.5]
-    assert batching.class_weights_to_sample_weights(y_sparse, cw).tolist() == expected
-    assert batching.class_weights_to_sample_weights(y_onehot, cw).tolist() == expected
-    assert batching.class_weights_to_sample_weights(y_sparse[:, None], cw).tolist() == expected
-    with pytest.raises(ValueError, match=r"classes \[2\]"):
-        batching.class_weights_to_sample_weights(y_sparse, {0: 1.0, 1: 1.0})
-
-
 def test_validation_split_follows_keras() -> None:
     assert batching.validation_split_at(1001, 0.2) == 800
     with pytest.raises(ValueError, match="validation_split"):

@@ -141,6 +141,21 @@ def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
 
 
 @pytest.mark.core
+@trains_in_processes
+def test_the_chiefs_template_is_the_truth(tmp_path: Path) -> None:
+    """Between two fits rank 0 alone changes its template (weights halved, a new
+    learning rate): both workers continue from rank 0's, as one process does."""
+    single = _single(tmp_path / "one", "--chief-sets")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--chief-sets")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
+    for u, v in _paired_weights(rank0, rank1):
+        np.testing.assert_allclose(u, v, atol=1e-6)
+    _assert_same(tmp_path / "one" / "rank0.npz", rank0)
+
+
+@pytest.mark.core
 @pytest.mark.skipif(not JAX_TOO_OLD, reason=f"needs Keras 3 on JAX below "
                     f"{KERAS3_JAX_MULTI_PROCESS_MIN}; this env: {LINE.value} {_VERSION}")
 def test_an_old_keras_on_jax_refuses_several_processes(tmp_path: Path) -> None:
@@ -165,6 +180,22 @@ def test_custom_train_step_on_two_torch_processes(tmp_path: Path) -> None:
     run = _launch(tmp_path / "two", "--custom-step")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert "cannot keep padding rows out" not in run.stdout + run.stderr
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+
+
+@pytest.mark.core
+@trains_in_processes
+def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -> None:
+    """SGD(clipnorm) on two processes clips the all-reduced gradient, as one process
+    clips its batch's (the clip is active: it changes the weights)."""
+    clipped = _single(tmp_path / "one", "--clipnorm", "0.05")
+    assert clipped.returncode == 0, clipped.stderr[-3000:]
+    free = _single(tmp_path / "free")
+    assert free.returncode == 0, free.stderr[-3000:]
+    assert max(np.abs(u - v).max() for u, v in _paired_weights(
+        tmp_path / "one" / "rank0.npz", tmp_path / "free" / "rank0.npz")) > 1e-3
+    run = _launch(tmp_path / "two", "--clipnorm", "0.05")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 
 

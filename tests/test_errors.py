@@ -131,9 +131,8 @@ def test_bad_fit_arguments_are_explained() -> None:
     x = np.zeros((10, 20), "float32")
     with pytest.raises(ValueError, match="same number of rows"):
         pmodel.fit(x, np.zeros(9, "int64"), verbose=0)
-    with pytest.raises(ValueError, match="not both"):
-        pmodel.fit(x, np.zeros(10, "int64"), sample_weight=np.ones(10), class_weight={0: 1.0},
-                   verbose=0)
+    # class_weight beside sample_weight: refused where Keras refuses it, per line
+    # (tests/test_data.py: test_class_weight_beside_sample_weight).
     with pytest.raises(TypeError, match="numpy-like arrays"):
         pmodel.fit(object(), verbose=0)
 

@@ -203,6 +203,68 @@ def test_an_uncompiled_parallel_model_says_to_compile(make: str) -> None:
     assert_weights_close(plain, template)
 
 
+def _double(variable: Any) -> None:
+    if ON_LEGACY:  # graph mode: an assign is an op to run
+        keras.backend.set_value(variable, keras.backend.get_value(variable) * 2.0)
+    else:
+        variable.assign(variable.numpy() * 2.0)
+
+
+def _weights_of(model: Any) -> List[Any]:
+    return [np.array(w) for w in model.get_weights()]
+
+
+def _assert_same_predictions(single: Any, pmodel: Any) -> None:
+    np.testing.assert_allclose(pmodel.predict(X, batch_size=47, verbose=0),
+                               single.predict(X, batch_size=47, verbose=0), atol=1e-5)
+
+
+SHARING = ["multi_gpu_model", "cpu_relocation=True", "parallelize(gpus=[1])"]
+
+
+def _drop_in(template: Any, how: str) -> Any:
+    if how == "parallelize(gpus=[1])":
+        pmodel = kerasmgpu.parallelize(template, gpus=[1])
+    else:
+        pmodel = legacy.multi_gpu_model(template, gpus=2,
+                                        cpu_relocation=how == "cpu_relocation=True")
+    _compile(pmodel)
+    return pmodel
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("how", SHARING)
+def test_the_drop_in_and_its_template_share_weights_both_ways(how: str) -> None:
+    """As Keras 2.3's own multi_gpu_model (whose parallel model is built on the
+    template's variables): the template's weights are the parallel model's - set,
+    assigned, or read by a callback at an epoch end - on every line."""
+    single = mlp(keras)
+    template = mlp(keras, compile=False)
+    pmodel = _drop_in(template, how)
+    donor = mlp(keras, seed=7, compile=False).get_weights()
+    for model in (single, template):
+        model.set_weights(donor)
+    _assert_same_predictions(single, pmodel)
+    for model in (single, template):
+        _double(model.layers[-1].kernel)
+    _assert_same_predictions(single, pmodel)
+    seen: List[Any] = []
+
+    class SaveTemplate(keras.callbacks.Callback):  # the Keras 2.3 docs' pattern
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            seen.append(_weights_of(template))
+
+    single.fit(X, Y, batch_size=50, epochs=1, shuffle=False, verbose=0)
+    first = _weights_of(single)
+    single.fit(X, Y, batch_size=50, epochs=1, shuffle=False, verbose=0)
+    pmodel.fit(X, Y, batch_size=50, epochs=2, shuffle=False, verbose=0,
+               callbacks=[SaveTemplate()])
+    for saved, expected in zip(seen[0], first):  # this epoch's weights, not the last one's
+        np.testing.assert_allclose(saved, expected, atol=1e-5)
+    assert_weights_close(single, template)
+    assert_weights_close(single, pmodel)
+
+
 def test_points_new_code_to_parallelize(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(legacy, "_warned", False)
     with pytest.warns(DeprecationWarning, match=r"kerasmgpu\.parallelize"):

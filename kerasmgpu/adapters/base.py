@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
-from kerasmgpu._errors import bad_type
+from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.env.versions import KerasLine
 
 # Hooks are recorded on the objects they wrap under this attribute, so that a second
@@ -42,6 +43,33 @@ COMPILE_KEYS = (
 
 class InternalsChanged(RuntimeError):
     """A Keras internal kerasmgpu relies on is missing or has another shape."""
+
+
+class Held:
+    """A change token for an immutable value (a JAX array): equal to another token only
+    while both hold the very same object. Holds it weakly, so a replaced value is freed
+    (a dead reference means it was replaced: the token then differs)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, value: Any) -> None:
+        self.ref = weakref.ref(value)
+
+    def __eq__(self, other: object) -> bool:
+        mine = self.ref()
+        return mine is not None and isinstance(other, Held) and mine is other.ref()
+
+    def __hash__(self) -> int:
+        return id(self.ref())
+
+
+# Reads one change token per variable (see `Adapter.state_reader`).
+StateReader = Callable[[], List[Any]]
+
+
+def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
+    """A `class_weight` the active Keras refuses too (ValueError, as Keras raises)."""
+    return bad_value("class_weight", class_weight, allowed, fix)
 
 
 def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
@@ -102,11 +130,6 @@ class Adapter:
     @property
     def weights_follow_output_rank(self) -> bool:
         """Expand the padding weights to each output's rank (see Keras3)."""
-        return False
-
-    @property
-    def peeks_before_each_run(self) -> bool:
-        """fit/evaluate pull one batch through a throw-away iterator first."""
         return False
 
     def fail(self, what: str, detail: str) -> InternalsChanged:
@@ -185,6 +208,19 @@ class Adapter:
             variables = variables()
         return list(variables or [])
 
+    def learning_rate_variable(self, optimizer: Any) -> Any:
+        """The optimizer's learning-rate variable when `optimizer_variables` leaves it out
+        (tf.keras 2.x and tf_keras keep it apart), else None."""
+        return None
+
+    def optimizer_state(self, optimizer: Any) -> List[Any]:
+        """Every variable of the optimizer's state: iterations, slots, learning rate."""
+        variables = self.optimizer_variables(optimizer)
+        rate = self.learning_rate_variable(optimizer)
+        if rate is not None and not any(rate is v for v in variables):
+            variables.append(rate)
+        return variables
+
     def build_optimizer(self, optimizer: Any, variables: List[Any]) -> None:
         """Create the optimizer's slots for `variables` (no-op once built)."""
         build = getattr(optimizer, "build", None)
@@ -222,6 +258,22 @@ class Adapter:
         """Build a subclassed clone for the shapes the original was built for."""
         raise NotImplementedError
 
+    # --- class_weight: Keras's own rule, per Keras line ---------------------------------
+
+    def class_weigher(self, class_weight: Any, kind: str
+                      ) -> Optional[Callable[[Any, Any], Any]]:
+        """`weigh(y, sample_weight) -> sample weights` for one batch (or all rows) of an
+        input of `kind` ("arrays", "pydataset", "generator", "batch"), as this line's
+        `fit` / `train_on_batch` turn `class_weight` into sample weights - raising what
+        Keras raises, before anything runs where Keras checks up front. None when Keras
+        ignores the `class_weight` given."""
+        raise NotImplementedError
+
+    def class_weight_map_fn(self, class_weight: Any) -> Optional[Callable[..., Any]]:
+        """The `tf.data` map function this line's `fit` applies to a dataset's
+        `(x, y[, sample_weight])` for `class_weight` (Keras's own), or None."""
+        raise NotImplementedError
+
     def model_inputs(self, model: Any) -> Optional[List[Tuple[str, Tuple[Optional[int], ...]]]]:
         """(name, shape) of each declared model input, or None when unknown."""
         inputs = None
@@ -240,6 +292,37 @@ class Adapter:
             name = str(getattr(tensor, "name", "") or "input").split(":")[0]
             out.append((name, dims))
         return out
+
+    # --- the training state, template <-> replica (kerasmgpu.training.sync) ---------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        """A function giving one token per variable, equal between two reads exactly when
+        the variable was not changed in between - by any path (assign, set_weights,
+        load_weights, an optimizer step, a restore) - and cheap enough for every call."""
+        raise NotImplementedError
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        """The variables' values as NumPy arrays."""
+        return [v.numpy() for v in variables]
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    def layers_of(self, model: Any) -> List[Any]:
+        """The model and every layer inside it, each before the layers it holds."""
+        out = [model]
+        for layer in getattr(model, "layers", None) or []:
+            out.extend(self.layers_of(layer))
+        return out
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        """Objects that `compile()` replaces: a new compile gives other objects."""
+        return (getattr(model, "optimizer", None),)
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        """The tf.distribute strategy an optimizer was created under (None off TF)."""
+        return None
 
     # --- tensor ops used inside steps ---------------------------------------------------
 
@@ -358,3 +441,24 @@ class Adapter:
 
     def equalize_replica_state(self, model: Any, strategy: Any) -> None:
         """Make every replica's copy of non-trainable state equal (BatchNorm moments)."""
+
+    def optimizers_of(self, model: Any) -> List[Any]:
+        """`model.optimizer` and the optimizers a model's own step keeps as attributes
+        (a GAN's `d_optimizer`, `g_optimizer`), each once."""
+        found: List[Any] = []
+        kind = getattr(self.keras.optimizers, "Optimizer", None)
+        candidates = [getattr(model, "optimizer", None), *vars(model).values()]
+        for value in candidates:
+            is_optimizer = value is not None and (
+                isinstance(value, kind) if isinstance(kind, type) else False)
+            if is_optimizer and all(value is not seen for seen in found):
+                found.append(value)
+        return found
+
+    def build_without_peeking(self, model: Any) -> None:
+        """Make `fit`/`evaluate` build `model` without reading a batch of the data
+        first where one device reads none (nothing to do where Keras does not)."""
+
+    def reduce_gradients_first(self, optimizer: Any) -> None:
+        """Make `optimizer` clip and transform the all-reduced gradient of a step
+        rather than each replica's (nothing to do where Keras already does)."""

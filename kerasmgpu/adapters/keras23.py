@@ -10,7 +10,8 @@ import contextlib
 import importlib
 from typing import Any, Dict, Iterator, List
 
-from kerasmgpu.adapters.base import Adapter
+from kerasmgpu.adapters import tensorflow as tf_internals
+from kerasmgpu.adapters.base import Adapter, StateReader
 from kerasmgpu.env.versions import LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW
 
 # --- Where multi_gpu_model lived: the module names `kerasmgpu migrate` recognises in a
@@ -44,15 +45,19 @@ GONE_MODULES = frozenset(
 # Where `kerasmgpu.legacy.install()` keeps Keras's own `multi_gpu_model` once the
 # drop-in stands in its place, so that the multi_gpu_model engine still calls Keras's.
 KERAS_OWN = "_kerasmgpu_keras_multi_gpu_model"
+# The name scope of the graph ops that read the change tokens of a model's variables
+# (placed where those variables live).
+TOKENS_SCOPE = "kerasmgpu_change_tokens"
 
 
 class Keras23(Adapter):
     """What the multi_gpu_model engine needs of Keras 2.3: its own multi_gpu_model.
 
     Read here: `keras.utils.multi_gpu_utils` and its `_get_available_devices` (its
-    device check, shown GPU names while virtual CPU devices stand in), and the compile
+    device check, shown GPU names while virtual CPU devices stand in), the compile
     arguments Keras 2.3 keeps on the model (`_is_compiled`, `_compile_metrics`,
-    `_compile_weighted_metrics`).
+    `_compile_weighted_metrics`), and the session of `tensorflow.python.keras.backend`
+    (where Keras 2.3 runs on TensorFlow 2) to read the change tokens.
     """
 
     VERIFIED = (LEGACY_KERAS_MIN, LEGACY_KERAS_VERIFIED_BELOW)
@@ -95,3 +100,25 @@ class Keras23(Adapter):
             "sample_weight_mode": model.sample_weight_mode,
             "weighted_metrics": getattr(model, "_compile_weighted_metrics", None),
         }
+
+    # --- the training state: graph mode, read through Keras's session ---------------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        """The variables' hashes, from ops added once to Keras's graph."""
+        import tensorflow as tf
+
+        if not variables:
+            return lambda: []
+        # The session Keras 2.3 runs in on TensorFlow 2: TensorFlow's internal Keras
+        # backend's (Keras 2.3's own get_session refuses to run on TensorFlow 2).
+        session = importlib.import_module("tensorflow.python.keras.backend").get_session
+        with session().graph.as_default(), tf.name_scope(TOKENS_SCOPE):
+            hashes = tf.stack([tf_internals.bits_hash(tf, tf.convert_to_tensor(v))
+                               for v in variables])
+        return lambda: [int(h) for h in session().run(hashes)]
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        return list(self.keras.backend.batch_get_value(list(variables)))
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        self.keras.backend.batch_set_value(list(zip(variables, values)))

@@ -11,16 +11,34 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `model._loss_tracker`: the `Mean` every backend's step updates with the fed rows.
 * `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers.
 * `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
+* `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
+  and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
+* optimizers on TF: `_backend_apply_gradients`, `_all_reduce_sum_gradients` (see
+  `reduce_gradients_first`); models on TF: `_maybe_symbolic_build`, given an element
+  spec (`build_without_peeking`).
 * `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
+* change tokens (`state_reader`): `variable._value`, the backend value the public
+  `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX
+  array, replaced by every assign, or a torch tensor, whose `_version` counts in-place
+  writes; on TensorFlow a hash of the tf.Variable (`tensorflow.value_hasher`).
+* `model._compile_config`: a new object at every `compile()` (3.3+).
+* `optimizer._distribution_strategy`: the tf.distribute strategy it was created under.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.adapters.base import (
+    COMPILE_KEYS,
+    HOOKED,
+    Adapter,
+    Held,
+    StateReader,
+    class_weight_error,
+)
 from kerasmgpu.registry import verified_range
 
 
@@ -45,12 +63,6 @@ class Keras3(Adapter):
         # weights per row). A (batch, 1, ...) weight broadcasts against both, and Keras
         # squeezes it where the loss values have one axis less.
         return True
-
-    @property
-    def peeks_before_each_run(self) -> bool:
-        # With a strategy active, Keras 3 on TF builds the model from a batch pulled
-        # through a fresh iterator before fit/evaluate (`_maybe_symbolic_build`).
-        return self.backend == "tensorflow"
 
     def is_compiled(self, model: Any) -> bool:
         return bool(getattr(model, "compiled", False))
@@ -80,6 +92,56 @@ class Keras3(Adapter):
 
     def build_like(self, clone: Any, model: Any) -> None:
         clone.build_from_config(model.get_build_config())
+
+    # --- class_weight ---------------------------------------------------------------------
+
+    def _data_adapters(self, name: str) -> Any:
+        try:
+            return importlib.import_module(f"keras.src.trainers.data_adapters.{name}")
+        except ImportError as exc:
+            raise self.fail(f"`keras.src.trainers.data_adapters.{name}` is missing",
+                            "Keras's class_weight rule") from exc
+
+    def class_weigher(self, class_weight: Any, kind: str
+                      ) -> Optional[Callable[[Any, Any], Any]]:
+        # Keras 3 (3.3 - 3.15): `class_weight_to_sample_weights` gives a class the dict
+        # does not list weight 1; arrays and PyDatasets refuse sample weights beside it,
+        # arrays a nested target; generators refuse class_weight (`get_data_adapter`).
+        if class_weight is None:
+            return None
+        if kind == "generator":
+            raise class_weight_error(
+                class_weight, "arrays, a tf.data.Dataset or a PyDataset: Keras 3 takes no "
+                "class_weight with a Python generator",
+                "yield (x, y, sample_weight) batches, or read the data through a "
+                "keras.utils.PyDataset")
+        to_weights = getattr(self._data_adapters("data_adapter_utils"),
+                             "class_weight_to_sample_weights", None)
+        if to_weights is None:
+            raise self.fail("`class_weight_to_sample_weights` is missing", "class_weight")
+
+        def weigh(y: Any, sample_weight: Any) -> Any:
+            if sample_weight is not None:
+                raise class_weight_error(
+                    class_weight, "`class_weight` or `sample_weight`, not both (Keras 3 "
+                    "refuses both at once)", "fold the class weights into `sample_weight`")
+            if kind == "arrays" and isinstance(y, (list, tuple, dict)):
+                raise class_weight_error(
+                    class_weight, "a model with a single output (one target array)",
+                    "weight each output's samples with `sample_weight` instead")
+            return to_weights(y, class_weight)
+
+        return weigh
+
+    def class_weight_map_fn(self, class_weight: Any) -> Optional[Callable[..., Any]]:
+        if class_weight is None:
+            return None
+        make = getattr(self._data_adapters("tf_dataset_adapter"), "make_class_weight_map_fn",
+                       None)
+        if make is None:
+            raise self.fail("`make_class_weight_map_fn` is missing", "class_weight")
+        map_fn: Callable[..., Any] = make(class_weight)
+        return map_fn
 
     # --- ops ------------------------------------------------------------------------------
 
@@ -195,10 +257,111 @@ class Keras3(Adapter):
         if not hasattr(model, "_flatten_layers"):
             raise self.fail("models have no `_flatten_layers`", "layer traversal")
 
+    # --- the training state -------------------------------------------------------------
+
+    def _backend_values(self, variables: List[Any]) -> List[Any]:
+        if any(not hasattr(v, "_value") for v in variables):
+            raise self.fail("a variable has no `_value`", "the backend value of a Variable")
+        return variables
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        variables = self._backend_values(list(variables))
+        if self.backend == "jax":
+            # JAX arrays are immutable: an assign puts a new array in the variable.
+            return lambda: [Held(v._value) for v in variables]
+        if self.backend == "torch":
+            # A tensor's version counter grows with every in-place write (copy_, the
+            # optimizers' foreach updates).
+            return lambda: [(id(v._value), v._value._version) for v in variables]
+        return tf_internals.value_hasher([v.value for v in variables])
+
+    def layers_of(self, model: Any) -> List[Any]:
+        metric = self.keras.metrics.Metric
+        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+                if not isinstance(layer, metric)]
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        return (getattr(model, "optimizer", None), getattr(model, "_compile_config", None))
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        """The tf.distribute strategy an optimizer's variables belong to (TF backend)."""
+        return getattr(optimizer, "_distribution_strategy", None)
+
     # --- engines ----------------------------------------------------------------------------
 
     def distribution_strategy_of(self, model: Any) -> Any:
         return getattr(model, "_distribute_strategy", None)
+
+    def build_without_peeking(self, model: Any) -> None:
+        """Keras 3 on TF: fit/evaluate build the model from the data's element spec, as
+        on one device, instead of a batch pulled through a throw-away iterator.
+
+        With a strategy, `TensorFlowTrainer._maybe_symbolic_build` reads one batch of a
+        fresh iterator (one device builds when the step is traced), and each new
+        iterator of a tf.data pipeline draws its next reshuffle: one device's first
+        epoch would be the parallel model's second permutation. `_symbolic_build` uses
+        only each tensor's shape and dtype, which a `tf.data` element spec holds.
+        Verified on Keras 3.10 - 3.15 (`backend/tensorflow/trainer.py`).
+        """
+        if self.backend != "tensorflow" or model.__dict__.get(HOOKED + "_build"):
+            return
+        original = getattr(model, "_maybe_symbolic_build", None)
+        if not callable(original):
+            raise self.fail("`TensorFlowTrainer._maybe_symbolic_build` is missing",
+                            "the build fit/evaluate run under a strategy")
+        dataset_adapter = getattr(self._data_adapters("tf_dataset_adapter"),
+                                  "TFDatasetAdapter", None)
+
+        def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> Any:
+            adapter = getattr(iterator, "data_adapter", None)
+            if (data_batch is None and dataset_adapter is not None
+                    and isinstance(adapter, dataset_adapter)):
+                return original(data_batch=adapter.get_tf_dataset().element_spec)
+            return original(iterator=iterator, data_batch=data_batch)
+
+        model.__dict__["_maybe_symbolic_build"] = maybe_symbolic_build
+        model.__dict__[HOOKED + "_build"] = True
+
+    def reduce_gradients_first(self, optimizer: Any) -> None:
+        """Keras 3 on TF: the optimizer transforms the global batch's gradient.
+
+        Under tf.distribute, `BaseOptimizer._backend_apply_gradients` clips (clipnorm,
+        global_clipnorm, clipvalue) and accumulates each replica's own gradient; only
+        `TFOptimizer._backend_update_step` sums them over the replicas
+        (`_all_reduce_sum_gradients`). One device clips the sum. Here the sum is taken
+        on entry to `_backend_apply_gradients` - the same one all-reduce, moved before
+        the transforms - and the later one passes the reduced gradients through. A
+        LossScaleOptimizer's inner optimizer is reduced the same way, and its finiteness
+        check is agreed by every replica (Keras takes replica 0's). Verified on Keras
+        3.10 - 3.15 (`keras/src/optimizers/base_optimizer.py`,
+        `keras/src/backend/tensorflow/optimizer.py`, `loss_scale_optimizer.py`).
+        """
+        if self.backend != "tensorflow" or optimizer is None:
+            return
+        inner = getattr(optimizer, "inner_optimizer", None)
+        if inner is not None:
+            self._agree_on_finite(optimizer)
+            optimizer = inner
+        if optimizer.__dict__.get(HOOKED + "_reduce"):
+            return
+        apply = getattr(optimizer, "_backend_apply_gradients", None)
+        reduce = getattr(optimizer, "_all_reduce_sum_gradients", None)
+        if not callable(apply) or not callable(reduce):
+            raise self.fail("`_backend_apply_gradients` / `_all_reduce_sum_gradients` are "
+                            "missing", type(optimizer).__name__)
+        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce)
+        optimizer.__dict__["_backend_apply_gradients"] = early_apply
+        optimizer.__dict__["_all_reduce_sum_gradients"] = late_reduce
+        optimizer.__dict__[HOOKED + "_reduce"] = True
+
+    def _agree_on_finite(self, optimizer: Any) -> None:
+        check = getattr(optimizer, "check_finite", None)
+        if not callable(check):
+            raise self.fail("`LossScaleOptimizer.check_finite` is missing",
+                            type(optimizer).__name__)
+        if not optimizer.__dict__.get(HOOKED + "_finite"):
+            optimizer.__dict__["check_finite"] = tf_internals.all_replicas_agree(check)
+            optimizer.__dict__[HOOKED + "_finite"] = True
 
     def random_seed(self) -> Optional[int]:
         """The seed given to `keras.utils.set_random_seed`, or None."""

@@ -12,6 +12,9 @@ releases of the tox matrix). What is touched:
   all-reduce in `describe()`.
 * `tensorflow.python.data.ops.multi_device_iterator_ops._create_device_dataset`: how
   each device's stream of a distributed dataset is built (`plain_device_streams`).
+
+Also here, with public TensorFlow ops only: `value_hasher`, the change tokens of
+TensorFlow variables (`Adapter.state_reader` on every TF-backed line).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Callable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -122,3 +125,111 @@ def plain_device_streams() -> Iterator[None]:
         yield
     finally:
         _plain_streams.reset(token)
+
+
+# --- change tokens: a hash of each variable's bits, computed on its device -----------------
+
+_GOLDEN = 0x9E3779B9  # spreads the element index over all 32 bits
+_MIX = (0x85EBCA6B, 0xC2B2AE35)  # MurmurHash3's 32-bit finalizer
+
+
+def bits_hash(tf: Any, tensor: Any) -> Any:
+    """A uint32 hash of a tensor's bits: any change of one element changes it, and other
+    changes leave it equal with probability ~2**-32 (each element's bits, xor its index,
+    go through MurmurHash3's finalizer before the sum, so that a uniform change - every
+    element doubled - does not cancel out as it would in a plain weighted sum)."""
+    size = tensor.dtype.size
+    if size >= 4 and tensor.dtype != tf.bool:
+        bits = tf.bitcast(tensor, tf.uint32)  # 8-byte types: two words per element
+    elif size == 2:
+        bits = tf.cast(tf.bitcast(tensor, tf.uint16), tf.uint32)
+    else:
+        bits = tf.cast(tensor, tf.uint32)
+    bits = tf.reshape(bits, [-1])
+    index = tf.cast(tf.range(tf.size(bits)), tf.uint32)
+    x = tf.bitwise.bitwise_xor(bits, index * tf.constant(_GOLDEN, tf.uint32))
+    for multiplier, shift in zip(_MIX, (16, 13)):
+        x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(shift, tf.uint32)))
+        x = x * tf.constant(multiplier, tf.uint32)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+    return tf.reduce_sum(x)
+
+
+def value_hasher(variables: List[Any]) -> Callable[[], List[int]]:
+    """One hash per variable, read in one call: a tf.function over the variables, run
+    where they live - XLA-compiled for variables on a GPU (one fused kernel, and TF's
+    own uint32 kernels would run on the host). The hashes cross to the host, the values
+    never do."""
+    import tensorflow as tf
+
+    if not variables:
+        return lambda: []
+    on_gpu = any("GPU" in str(getattr(v, "device", "") or "").upper() for v in variables)
+
+    def hashes() -> Any:
+        return tf.stack([bits_hash(tf, tf.convert_to_tensor(v)) for v in variables])
+
+    compiled = [tf.function(hashes, jit_compile=True, autograph=False)] if on_gpu else []
+    compiled.append(tf.function(hashes, autograph=False))
+
+    def read() -> List[int]:
+        while len(compiled) > 1:
+            try:
+                return [int(h) for h in compiled[0]().numpy()]
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+                compiled.pop(0)  # no XLA for these devices or types: the plain function
+        return [int(h) for h in compiled[0]().numpy()]
+
+    return read
+
+
+def reduce_before(apply: Callable[[Any, Any], Any],
+                  reduce: Callable[[Any], Any]) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    """(apply, reduce) that sum a replica's gradients on entry to `apply`, once.
+
+    `apply(grads, variables)` transforms the gradients and calls `reduce(pairs)` - an
+    all-reduce sum over the replicas - before the update. The new `apply` reduces first
+    (in a replica of several; elsewhere it is the old one) and, while it runs on this
+    thread (each replica runs on its own), the new `reduce` hands the pairs back as they
+    are: one all-reduce per step, as before, and every transform sees the sum.
+    """
+    local = threading.local()
+
+    def reduce_once(grads_and_vars: Any) -> Any:
+        if getattr(local, "reduced", False):
+            return list(grads_and_vars)
+        return reduce(grads_and_vars)
+
+    def apply_reduced(grads: Any, trainable_variables: Any) -> Any:
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if (context is None or context.num_replicas_in_sync == 1
+                or getattr(local, "reduced", False)):
+            return apply(grads, trainable_variables)
+        trainable_variables = list(trainable_variables)
+        summed = [g for g, _ in reduce(list(zip(grads, trainable_variables)))]
+        local.reduced = True
+        try:
+            return apply(summed, trainable_variables)
+        finally:
+            local.reduced = False
+
+    return apply_reduced, reduce_once
+
+
+def all_replicas_agree(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A boolean `check(grads)` that holds in a replica only if it holds in every one."""
+
+    def agreed(grads: Any) -> Any:
+        import tensorflow as tf
+
+        value = check(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return value
+        failed = context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                    tf.cast(tf.logical_not(value), tf.float32))
+        return tf.equal(failed, 0.0)
+
+    return agreed

@@ -9,18 +9,24 @@ wrapped here:
   used to build it first. Its loss trackers: `_total_loss_mean` (2.13+) or
   `_loss_metric` (2.12), and `_per_output_metrics`.
 * `model.compiled_metrics` (a `MetricsContainer`): `update_state` wrapped on the
-  instance; `build(y_pred, y_true)`, `built` and `metrics`.
+  instance; `build(y_pred, y_true)`, `built`, `metrics` and `_conform_to_outputs`.
 * `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
   `_user_losses` / `_user_metrics` ...), `model._distribution_strategy`,
   `model._build_input_shape` (2.12, for subclassed copies), `layer._losses`.
+* `optimizer._distribution_strategy`: the strategy it was created under.
+* The learning rate is a variable outside `optimizer.variables` (the public
+  `optimizer.learning_rate` returns it; `_current_learning_rate` for a schedule).
+* `engine.data_adapter._make_class_weight_map_fn`: Keras's own `class_weight` rule,
+  called as Keras's `fit` calls it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+import importlib
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter
+from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter, StateReader, class_weight_error
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -58,6 +64,17 @@ class _CompiledLoss:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.__dict__["_kerasmgpu_container"], name, value)
+
+
+def _combines_with_sample_weight(tf: Any, map_fn: Callable[..., Any]) -> bool:
+    """Whether Keras's class_weight map function takes sample weights of an unknown
+    batch size (what its fit hands it): traced once, as tf.data would."""
+    specs = (tf.TensorSpec([None]), tf.TensorSpec([None], tf.int64), tf.TensorSpec([None]))
+    try:
+        tf.function(map_fn).get_concrete_function(*specs)
+    except ValueError:
+        return False
+    return True
 
 
 class TfKeras2(Adapter):
@@ -111,6 +128,49 @@ class TfKeras2(Adapter):
             raise ValueError("the model was not built with a known input shape")
         clone.build(shape)
 
+    # --- class_weight ---------------------------------------------------------------------
+
+    def class_weight_map_fn(self, class_weight: Any) -> Optional[Callable[..., Any]]:
+        # tf.keras applies `data_adapter._make_class_weight_map_fn` to every input kind
+        # (its DataHandler makes a dataset of each): the keys must be 0 .. K-1, a class
+        # above them fails in `tf.gather`, sample weights are multiplied in (2.12) or
+        # fail (2.13+: it reshapes them to a shape with an unknown batch size).
+        if not class_weight:
+            return None
+        module_name = self.keras.Model.__module__.rsplit(".", 1)[0] + ".data_adapter"
+        try:
+            make = importlib.import_module(module_name)._make_class_weight_map_fn
+        except (ImportError, AttributeError) as exc:
+            raise self.fail(f"`{module_name}._make_class_weight_map_fn` is missing",
+                            "Keras's class_weight rule") from exc
+        map_fn: Callable[..., Any] = make(class_weight)  # Keras's own key check
+        return map_fn
+
+    def class_weigher(self, class_weight: Any, kind: str
+                      ) -> Optional[Callable[[Any, Any], Any]]:
+        map_fn = self.class_weight_map_fn(class_weight)
+        if map_fn is None:
+            return None
+        tf = self._tf
+        # train_on_batch maps one batch of known size: there Keras combines them.
+        combines = kind == "batch" or _combines_with_sample_weight(tf, map_fn)
+
+        def weigh(y: Any, sample_weight: Any) -> Any:
+            if sample_weight is not None and not combines:
+                raise class_weight_error(
+                    class_weight, f"`class_weight` or `sample_weight`, not both: "
+                    f"{self.LABEL} {self.version}'s own fit fails on both (\"Cannot convert "
+                    "a partially known TensorShape\")",
+                    "fold the class weights into `sample_weight`")
+            data = [tf.zeros([0]), tf.nest.map_structure(tf.convert_to_tensor, y)]
+            if sample_weight is not None:
+                data.append(tf.convert_to_tensor(sample_weight))
+            with tf.device("/cpu:0"):  # as in tf.data: a class out of range is an error
+                weights = map_fn(*data)[2]
+            return weights.numpy().astype("float32")
+
+        return weigh
+
     # --- ops ------------------------------------------------------------------------------
 
     def to_float(self, x: Any, like: Any = None) -> Any:
@@ -150,7 +210,10 @@ class TfKeras2(Adapter):
 
         def update_state(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
             if not container.built:
-                container.build(y_pred, y_true)
+                # As Keras's own update_state does first: targets keyed by output
+                # names (a dict for a model whose outputs are a list) take the outputs'
+                # structure.
+                container.build(y_pred, container._conform_to_outputs(y_pred, y_true))
             for metric in container.metrics:
                 container.__dict__[HOOKED + "_fn"](metric)
             return original(y_true, y_pred, sample_weight)
@@ -191,11 +254,42 @@ class TfKeras2(Adapter):
                 raise self.fail("`compiled_loss` has no loss tracker",
                                 "_total_loss_mean / _loss_metric")
         metrics = getattr(model, "compiled_metrics", None)
-        if metrics is not None and not all(hasattr(metrics, n) for n in ("build", "built",
-                                                                       "metrics")):
-            raise self.fail("`compiled_metrics` lacks build/built/metrics", type(metrics).__name__)
+        needed = ("build", "built", "metrics", "_conform_to_outputs")
+        if metrics is not None and not all(hasattr(metrics, n) for n in needed):
+            raise self.fail("`compiled_metrics` lacks build/built/metrics/_conform_to_outputs",
+                            type(metrics).__name__)
         if not hasattr(model, "_flatten_layers"):
             raise self.fail("models have no `_flatten_layers`", "layer traversal")
+
+    # --- the training state -------------------------------------------------------------
+
+    def state_reader(self, variables: List[Any]) -> StateReader:
+        return tf_internals.value_hasher(list(variables))
+
+    def read_values(self, variables: List[Any]) -> List[Any]:
+        return list(self.keras.backend.batch_get_value(list(variables)))
+
+    def write_values(self, variables: List[Any], values: List[Any]) -> None:
+        self.keras.backend.batch_set_value(list(zip(variables, values)))
+
+    def learning_rate_variable(self, optimizer: Any) -> Any:
+        try:
+            rate = optimizer.learning_rate  # a schedule's: the variable of its current value
+        except (AttributeError, ValueError):
+            return None
+        return rate if isinstance(rate, self._tf.Variable) else None
+
+    def layers_of(self, model: Any) -> List[Any]:
+        metric = self.keras.metrics.Metric
+        return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+                if not isinstance(layer, metric)]
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        return (getattr(model, "optimizer", None), self._container(model, "compiled_loss"),
+                self._container(model, "compiled_metrics"))
+
+    def optimizer_strategy(self, optimizer: Any) -> Any:
+        return getattr(optimizer, "_distribution_strategy", None)
 
     # --- engines ----------------------------------------------------------------------------
 

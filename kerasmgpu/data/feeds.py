@@ -6,14 +6,15 @@ row) and the user's targets and sample weights, gathered like the rows.
 Inputs handled: numpy-like arrays (and lists/dicts of them), `tf.data.Dataset`,
 `keras.utils.PyDataset` / `Sequence`, and Python generators. On the TensorFlow routes
 arrays go through a `tf.data` index pipeline (the padding plan comes from
-`kerasmgpu.batching` through `tf.numpy_function`), elsewhere through a `PyDataset`.
+`kerasmgpu.batching` through `tf.numpy_function`), elsewhere through a `PyDataset`; a
+`tf.data.Dataset` is padded by a `tf.data` map on every route, and Keras iterates it
+as it iterates the user's pipeline on one device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple
 
@@ -42,6 +43,11 @@ class Feed:
     pads: Optional[bool] = None
     # Which batch is padded, in words, for the one-time warning of an opaque step.
     padding_example: Optional[str] = None
+    # The user's own tf.data pipeline: Keras must make its iterators as it does on one
+    # device - one per epoch, and the throw-away ones Keras 3 makes too - because each
+    # new iterator draws the next reshuffle (`shuffle(seed=s)`) and restarts seeded
+    # random ops; one repeated iterator would see other permutations and numbers.
+    per_epoch_iterators: bool = False
 
 
 # --- structure helpers -------------------------------------------------------------------
@@ -201,26 +207,29 @@ def _unpack(data: Any) -> Tuple[Any, Any, Any]:
     )
 
 
-def _user_weights(
-    y: Any, sample_weight: Any, class_weight: Optional[Mapping[int, float]]
-) -> Any:
-    if class_weight is not None:
-        if sample_weight is not None:
-            raise bad_value(
-                "class_weight",
-                class_weight,
-                "`class_weight` or `sample_weight`, not both",
-                "fold the class weights into `sample_weight` yourself",
-            )
-        if y is None or len(_leaves(y)) != 1:
-            raise bad_value(
-                "class_weight",
-                class_weight,
-                "a model with exactly one target",
-                "pass per-sample weights with `sample_weight` instead",
-            )
-        return batching.class_weights_to_sample_weights(_leaves(y)[0], class_weight)
-    return sample_weight
+# `weigh(y, sample_weight)`: the sample weights Keras makes of `class_weight` for these
+# rows (the adapter's `class_weigher`, Keras's own rule for the active line), or None.
+Weigh = Optional[Callable[[Any, Any], Any]]
+
+
+def _user_weights(y: Any, sample_weight: Any, weigh: Weigh) -> Any:
+    if weigh is None:
+        return _float(sample_weight)
+    if y is None:
+        raise bad_value("class_weight", "class weights without targets",
+                        "class_weight with data that has targets (x, y)",
+                        "pass the targets, or drop class_weight", raw=True)
+    return _float(weigh(y, sample_weight))
+
+
+def _float(weights: Any) -> Any:
+    """Integer (or boolean) sample weights as float32, as Keras's loss reads them: the
+    padding weights, fractions, are multiplied into them in the step."""
+    def one(w: Any) -> Any:
+        w = np.asarray(w)
+        return w if np.issubdtype(w.dtype, np.floating) else w.astype(np.float32)
+
+    return _map(one, weights)
 
 
 def _gather(structure: Any, rows: np.ndarray) -> Any:
@@ -231,11 +240,13 @@ def _gather(structure: Any, rows: np.ndarray) -> Any:
 
 
 def pad_batch(
-    x: Any, y: Any, sample_weight: Any, class_weight: Any, planner: batching.Planner
+    family: Family, x: Any, y: Any, sample_weight: Any, class_weight: Any,
+    planner: batching.Planner,
 ) -> Tuple[Any, Any]:
     """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
-    weights = _user_weights(y, sample_weight, class_weight)
+    weigh = family.class_weigher(class_weight, "batch")
+    weights = _user_weights(y, sample_weight, weigh)
     share = planner.plan(_num_rows({"x": x, "y": y, "sample_weight": weights}))
     take = share.source_rows()
     return _gather(x, take), bundle(share.packed(), _gather(y, take), _gather(weights, take))
@@ -360,6 +371,15 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
                 padding_example=example)
 
 
+def _float_weights(tf: Any, weights: Any) -> Any:
+    """`_float` in tf.data: integer sample weights (or class weights given as ints)
+    as float32."""
+    if weights is None:
+        return None
+    return tf.nest.map_structure(
+        lambda w: w if w.dtype.is_floating else tf.cast(w, tf.float32), weights)
+
+
 def _tf_order(tf: Any, number: Any, rows: Any) -> Any:
     count = tf.shape(rows)[0]
     batch = tf.fill([count], tf.cast(number, tf.int32))
@@ -367,8 +387,9 @@ def _tf_order(tf: Any, number: Any, rows: Any) -> Any:
 
 
 def repeated(feed: Feed) -> Feed:
-    """A tf.data feed of known length read as one endless stream (pass `steps`)."""
-    if feed.steps is None or not _is_dataset(feed.data):
+    """A tf.data feed of known length read as one endless stream (pass `steps`); the
+    user's own pipelines stay as Keras reads them (`Feed.per_epoch_iterators`)."""
+    if feed.steps is None or not _is_dataset(feed.data) or feed.per_epoch_iterators:
         return feed
     return dataclasses.replace(feed, data=feed.data.repeat(), needs_steps=True)
 
@@ -384,14 +405,8 @@ def _no_autoshard(tf: Any, dataset: Any) -> Any:
 # --- tf.data.Dataset input --------------------------------------------------------------------
 
 
-def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner, predict: bool) -> Feed:
+def _dataset_tf_feed(dataset: Any, planner: batching.Planner, predict: bool) -> Feed:
     import tensorflow as tf
-
-    table = None
-    if class_weight is not None:
-        size = max(int(k) for k in class_weight) + 1
-        values = [float(class_weight.get(i, 0.0)) for i in range(size)]
-        table = tf.constant(values, tf.float32)
 
     def pad(number: Any, data: Any) -> Any:
         x, y, sw = _unpack(data)
@@ -404,17 +419,7 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner,
 
         if predict:
             return gather(x), bundle(packed, order=_tf_order(tf, number, rows))
-        if table is not None:
-            if y is None:
-                raise bad_value("class_weight", class_weight, "a dataset that yields targets",
-                                "yield (x, y) batches, or drop class_weight")
-            target = _leaves(y)[0]
-            if target.shape.rank is not None and target.shape.rank >= 2 and target.shape[-1] != 1:
-                classes = tf.argmax(target, axis=-1)
-            else:
-                classes = tf.reshape(tf.cast(target, tf.int64), [-1])
-            sw = tf.gather(table, classes)
-        return gather(x), bundle(packed, gather(y), gather(sw))
+        return gather(x), bundle(packed, gather(y), gather(_float_weights(tf, sw)))
 
     data = dataset.enumerate().map(pad, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True)
@@ -424,7 +429,8 @@ def _dataset_tf_feed(dataset: Any, class_weight: Any, planner: batching.Planner,
         raise _empty_dataset()
     if cardinality >= 0:
         steps = cardinality
-    return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)), steps=steps)
+    return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)), steps=steps,
+                per_epoch_iterators=True)
 
 
 # --- Python sources: PyDataset, Sequence, generators -----------------------------------------
@@ -436,11 +442,11 @@ def _empty_dataset() -> ValueError:
                      "may have left nothing)", raw=True)
 
 
-def _pad_element(element: Any, class_weight: Any, planner: batching.Planner, predict: bool,
+def _pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
                  number: int = 0) -> Any:
     x, y, sw = _unpack(element)
     x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
-    weights = None if predict else _user_weights(y, sw, class_weight)
+    weights = None if predict else _user_weights(y, sw, weigh)
     share = planner.plan(_num_rows({"x": x, "y": None if predict else y,
                                     "sample_weight": weights}))
     take = share.source_rows()
@@ -450,7 +456,7 @@ def _pad_element(element: Any, class_weight: Any, planner: batching.Planner, pre
 
 
 def _python_feed(
-    family: Family, source: Any, class_weight: Any, planner: batching.Planner, predict: bool
+    family: Family, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool
 ) -> Feed:
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         base = family.python_dataset_type()
@@ -471,7 +477,7 @@ def _python_feed(
                 return len(source)
 
             def __getitem__(self, index: int) -> Any:
-                return _pad_element(source[index], class_weight, planner, predict, index)
+                return _pad_element(source[index], weigh, planner, predict, index)
 
             def on_epoch_end(self) -> None:
                 if hasattr(source, "on_epoch_end"):
@@ -481,31 +487,29 @@ def _python_feed(
 
     def generate() -> Iterator[Any]:
         for number, element in enumerate(source):
-            yield _pad_element(element, class_weight, planner, predict, number)
+            yield _pad_element(element, weigh, planner, predict, number)
 
     return Feed(generate())
 
 
 class _Replay:
-    """A one-pass generator that survives Keras 3's build peek.
+    """A one-pass generator read through whichever iterator Keras made last.
 
-    With a strategy active, Keras 3 on TensorFlow builds the model from a batch pulled
-    through a fresh iterator, then starts the epoch with another iterator (fit and
-    evaluate, `TensorFlowTrainer._maybe_symbolic_build`). With a plain generator every
-    batch that first iterator prefetched is lost - native Keras 3 + MirroredStrategy
-    trains on fewer batches than the generator yields. Here, when Keras peeks, the first
-    iterator sees only the first batch, and the next one starts again from it; older
-    iterators stop when a newer one starts. No batch is lost or trained on twice.
+    Keras may make more than one iterator of a feed during one run (Keras 3 makes a new
+    one at every epoch end; under a plain MirroredStrategy it also reads a batch
+    through one of its own before fit, which kerasmgpu turns off). With a plain
+    generator every batch an older iterator prefetched would be lost. Here a newer
+    iterator starts where the older ones stopped handing batches out, and older
+    iterators stop: no batch is lost or trained on twice.
     """
 
-    def __init__(self, iterator: Iterator[Any], first_pass_is_peek: bool) -> None:
+    def __init__(self, iterator: Iterator[Any]) -> None:
         import threading
 
         self._source = iterator
         self._buffer: List[Any] = []
         self._base = 0  # stream index of _buffer[0]
         self._generation = 0
-        self._peek_pending = first_pass_is_peek
         self._lock = threading.Lock()
 
     def _get(self, index: int) -> Any:
@@ -521,10 +525,8 @@ class _Replay:
         with self._lock:
             self._generation += 1
             generation = self._generation
-            limit = 1 if self._peek_pending else None
-            self._peek_pending = False
             position = self._base
-        while limit is None or position < limit:
+        while True:
             with self._lock:
                 if generation != self._generation:
                     return  # a newer iterator took over
@@ -532,7 +534,7 @@ class _Replay:
                     element = self._get(position)
                 except StopIteration:
                     return
-                if limit is None and position > self._base:
+                if position > self._base:
                     # Batches before this one were taken by the newest iterator.
                     del self._buffer[: position - self._base]
                     self._base = position
@@ -541,53 +543,21 @@ class _Replay:
 
 
 def _generator_tf_feed(
-    family: Family, source: Iterator[Any], class_weight: Any, planner: batching.Planner, predict: bool
+    family: Family, source: Iterator[Any], weigh: Weigh, planner: batching.Planner, predict: bool
 ) -> Feed:
     import tensorflow as tf
 
     def padded() -> Iterator[Any]:
         for number, element in enumerate(source):
-            yield _tuples(_pad_element(element, class_weight, planner, predict, number))
+            yield _tuples(_pad_element(element, weigh, planner, predict, number))
 
-    replay = _Replay(padded(), first_pass_is_peek=family.peeks_before_each_run and not predict)
+    replay = _Replay(padded())
     first = replay.peek()
     signature = tf.nest.map_structure(
         lambda a: tf.TensorSpec((None,) + tuple(a.shape[1:]), tf.as_dtype(a.dtype)), first
     )
     data = tf.data.Dataset.from_generator(replay, output_signature=signature)
     return Feed(_no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)))
-
-
-def _dataset_python_feed(
-    family: Family, dataset: Any, class_weight: Any, planner: batching.Planner, predict: bool
-) -> Feed:
-    """A tf.data.Dataset on a non-TF backend: iterate it as numpy, once per epoch."""
-    steps = int(dataset.cardinality())
-
-    if steps == 0:
-        raise _empty_dataset()
-
-    class DatasetBatches(family.python_dataset_type()):  # type: ignore[misc]
-        def __init__(self) -> None:
-            if family.keras3:
-                super().__init__(workers=1, use_multiprocessing=False)
-            self._iterator: Optional[Iterator[Any]] = None
-            self._next_index = 0
-
-        def __len__(self) -> int:
-            return steps
-
-        def __getitem__(self, index: int) -> Any:
-            if self._iterator is None or index < self._next_index:
-                self._iterator = iter(dataset.as_numpy_iterator())
-                self._next_index = 0
-            element = next(itertools.islice(self._iterator, index - self._next_index, None))
-            self._next_index = index + 1
-            return _pad_element(element, class_weight, planner, predict, index)
-
-    if steps < 0:
-        return _python_feed(family, dataset.as_numpy_iterator(), class_weight, planner, predict)
-    return Feed(DatasetBatches(), steps=steps)
 
 
 # --- several processes: every process sees the same global batches ------------------------
@@ -625,10 +595,10 @@ class _SeededOrder:
 
 
 def _same_order_everywhere(
-    family: Family, source: Any, seed: int, class_weight: Any, planner: batching.Planner,
+    family: Family, source: Any, seed: int, weigh: Weigh, planner: batching.Planner,
     predict: bool,
 ) -> Feed:
-    feed = _python_feed(family, _SeededOrder(source, seed), class_weight, planner, predict)
+    feed = _python_feed(family, _SeededOrder(source, seed), weigh, planner, predict)
     return dataclasses.replace(feed, keras_shuffles=False)
 
 
@@ -652,6 +622,19 @@ def _refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
 
 
 # --- entry point -------------------------------------------------------------------------------
+
+
+def _dataset_feed(family: Family, dataset: Any, class_weight: Any,
+                  planner: batching.Planner, predict: bool) -> Feed:
+    if planner.process_count > 1:
+        _refuse_unseeded_shuffle(dataset, planner.process_count)
+    map_fn = None if predict else family.class_weight_map_fn(class_weight)
+    if map_fn is not None:
+        # What Keras's fit does to a dataset for class_weight, before we pad it.
+        dataset = dataset.map(map_fn)
+    # A tf.data pipeline stays one on every backend (Keras 3 on JAX and PyTorch take
+    # it too), so that Keras iterates it as it iterates the user's on one device.
+    return _dataset_tf_feed(dataset, planner, predict)
 
 
 def build(
@@ -690,16 +673,15 @@ def build(
                 "yield the weights with each batch",
             )
         if _is_dataset(x):
-            if planner.process_count > 1:
-                _refuse_unseeded_shuffle(x, planner.process_count)
-            if kind is FeedKind.TF:
-                return _dataset_tf_feed(x, class_weight, planner, predict)
-            return _dataset_python_feed(family, x, class_weight, planner, predict)
+            return _dataset_feed(family, x, class_weight, planner, predict)
         if kind is FeedKind.TF and not hasattr(x, "__getitem__"):
-            return _generator_tf_feed(family, iter(x), class_weight, planner, predict)
+            weigh = family.class_weigher(class_weight, "generator")
+            return _generator_tf_feed(family, iter(x), weigh, planner, predict)
+        weigh = family.class_weigher(
+            class_weight, "pydataset" if hasattr(x, "__getitem__") else "generator")
         if shuffle and seed is not None and planner.process_count > 1 and hasattr(x, "__len__"):
-            return _same_order_everywhere(family, x, seed, class_weight, planner, predict)
-        return _python_feed(family, x, class_weight, planner, predict)
+            return _same_order_everywhere(family, x, seed, weigh, planner, predict)
+        return _python_feed(family, x, weigh, planner, predict)
     if not _is_array_like(x):
         raise bad_type(
             "x", f"an object of type {type(x).__qualname__}",
@@ -711,7 +693,8 @@ def build(
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
     if predict:
         y = sample_weight = None
-    weights = None if predict else _user_weights(y, sample_weight, class_weight)
+    weigh = None if predict else family.class_weigher(class_weight, "arrays")
+    weights = None if predict else _user_weights(y, sample_weight, weigh)
     check_inputs(x, inputs)
     size = 32 if batch_size is None else batch_size
     shuffle_rows = bool(shuffle) and not predict

@@ -10,7 +10,9 @@ process group) built for a fixed set of devices, and knows:
 * `describe()` - the engine, all-reduce and a training step in words (for `doctor` and
   `demo`);
 * `broadcast(value)` - rank 0's integer on every process (one process: the value);
-* `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere.
+* `any_process(flag)` - whether the flag is set on any process (one process: the flag);
+* `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere;
+* `owns_optimizer(optimizer)` - whether an optimizer was made in its scope.
 """
 
 from __future__ import annotations
@@ -112,6 +114,16 @@ class BaseRoute(abc.ABC):
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         """Rank 0's NumPy arrays on every process (one process: the arrays)."""
         return list(arrays)
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether `flag` is set on any process of the job (one collective); every
+        process must call it together."""
+        return flag
+
+    def owns_optimizer(self, optimizer: Any) -> bool:
+        """Whether `optimizer` was made in this route's scope (then a model trained
+        here can use it as it is)."""
+        return False
 
     def shuffle_seed(self) -> int:
         """The seed of `fit(shuffle=True)`: drawn from NumPy's global generator, so

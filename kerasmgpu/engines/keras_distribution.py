@@ -87,15 +87,29 @@ class KerasDistributionRoute(BaseRoute):
         return scope
 
     def owns(self, model: Any) -> bool:
+        return self._placed_here(getattr(model, "weights", []))
+
+    def owns_optimizer(self, optimizer: Any) -> bool:
+        return self._placed_here(self.family.optimizer_variables(optimizer))
+
+    def _placed_here(self, variables: List[Any]) -> bool:
+        """Whether every variable lies on exactly this route's devices."""
         wanted = set(self.jax_devices)
-        weights = getattr(model, "weights", [])
-        if not weights:
+        if not variables:
             return False
-        for variable in weights:
+        for variable in variables:
             sharding = getattr(getattr(variable, "value", None), "sharding", None)
             if sharding is None or set(sharding.device_set) != wanted:
                 return False
         return True
+
+    def any_process(self, flag: bool) -> bool:
+        if not self.environment.multi_process():
+            return flag
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.environment.multi_process():

@@ -64,6 +64,7 @@ class MirroredRoute(BaseRoute):
             # Each strategy gets its own collective key range: a second one of another
             # size in this process would otherwise join the first one's groups.
             self.strategy = tf_internals.new_mirrored_strategy([d.name for d in self.devices])
+        self._any_process: Any = None
 
     @property
     def replicas(self) -> int:
@@ -79,8 +80,33 @@ class MirroredRoute(BaseRoute):
     def owns(self, model: Any) -> bool:
         return self.family.distribution_strategy_of(model) is self.strategy
 
+    def owns_optimizer(self, optimizer: Any) -> bool:
+        return self.family.optimizer_strategy(optimizer) is self.strategy
+
     def equalize(self, replica: Any) -> None:
         self.family.equalize_replica_state(replica, self.strategy)
+
+    def any_process(self, flag: bool) -> bool:
+        if not self.multi_worker:
+            return flag
+        import tensorflow as tf
+
+        if self._any_process is None:  # traced once: it runs before every call
+            # The flag travels in a variable of this process: a tensor passed to
+            # `strategy.run` inside a tf.function fails under MultiWorkerMirroredStrategy
+            # ("destinations can not be empty"), and a new function per call retraces.
+            mine = tf.Variable(0.0, trainable=False)
+
+            def add() -> Any:
+                context = tf.distribute.get_replica_context()
+                return context.all_reduce(tf.distribute.ReduceOp.SUM, mine.read_value())
+
+            total = tf.function(lambda: self.strategy.run(add))
+            self._any_process = (mine, total)
+        mine, total = self._any_process
+        mine.assign(float(flag))
+        result = self.strategy.experimental_local_results(total())[0]
+        return float(result.numpy()) > 0
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.multi_worker:
@@ -88,17 +114,37 @@ class MirroredRoute(BaseRoute):
         import tensorflow as tf
 
         values = [tf.constant(a) for a in arrays]
+        # One all-reduce per dtype: TF packs a list into one buffer of a single type
+        # (an optimizer's int64 iterations beside its float slots would not concatenate).
+        groups: dict = {}
+        for index, value in enumerate(values):
+            groups.setdefault(value.dtype, []).append(index)
 
         def rank0_only() -> Any:
             # A sum to which only the first replica of rank 0 adds anything.
             context = tf.distribute.get_replica_context()
             first = context.replica_id_in_sync_group == 0
             mine = [tf.where(first, v, tf.zeros_like(v)) for v in values]
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+            return [context.all_reduce(tf.distribute.ReduceOp.SUM, [mine[i] for i in group])
+                    for group in groups.values()]
 
         # In a tf.function: run eagerly, the strategy warns that it is slow.
         totals = tf.function(lambda: self.strategy.run(rank0_only))()
-        return [self.strategy.experimental_local_results(t)[0].numpy() for t in totals]
+        out: List[Any] = [None] * len(values)
+        for group, reduced in zip(groups.values(), totals):
+            for index, total in zip(group, reduced):
+                out[index] = self.strategy.experimental_local_results(total)[0].numpy()
+        return out
+
+    def prepare_replica(self, replica: Any) -> None:
+        # Keras 3 reads a batch through an iterator of its own before fit/evaluate
+        # under a strategy; one device does not (a reshuffle would be drawn by it).
+        self.family.build_without_peeking(replica)
+
+    def prepare_compiled(self, replica: Any) -> None:
+        # Keras 3 clips a replica's own gradient; one device clips the batch's.
+        for optimizer in self.family.optimizers_of(replica):
+            self.family.reduce_gradients_first(optimizer)
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief
@@ -122,6 +168,11 @@ class MirroredRoute(BaseRoute):
                 "`steps_per_epoch`. Fix: pass steps_per_epoch= (and validation_steps=)."
             )
         dataset = feed.data
+        if feed.per_epoch_iterators and isinstance(dataset, tf.data.Dataset):
+            # Told the steps, tf.keras reads a distributed dataset through one iterator
+            # across epochs: it must not end (a user's reshuffles there are drawn by
+            # one iterator, not one per epoch as in one process).
+            dataset = dataset.repeat()
         if not isinstance(dataset, tf.data.Dataset):
             raise ValueError(
                 "Invalid input for several workers on TensorFlow: a Python "

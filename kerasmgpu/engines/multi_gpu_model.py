@@ -6,6 +6,12 @@ template applied to its slice, and the outputs are concatenated before the loss 
 the loss, gradients and metrics are those of the whole batch, and the replicas share
 the template's variables (the template always holds the trained weights).
 
+With `cpu_relocation=True` (and for one device, `gpus=[k]`) the model that trains is a
+copy of the template; kerasmgpu keeps the two equal both ways, as Keras's shared
+variables do otherwise: a change to the template reaches the copy before each call,
+and the copy's weights reach the template at every epoch end and after training calls
+(`kerasmgpu.training.sync`; the optimizers stay apart, as in Keras).
+
 On a machine without GPUs, Keras's device check only accepts "/gpu:N" names. With
 virtual devices we show it that many GPU names while it builds the graph; the
 session's soft placement (on in Keras 2.3's default session config) runs those ops on
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, ContextManager, Dict, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 from kerasmgpu._errors import not_compiled
 from kerasmgpu.adapters.keras23 import Keras23
@@ -24,6 +30,7 @@ from kerasmgpu.engines.base import BaseRoute
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
+from kerasmgpu.training import sync
 
 
 class MultiGpuModelRoute(BaseRoute):
@@ -66,7 +73,7 @@ class MultiGpuModelRoute(BaseRoute):
         if self.cpu_relocation:
             # Keras's own relocation clones the template with fresh weights and trains
             # the clone, so "save the template" saved untrained weights. Relocate here
-            # with the template's weights, and give them back after training.
+            # with the template's weights, and keep the two equal.
             import tensorflow as tf
 
             with tf.device("/cpu:0"):
@@ -81,7 +88,8 @@ class MultiGpuModelRoute(BaseRoute):
         parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                       family=self.family)
         if inner is not model:
-            _give_weights_back(parallel, inner, model)
+            _keep_equal(parallel, sync.link(model, inner, self.family, self,
+                                            with_optimizer=False))
         _compile_first(parallel, self.family)
         return parallel
 
@@ -89,8 +97,8 @@ class MultiGpuModelRoute(BaseRoute):
         """`gpus=[k]`: Keras's multi_gpu_model needs two GPUs or more, so a copy of the
         template is built, compiled and run under `tf.device(k)` - graph mode fixes an
         op's device when the op is made, and Keras 2.3 makes its training, test and
-        predict functions on first use, inside those calls. The template receives the
-        trained weights after every training call."""
+        predict functions on first use, inside those calls. The copy and the template
+        are kept equal both ways (see the module doc)."""
         import tensorflow as tf
 
         from kerasmgpu.training.model import STATE_ATTR, ParallelState
@@ -103,7 +111,8 @@ class MultiGpuModelRoute(BaseRoute):
                 replica.compile(**self.family.compile_args(model))
         replica.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
                                                      family=self.family)
-        _run_on(replica, device, model)
+        _keep_equal(replica, sync.link(model, replica, self.family, self,
+                                       with_optimizer=False), device)
         _compile_first(replica, self.family)
         return replica
 
@@ -131,22 +140,6 @@ class MultiGpuModelRoute(BaseRoute):
         }
 
 
-def _give_weights_back(parallel: Any, inner: Any, template: Any) -> None:
-    """After each training call, the relocated copy's weights go to the template."""
-    klass = type(parallel)
-    for name in ("fit", "fit_generator", "train_on_batch"):
-        original = getattr(klass, name, None)
-        if original is None:
-            continue
-
-        def synced(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            result = _original(self, *args, **kwargs)
-            template.set_weights(inner.get_weights())
-            return result
-
-        parallel.__dict__[name] = types.MethodType(synced, parallel)
-
-
 def _compile_first(model: Any, family: Keras23) -> None:
     """Training and evaluation calls of an uncompiled parallel model raise our error
     (what to compile, and where) instead of Keras's bare one; predict is left alone, as
@@ -169,23 +162,51 @@ _EVALUATION_CALLS = ("evaluate", "evaluate_generator", "test_on_batch")
 _OTHER_CALLS = _EVALUATION_CALLS + ("predict", "predict_generator", "predict_on_batch")
 
 
-def _run_on(replica: Any, device: str, template: Any) -> None:
-    """Every call of `replica` runs under `tf.device(device)`; training calls then
-    hand the weights to the template."""
-    import tensorflow as tf
-
-    klass = type(replica)
+def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None) -> None:
+    """Every call of `parallel` starts from the template's state and, when it trains,
+    gives the template its weights (at every epoch end too); with `device`, it runs
+    under `tf.device(device)`."""
+    klass = type(parallel)
+    busy: List[str] = []  # fit_generator calls train_on_batch: only the outermost syncs
     for name in _TRAINING_CALLS + _OTHER_CALLS:
         original = getattr(klass, name, None)
-        if original is None:
-            continue
+        if original is not None:
+            parallel.__dict__[name] = types.MethodType(
+                _synced(original, name, mirror, device, busy), parallel)
 
-        def placed(self: Any, *args: Any, _original: Any = original,
-                   _trains: bool = name in _TRAINING_CALLS, **kwargs: Any) -> Any:
-            with tf.device(device):
-                result = _original(self, *args, **kwargs)
-            if _trains:
-                template.set_weights(self.get_weights())
-            return result
 
-        replica.__dict__[name] = types.MethodType(placed, replica)
+def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str],
+            busy: List[str]) -> Any:
+    import tensorflow as tf
+
+    trains, fits = name in _TRAINING_CALLS, name.startswith("fit")
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        placed = tf.device(device) if device else contextlib.nullcontext()
+        if busy:
+            with placed:
+                return original(self, *args, **kwargs)
+        sync.before_call(mirror, training=trains, collective=False)
+        if fits:
+            kwargs["callbacks"] = [_epoch_end(mirror)] + list(kwargs.get("callbacks") or [])
+        busy.append(name)
+        try:
+            with placed:
+                result = original(self, *args, **kwargs)
+        finally:
+            busy.pop()
+        if trains:
+            sync.after_training(mirror)
+        return result
+
+    return call
+
+
+def _epoch_end(mirror: sync.Mirror) -> Any:
+    base = mirror.adapter.keras.callbacks.Callback
+
+    class WeightsToTemplate(base):  # type: ignore[misc, valid-type]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            sync.after_training(mirror)
+
+    return WeightsToTemplate()

@@ -115,6 +115,18 @@ class TorchDDPRoute(BaseRoute):
         # No scope on torch: every process trains the model it built, in place.
         return True
 
+    def owns_optimizer(self, optimizer: Any) -> bool:
+        return True
+
+    def any_process(self, flag: bool) -> bool:
+        import torch
+
+        value = torch.tensor([int(flag)], dtype=torch.int32)
+        if self.dist.get_backend() == "nccl":
+            value = value.cuda()
+        _collective(self.dist.all_reduce, value, op=self.dist.ReduceOp.MAX)
+        return bool(value.item())
+
     # --- the DDP pieces ---------------------------------------------------------------
 
     def _broadcast(self, variables: Sequence[Any]) -> None:

@@ -9,18 +9,18 @@ calls hand Keras padded batches (`kerasmgpu.data.feeds`), the steps hand the mod
 own steps the user's data and keep padding rows out of losses and metrics
 (`kerasmgpu.training.steps`).
 
-The template - the model the user passed - holds the training state: weights,
-optimizer state and (BatchNorm) moving statistics are copied into it at every epoch end
-and after every call, so "save the template model" resumes where training stopped.
-Several parallel models of one template stay correct: each pulls the template's state
-when another one has written it since.
+The template - the model the user passed - and the replica agree both ways
+(`kerasmgpu.training.sync`): what the user changes in the template reaches the next
+call, and what a call changes - weights, optimizer state, (BatchNorm) moving statistics -
+reaches the template at every epoch end and after every call that trains, so "save the
+template model" resumes where training stopped. Several parallel models of one template
+stay correct: each takes what another one wrote into the template.
 """
 
 from __future__ import annotations
 
 import inspect
 import types
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
@@ -28,13 +28,12 @@ from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds
 from kerasmgpu.training import steps as step_hooks
+from kerasmgpu.training import sync
 
 if TYPE_CHECKING:  # the engine's surface, seen from here: scope(), planner, hooks
     from kerasmgpu.engines.base import BaseRoute
 
 STATE_ATTR = "_kerasmgpu"
-# On the template: how many times a parallel model has written its state into it.
-VERSION_ATTR = "_kerasmgpu_version"
 
 _STEP_KINDS = {"train_step": "train", "test_step": "test"}
 
@@ -48,8 +47,8 @@ class ParallelState:
     report: Optional[step_hooks.StepReport] = None
     has_compiled_loss: bool = False
     originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
-    synced_version: int = 0
-    warned_optimizer: bool = False
+    # Keeps the template and the replica equal (set once the replica is compiled).
+    mirror: Optional[sync.Mirror] = None
     # Step kinds whose step is the user's own ("train", "test"), not Keras's.
     custom_steps: set = field(default_factory=set)
     # The train metrics' results, read before fit's validation pass resets them.
@@ -70,7 +69,9 @@ class ParallelState:
         if training:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
-            # small model); one repeated iterator reads the epochs back to back.
+            # small model); one repeated iterator reads the epochs of kerasmgpu's own
+            # pipelines back to back. A user's tf.data pipeline is read as Keras reads
+            # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
         return self.route.distribute_feed(feed)
 
@@ -81,96 +82,6 @@ def state_of(model: Any) -> Optional[ParallelState]:
 
 def is_parallel(model: Any) -> bool:
     return state_of(model) is not None
-
-
-# --- the training state: replica <-> template ---------------------------------------------
-
-
-def _version(template: Any) -> int:
-    return int(template.__dict__.get(VERSION_ATTR, 0))
-
-
-def sync_template(replica: Any) -> None:
-    """Copy the replica's training state into the template (no-op when one model)."""
-    state = state_of(replica)
-    if state is None:
-        return
-    state.route.equalize(replica)
-    if state.template is replica:
-        return
-    template = state.template
-    weights = replica.get_weights()
-    if len(template.weights) != len(weights) and hasattr(replica, "input_shape"):
-        # A Sequential model given without an input shape: the replica was built by
-        # the first batch; build the template the same way so it can hold the weights.
-        template.build(replica.input_shape)
-    template.set_weights(weights)
-    if not copy_optimizer_state(state.family, replica, template) and not state.warned_optimizer:
-        state.warned_optimizer = True
-        warnings.warn(
-            "kerasmgpu: the template's optimizer does not have the layout of the parallel "
-            "model's, so the template receives the weights but not the optimizer state "
-            "(saving the template then restarts the optimizer). Fix: save the parallel "
-            "model itself to keep the optimizer state.",
-            stacklevel=3,
-        )
-    version = _version(template) + 1
-    template.__dict__[VERSION_ATTR] = version
-    state.synced_version = version
-
-
-def pull_template(replica: Any) -> None:
-    """Before a call: take the template's state if another parallel model wrote it."""
-    state = state_of(replica)
-    if state is None or state.template is replica:
-        return
-    version = _version(state.template)
-    if version == state.synced_version:
-        return
-    copy_weights(state.template, replica)
-    copy_optimizer_state(state.family, state.template, replica, scope=state.route.scope())
-    state.synced_version = version
-
-
-def copy_weights(source: Any, target: Any) -> None:
-    if source.weights:
-        target.set_weights(source.get_weights())
-
-
-def build_template_optimizer(adapter: Adapter, template: Any) -> None:
-    """Create the template optimizer's slots now, outside any engine scope.
-
-    The template receives the optimizer state at every epoch end - from inside fit(),
-    where the engine's scope is active and a variable created for the template would
-    be placed (and refused) there.
-    """
-    optimizer = getattr(template, "optimizer", None)
-    if optimizer is not None and template.trainable_variables:
-        adapter.build_optimizer(optimizer, template.trainable_variables)
-
-
-def copy_optimizer_state(adapter: Adapter, source: Any, target: Any, scope: Any = None) -> bool:
-    """Give `target`'s optimizer `source`'s optimizer state (iterations, slots).
-
-    `scope`: the engine scope to build `target`'s optimizer in, when it is a replica.
-    True when done (or nothing to do); False when the layouts differ.
-    """
-    old_optimizer = getattr(source, "optimizer", None)
-    new_optimizer = getattr(target, "optimizer", None)
-    if old_optimizer is None or new_optimizer is None or old_optimizer is new_optimizer:
-        return True
-    old = adapter.optimizer_variables(old_optimizer)
-    if not old:
-        return True
-    if scope is not None and len(adapter.optimizer_variables(new_optimizer)) < len(old):
-        with scope:
-            adapter.build_optimizer(new_optimizer, target.trainable_variables)
-    new = adapter.optimizer_variables(new_optimizer)
-    if len(new) != len(old) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(old, new)):
-        return False
-    for variable, value in zip(new, old):
-        variable.assign(value.numpy() if hasattr(value, "numpy") else value)
-    return True
 
 
 # --- compile -----------------------------------------------------------------------------
@@ -216,14 +127,45 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
     scaled = _loss_scaling(adapter, args.get("loss"))
     compiled = dict(args)
     with state.route.scope():
+        compiled["optimizer"] = _replica_optimizer(state, replica, args.get("optimizer"))
         if state.template is not replica:
-            compiled["optimizer"] = adapter.fresh_optimizer(args.get("optimizer"))
             for key in ("metrics", "weighted_metrics"):
-                compiled[key] = step_hooks.map_structure(adapter.fresh_metric, args.get(key)) if args.get(
-                    key) is not None else None
+                if args.get(key) is not None:
+                    compiled[key] = step_hooks.map_structure(adapter.fresh_metric, args[key])
         compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
         state.originals["compile"](replica, **compiled)
     install_hooks(replica, args.get("loss"), scaled)
+
+
+def _in_scope(state: ParallelState, replica: Any, optimizer: Any) -> bool:
+    """Whether an optimizer lives where the replica trains: the replica's own, or made
+    in the engine's scope."""
+    return optimizer is getattr(replica, "optimizer", None) or state.route.owns_optimizer(
+        optimizer)
+
+
+def _replica_optimizer(state: ParallelState, replica: Any, given: Any) -> Any:
+    """The optimizer the replica compiles with (inside the engine's scope): the one
+    given when it lives there - recompiling with the model's own optimizer keeps its
+    state, as in Keras - else a fresh copy made there (an optimizer's variables belong
+    to the devices it was created for: TF refuses to mix strategies, JAX devices)."""
+    if given is None or isinstance(given, str) or not _in_scope(state, replica, given):
+        return state.family.fresh_optimizer(given)
+    return given
+
+
+def _template_optimizer(state: ParallelState, given: Any, previous: Any) -> Any:
+    """The optimizer the template compiles with: the one given, which the template
+    then holds (changes to it - a new learning rate - reach the replica), unless it
+    lives in the engine's scope; the replica's own keeps the template's own."""
+    template = state.template
+    if given is None or isinstance(given, str):
+        return given
+    if given is previous and getattr(template, "optimizer", None) is not None:
+        return template.optimizer
+    if given is previous or state.route.owns_optimizer(given):
+        return state.family.fresh_optimizer(given)
+    return given
 
 
 def _loss_scaling(adapter: Adapter, loss: Any) -> bool:
@@ -246,6 +188,7 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     if scaled is None:
         scaled = _loss_scaling(adapter, loss)
     state.has_compiled_loss = loss is not None
+    _install_steps(replica)
     adapter.check_internals(replica)
     adapter.install_loss_hook(
         replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
@@ -267,10 +210,11 @@ def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any,
 # --- the replaced methods ---------------------------------------------------------------------
 
 
-def _state(model: Any) -> ParallelState:
+def _state(model: Any, *, training: bool, collective: bool = True) -> ParallelState:
+    """The model's state, after the template's changes reached the replica."""
     state = state_of(model)
-    assert state is not None
-    pull_template(model)
+    assert state is not None and state.mirror is not None
+    sync.before_call(state.mirror, training=training, collective=collective)
     return state
 
 
@@ -282,6 +226,12 @@ def _compiled_for(model: Any, call: str) -> None:
         raise not_compiled(model, call)
 
 
+def _trained(state: ParallelState) -> None:
+    """After the replica's state changed: the template receives it."""
+    if state.mirror is not None:
+        sync.after_training(state.mirror)
+
+
 def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1,
          verbose: Any = "auto", callbacks: Any = None, validation_split: float = 0.0,
          validation_data: Any = None, shuffle: Any = True, class_weight: Any = None,
@@ -289,7 +239,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
          validation_steps: Any = None, validation_batch_size: Any = None,
          validation_freq: Any = 1, **kwargs: Any) -> Any:
     _compiled_for(self, "fit")
-    state = _state(self)
+    state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
@@ -309,8 +259,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    callbacks = ([_logs_callback(state, self)] + state.route.worker_callbacks(list(callbacks or []))
-                 + [_sync_callback(state, self)])
+    callbacks = ([_logs_callback(state, self), _to_template(state, self)]
+                 + state.route.worker_callbacks(list(callbacks or []))
+                 + [_from_template(state)])
     with state.route.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
@@ -319,7 +270,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             validation_freq=validation_freq, **kwargs,
         )
-    sync_template(self)
+    _trained(state)
     return history
 
 
@@ -327,7 +278,8 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
               verbose: Any = "auto", sample_weight: Any = None, steps: Any = None,
               callbacks: Any = None, return_dict: bool = False, **kwargs: Any) -> Any:
     _compiled_for(self, "evaluate")
-    state = _state(self)
+    state = state_of(self)
+    assert state is not None
     if kwargs.get("_use_cached_eval_dataset"):
         # fit()'s own validation pass: the data is already a padded feed.
         if "train" in state.custom_steps:
@@ -337,6 +289,7 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
         return _fixed_results(state, self, results, return_dict)
+    state = _state(self, training=False)
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
@@ -378,14 +331,16 @@ def _fixed_results(state: ParallelState, model: Any, results: Any, return_dict: 
 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
-    state = _state(self)
-    if state.route.environment.multi_process():
+    held = state_of(self)
+    if held is not None and held.route.environment.multi_process():
         # Each worker would only see its own rows; every worker holds all the weights,
-        # so each predicts everything on its own (on the template, one device).
-        sync_template(self)
-        template = state.template
+        # so each predicts everything on its own (on the template, one device, as it
+        # is: a change made on one process alone reaches the others at the next call
+        # they make together).
+        template = held.template
         return type(template).predict(template, x, batch_size=batch_size, verbose=verbose,
                                       steps=steps, callbacks=callbacks, **kwargs)
+    state = _state(self, training=False, collective=False)
     feed = state.feed(x, kind="predict", model=self, batch_size=batch_size, training=False)
     with state.route.scope():
         outputs = state.originals["predict"](
@@ -397,19 +352,20 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
 def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     _compiled_for(self, "train_on_batch")
-    state = _state(self)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, class_weight, state.route.planner)
+    state = _state(self, training=True)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, class_weight,
+                                 state.route.planner)
     with state.route.scope():
         logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
-    sync_template(self)
+    _trained(state)
     return logs
 
 
 def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     _compiled_for(self, "test_on_batch")
-    state = _state(self)
-    xb, packed = feeds.pad_batch(x, y, sample_weight, None, state.route.planner)
+    state = _state(self, training=False)
+    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, None, state.route.planner)
     with state.route.scope():
         return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
 
@@ -433,22 +389,41 @@ def _predict_on_batch(self: Any, x: Any) -> Any:
 
 def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
     state = state_of(self)
-    assert state is not None
+    assert state is not None and state.mirror is not None
+    # Flags frozen on the template since the last call count in this compile.
+    sync.before_call(state.mirror, training=True, collective=False)
     user_args = _compile_args_from_call(state.originals["compile"], self, *args, **kwargs)
+    previous = getattr(self, "optimizer", None)
     compile_replica(self, user_args)
     template = state.template
     if template is not self:
-        # The template is compiled too, with its own optimizer and metric objects, so
+        # The template is compiled too, with its own metric objects, so that
         # `template.save()` records the compile configuration like a one-device model.
         fam = state.family
         own = dict(user_args)
-        own["optimizer"] = fam.fresh_optimizer(user_args.get("optimizer"))
+        own["optimizer"] = _template_optimizer(state, user_args.get("optimizer"), previous)
         for key in ("metrics", "weighted_metrics"):
             if own.get(key) is not None:
                 own[key] = step_hooks.map_structure(fam.fresh_metric, own[key])
         own = {k: v for k, v in own.items() if v is not None or k == "loss"}
         type(template).compile(template, **own)
-        build_template_optimizer(fam, template)
+    sync.relink(state.mirror)
+
+
+def _set_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+    state = state_of(self)
+    assert state is not None
+    result = state.originals["set_weights"](self, *args, **kwargs)
+    _trained(state)  # set on the parallel model: the template holds them too
+    return result
+
+
+def _load_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
+    state = state_of(self)
+    assert state is not None
+    result = state.originals["load_weights"](self, *args, **kwargs)
+    _trained(state)  # loaded into the parallel model: into the template too
+    return result
 
 
 def _logs_callback(state: ParallelState, replica: Any) -> Any:
@@ -472,17 +447,31 @@ def _logs_callback(state: ParallelState, replica: Any) -> Any:
     return OneDeviceLogs()
 
 
-def _sync_callback(state: ParallelState, replica: Any) -> Any:
+def _to_template(state: ParallelState, replica: Any) -> Any:
+    """Second of the callbacks: at every epoch end, before the user's callbacks run,
+    the template receives the epoch's training state (a callback that saves the
+    template - the Keras 2.3 pattern - saves this epoch's weights)."""
     base = state.family.keras.callbacks.Callback
 
-    class SyncTemplate(base):  # type: ignore[misc, valid-type]
-        """Keeps the template holding the training state after every epoch."""
-
+    class StateToTemplate(base):  # type: ignore[misc, valid-type]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             state.route.epoch_end(replica)
-            sync_template(replica)
+            _trained(state)
 
-    return SyncTemplate()
+    return StateToTemplate()
+
+
+def _from_template(state: ParallelState) -> Any:
+    """Last of the callbacks: what the user's callbacks changed in the template at an
+    epoch end reaches the replica before the next epoch."""
+    base = state.family.keras.callbacks.Callback
+
+    class StateFromTemplate(base):  # type: ignore[misc, valid-type]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            assert state.mirror is not None
+            sync.before_call(state.mirror, training=True, collective=True)
+
+    return StateFromTemplate()
 
 
 _REPLACED: Dict[str, Callable[..., Any]] = {
@@ -493,6 +482,8 @@ _REPLACED: Dict[str, Callable[..., Any]] = {
     "test_on_batch": _test_on_batch,
     "predict_on_batch": _predict_on_batch,
     "compile": _compile,
+    "set_weights": _set_weights,
+    "load_weights": _load_weights,
 }
 
 
@@ -505,8 +496,7 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
         )
     klass = type(replica)
     report = step_hooks.StepReport(fam, route.planner.replicas, type(template).__name__)
-    state = ParallelState(template=template, route=route, family=fam, report=report,
-                          synced_version=_version(template))
+    state = ParallelState(template=template, route=route, family=fam, report=report)
     names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
                                "compute_metrics"]
     for name in names:
@@ -521,6 +511,21 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
     replica.__dict__[STATE_ATTR] = state
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
+    _install_steps(replica)
+    route.prepare_replica(replica)
+    return replica
+
+
+def _install_steps(replica: Any) -> None:
+    """The replica's steps, hooked (see `kerasmgpu.training.steps`).
+
+    Made anew at every compile: JAX caches what it traced by the step function, and a
+    step kept from before a compile would bring back the old compile's metrics.
+    """
+    state = state_of(replica)
+    assert state is not None
+    fam, report = state.family, state.report
+    assert report is not None
 
     def after(kind: str, frame: step_hooks.Frame, model: Any) -> None:
         report.after(kind, frame, model, state.has_compiled_loss)
@@ -534,8 +539,6 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
         if name in state.originals:
             replica.__dict__[name] = types.MethodType(
                 step_hooks.make_unbundling(state.originals[name]), replica)
-    route.prepare_replica(replica)
-    return replica
 
 
 def _is_keras_own(function: Any) -> bool:
@@ -547,12 +550,12 @@ def parallel_copy(route: BaseRoute, fam: Adapter, template: Any) -> Any:
     """Copy `template` into the route's scope, copy its state, compile like it."""
     with route.scope():
         replica = fam.clone_model(template)
-        copy_weights(template, replica)
+        if template.weights:
+            replica.set_weights(template.get_weights())
     attach(replica, template, route, fam)
     if fam.is_compiled(template):
         compile_replica(replica, fam.compile_args(template))
-        copy_optimizer_state(fam, template, replica, scope=route.scope())
-        build_template_optimizer(fam, template)
+    _link(replica)
     return replica
 
 
@@ -563,4 +566,14 @@ def adopt(route: BaseRoute, fam: Adapter, model: Any) -> Any:
         # Compiled in scope by the user (maybe through its own compile signature, as a
         # GAN's): hook what is there, recompile nothing.
         install_hooks(model, fam.compile_args(model).get("loss"))
+    _link(model)
     return model
+
+
+def _link(replica: Any) -> None:
+    state = state_of(replica)
+    assert state is not None
+    state.mirror = sync.link(
+        state.template, replica, state.family, state.route,
+        job=state.route.environment.multi_process(),
+        recompile=lambda args: compile_replica(replica, args))

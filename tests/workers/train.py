@@ -10,7 +10,10 @@ of that epoch, or before fit with E = -1; once: a marker file holding the time o
 failure makes the next run train normally), --crash-how (os_exit: os._exit(3), sys_exit:
 sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup DIR
 (BackupAndRestore), --shuffle, --seed S (keras.utils.set_random_seed(S)), --tf-data (feed
-a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on).
+a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
+--chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
+rate, then every process fits one more epoch: the chief's template is the truth),
+--clipnorm C (SGD(clipnorm=C)), --custom-step (the PyTorch guide's own train_step).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -39,8 +42,11 @@ parser.add_argument("--crash-how", default="os_exit",
 parser.add_argument("--backup", default=None)
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
+parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
+parser.add_argument("--clipnorm", type=float, default=None,
+                    help="SGD(clipnorm=...): clipping must act on the global gradient")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -89,7 +95,8 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
+model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
 pmodel = kerasmgpu.parallelize(model)
 
@@ -156,6 +163,13 @@ if args.tf_data:
 else:
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs,
                          shuffle=False, verbose=0, callbacks=callbacks,
+                         validation_data=(x[:33], y[:33]))
+    evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
+if args.chief_sets:
+    if rank == 0:  # e.g. a checkpoint loaded on the chief only
+        model.set_weights([w * 0.5 for w in model.get_weights()])
+        model.optimizer.learning_rate = 0.01
+    history = pmodel.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
 prediction = pmodel.predict(x[:7], verbose=0)

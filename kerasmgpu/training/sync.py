@@ -1,0 +1,330 @@
+"""The template is the truth both ways: the model you built and the parallel model agree.
+
+`parallelize()` trains a copy of the model you built - the replica - or, when it was
+built in `kerasmgpu.scope()` (and always on torch), the model itself. Between two calls
+of the parallel model either side may change: you set, load, train, recompile or freeze
+the template, or assign one of its variables; a call trains the replica. So:
+
+* before every call (`before_call`), what changed in the template since the two last
+  agreed goes to the replica - variable by variable, so a new learning rate copies one
+  number, not the model - and a template compiled anew is compiled anew in the replica,
+  with the template's trainable flags;
+* after a call that trains, and at every epoch end (`after_training`), the replica's
+  state goes to the template: weights, optimizer state (learning rate included) and
+  BatchNorm statistics.
+
+Finding what changed copies nothing: `Adapter.state_reader` gives one token per
+variable (the identity of a JAX array, a torch tensor's version, a hash of the bits
+computed where a TensorFlow variable lives), and trainable flags and the compile
+configuration are compared as they are. In a job of several processes, the processes'
+verdicts are combined and, when any template changed, rank 0's template goes to every
+process: the chief's template is the truth.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from kerasmgpu.adapters import Adapter
+from kerasmgpu.adapters.base import StateReader
+
+
+@dataclass
+class Part:
+    """A part of the training state (the weights, or the optimizer's): the template's
+    variables and the replica's in the same order, and the template's tokens when the
+    two last agreed."""
+
+    template: List[Any]
+    replica: List[Any]
+    reader: StateReader
+    seen: List[Any] = field(default_factory=list)
+
+
+@dataclass
+class Mirror:
+    """What kerasmgpu keeps to make a template and its replica agree."""
+
+    template: Any
+    replica: Any
+    adapter: Adapter
+    # The engine: scope(), equalize(replica), any_process(flag), broadcast_arrays(arrays).
+    route: Any
+    # Compiles the replica with the template's compile arguments (None: never needed).
+    recompile: Optional[Callable[[Dict[str, Any]], None]] = None
+    # Whether the optimizer state is mirrored (Keras 2.3's own multi_gpu_model keeps the
+    # template's optimizer apart, and so does kerasmgpu there).
+    with_optimizer: bool = True
+    # A job of several processes: calls that all processes make agree on what changed.
+    job: bool = False
+    weights: Optional[Part] = None
+    optimizer: Optional[Part] = None
+    compiled: Tuple[Any, ...] = ()
+    flags: Tuple[Tuple[bool, ...], Tuple[bool, ...]] = ((), ())
+    layers: Tuple[List[Any], List[Any]] = ([], [])
+    warned: bool = False
+
+    @property
+    def shared(self) -> bool:
+        """The template is the parallel model itself (built in scope, or torch)."""
+        return self.template is self.replica
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to keep equal: one model, one process."""
+        return self.shared and not self.job
+
+    def parts(self, training: bool = True) -> List[Part]:
+        parts = [self.weights] + ([self.optimizer] if training else [])
+        return [p for p in parts if p is not None]
+
+
+def link(template: Any, replica: Any, adapter: Adapter, route: Any, **options: Any) -> Mirror:
+    """A mirror of a template and its replica whose weights already agree: the
+    template's optimizer state goes to the replica, and both sides are recorded."""
+    mirror = Mirror(template, replica, adapter, route, **options)
+    relink(mirror)
+    return mirror
+
+
+def relink(mirror: Mirror) -> None:
+    """After a compile: take the optimizers as they are now, the template's state into
+    the replica, and record both sides as agreeing."""
+    if mirror.idle:
+        return
+    if not mirror.shared:
+        build_template_optimizer(mirror)
+    _refresh(mirror)
+    if mirror.optimizer is not None and not mirror.shared:
+        _copy(mirror, mirror.optimizer, to_replica=True)
+    _record(mirror)
+
+
+# --- before a call: the template's changes into the replica --------------------------------
+
+
+def before_call(mirror: Mirror, *, training: bool, collective: bool) -> None:
+    """Bring the template's changes into the replica before a call.
+
+    `training`: the call trains (optimizer state and trainable flags matter then);
+    `collective`: every process of a job makes this call together, so that they can
+    agree on what changed (predict runs on each process alone).
+    """
+    exchange = collective and mirror.job
+    if mirror.shared:
+        if exchange:
+            _follow_the_chief(mirror, training)
+        return
+    if _compiled_anew(mirror):
+        _copy_flags(mirror)
+        _recompile(mirror)
+    elif training:
+        _copy_flags(mirror)
+    changes = _changes(mirror, training)
+    if exchange:
+        if mirror.route.any_process(bool(changes)):
+            _take_the_chiefs(mirror, training)
+        return
+    for part, indexes, tokens in changes:
+        _copy(mirror, part, to_replica=True, indexes=indexes)
+        part.seen = tokens
+
+
+def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List[Any]]]:
+    """(part, indexes of the template's variables that changed, the tokens now)."""
+    found = []
+    for part in mirror.parts(training):
+        tokens = part.reader()
+        indexes = [i for i, (now, seen) in enumerate(zip(tokens, part.seen)) if now != seen]
+        if indexes or len(tokens) != len(part.seen):
+            found.append((part, indexes or list(range(len(tokens))), tokens))
+    return found
+
+
+def _follow_the_chief(mirror: Mirror, training: bool) -> None:
+    """The parallel model is the template (torch, or built in scope): when any process
+    changed its own, every process takes rank 0's."""
+    if mirror.route.any_process(bool(_changes(mirror, training))):
+        _take_the_chiefs(mirror, training)
+
+
+def _take_the_chiefs(mirror: Mirror, training: bool) -> None:
+    adapter = mirror.adapter
+    for part in mirror.parts(training):
+        values = mirror.route.broadcast_arrays(adapter.read_values(part.template))
+        if mirror.shared:
+            with mirror.route.scope():
+                adapter.write_values(part.template, values)
+        else:
+            adapter.write_values(part.template, values)
+            _copy(mirror, part, to_replica=True)
+        part.seen = part.reader()
+
+
+def _compiled_anew(mirror: Mirror) -> bool:
+    token = mirror.adapter.compile_token(mirror.template)
+    return mirror.recompile is not None and not _same(token, mirror.compiled)
+
+
+def _recompile(mirror: Mirror) -> None:
+    """The template was compiled anew: the replica is compiled with its arguments (a
+    fresh copy of its optimizer), then takes its optimizer state."""
+    assert mirror.recompile is not None
+    if mirror.adapter.is_compiled(mirror.template):
+        mirror.recompile(mirror.adapter.compile_args(mirror.template))
+    relink(mirror)
+
+
+def _same(a: Tuple[Any, ...], b: Tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+# --- trainable flags ------------------------------------------------------------------------
+
+
+def _trainable(layers: List[Any]) -> Tuple[bool, ...]:
+    return tuple(bool(layer.trainable) for layer in layers)
+
+
+def _copy_flags(mirror: Mirror) -> None:
+    """Freezing or unfreezing on either side: the side that changed gives its flags
+    (the template when both did). Keras applies them as on one device - at the next
+    compile, or at once where that Keras does."""
+    template, replica = mirror.layers
+    if len(template) != len(replica):
+        return
+    now = (_trainable(template), _trainable(replica))
+    if now[0] != mirror.flags[0]:
+        source, target = template, replica
+    elif now[1] != mirror.flags[1]:
+        source, target = replica, template
+    else:
+        return
+    for giver, taker in zip(source, target):  # outer layers first: setting one sets its inner
+        if bool(taker.trainable) != bool(giver.trainable):
+            taker.trainable = giver.trainable
+    mirror.flags = (_trainable(template), _trainable(replica))
+
+
+# --- after a call that trains: the replica's state into the template ---------------------
+
+
+def after_training(mirror: Mirror) -> None:
+    """The replica's whole training state into the template (epoch ends, after calls)."""
+    # Every replica's copy of the BatchNorm statistics becomes their mean, also when
+    # the parallel model is the template.
+    mirror.route.equalize(mirror.replica)
+    if mirror.idle:
+        return
+    if mirror.shared:
+        for part in mirror.parts():
+            part.seen = part.reader()
+        return
+    _refresh(mirror)  # the call may have built the replica or its optimizer
+    for part in mirror.parts():
+        _copy(mirror, part, to_replica=False)
+        part.seen = part.reader()
+
+
+# --- the variables of each side, and copying them ------------------------------------------
+
+
+def _copy(mirror: Mirror, part: Part, *, to_replica: bool,
+          indexes: Optional[List[int]] = None) -> None:
+    adapter = mirror.adapter
+    chosen = range(len(part.template)) if indexes is None else indexes
+    source = part.template if to_replica else part.replica
+    target = part.replica if to_replica else part.template
+    values = adapter.read_values([source[i] for i in chosen])
+    if to_replica:
+        with mirror.route.scope():
+            adapter.write_values([target[i] for i in chosen], values)
+    else:
+        adapter.write_values([target[i] for i in chosen], values)
+
+
+def _refresh(mirror: Mirror) -> None:
+    """Re-read both sides' variables (kept between calls: listing them walks the model)."""
+    template, replica = mirror.template, mirror.replica
+    ours, theirs = list(template.weights), list(replica.weights)
+    if len(ours) != len(theirs) and theirs and hasattr(replica, "input_shape"):
+        # A Sequential model given without an input shape: the replica was built by
+        # the first batch; build the template the same way so it can hold the weights.
+        template.build(replica.input_shape)
+        ours = list(template.weights)
+    if len(ours) != len(theirs):
+        raise RuntimeError(
+            f"kerasmgpu: the model you built has {len(ours)} weights and its parallel "
+            f"copy {len(theirs)}: they cannot be kept equal. Fix: build the model (call "
+            "it on a batch, or give it an input shape) before parallelize()."
+        )
+    weights = _part(mirror.weights, ours, theirs, mirror.adapter)
+    if weights is not mirror.weights or not mirror.layers[0]:  # new variables: new layers?
+        mirror.layers = (mirror.adapter.layers_of(template), mirror.adapter.layers_of(replica))
+    mirror.weights = weights
+    mirror.optimizer = _optimizer_part(mirror)
+
+
+def _part(old: Optional[Part], template: List[Any], replica: List[Any],
+          adapter: Adapter) -> Part:
+    if old is not None and _same(tuple(old.template), tuple(template)):
+        old.replica = replica
+        return old  # the same variables: keep the reader (a traced function on TF)
+    return Part(template, replica, adapter.state_reader(template))
+
+
+def _optimizer_part(mirror: Mirror) -> Optional[Part]:
+    adapter = mirror.adapter
+    ours = getattr(mirror.template, "optimizer", None)
+    theirs = getattr(mirror.replica, "optimizer", None)
+    if not mirror.with_optimizer or ours is None or theirs is None:
+        return None
+    template = adapter.optimizer_state(ours)
+    if mirror.shared:
+        return _part(mirror.optimizer, template, template, adapter)
+    replica = adapter.optimizer_state(theirs)
+    if len(replica) < len(template):
+        with mirror.route.scope():  # the replica's slots, created where it trains
+            adapter.build_optimizer(theirs, mirror.replica.trainable_variables)
+        replica = adapter.optimizer_state(theirs)
+    if len(replica) != len(template) or any(
+            tuple(a.shape) != tuple(b.shape) for a, b in zip(template, replica)):
+        _warn_optimizer_layout(mirror)
+        return None
+    return _part(mirror.optimizer, template, replica, adapter)
+
+
+def _warn_optimizer_layout(mirror: Mirror) -> None:
+    if mirror.warned:
+        return
+    mirror.warned = True
+    warnings.warn(
+        "kerasmgpu: the template's optimizer does not have the layout of the parallel "
+        "model's, so the template receives the weights but not the optimizer state "
+        "(saving the template then restarts the optimizer). Fix: save the parallel "
+        "model itself to keep the optimizer state.",
+        stacklevel=4,
+    )
+
+
+def build_template_optimizer(mirror: Mirror) -> None:
+    """Create the template optimizer's slots now, outside any engine scope.
+
+    The template receives the optimizer state at every epoch end - from inside fit(),
+    where the engine's scope is active and a variable created for the template would
+    be placed (and refused) there.
+    """
+    template = mirror.template
+    optimizer = getattr(template, "optimizer", None)
+    if mirror.with_optimizer and optimizer is not None and template.trainable_variables:
+        mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
+
+
+def _record(mirror: Mirror) -> None:
+    """Both sides agree now: remember the template's tokens, compile and flags."""
+    for part in mirror.parts():
+        part.seen = part.reader()
+    mirror.compiled = mirror.adapter.compile_token(mirror.template)
+    mirror.flags = (_trainable(mirror.layers[0]), _trainable(mirror.layers[1]))
