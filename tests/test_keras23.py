@@ -75,6 +75,44 @@ def test_a_keras23_script_trains_and_saves_after_the_opt_in_import(tmp_path: Pat
 
 
 @requires(legacy=True)
+def test_recurrent_layers_identity_and_layer_weights_work_in_graph_mode(tmp_path: Path) -> None:
+    # Keras 2.3 computed LSTM/ConvLSTM2D biases and the Identity initializer under
+    # `K.eager`, and read/wrote one layer's weights there: in the graph mode the
+    # patches set, each failed; and an RNN's gradient needs the loop's intermediates.
+    # The values are Keras 2.3's own: forget-gate bias 1, identity times the gain.
+    done = _python("""
+        import kerasmgpu.keras23
+        import numpy as np
+        import keras
+        from keras import initializers
+        from keras.layers import LSTM, ConvLSTM2D, Dense, Flatten, SimpleRNN
+
+        lstm = keras.Sequential([LSTM(2, input_shape=(5, 3)), Dense(1)])
+        lstm.compile("adam", "mse")
+        print("BIAS", lstm.layers[0].get_weights()[2].tolist())
+        x = np.random.RandomState(0).rand(16, 5, 3)
+        h = lstm.fit(x, x[:, -1, :1], epochs=3, verbose=0).history["loss"]
+        print("LOSS FALLS", h[-1] < h[0])
+        lstm.layers[1].set_weights([np.full((2, 1), 3.0), np.zeros(1)])
+        print("SET", lstm.layers[1].get_weights()[0].ravel().tolist())
+        rnn = SimpleRNN(2, recurrent_initializer=initializers.Identity(gain=2.0))
+        keras.Sequential([rnn]).build((None, 4, 1))
+        print("IDENTITY", rnn.get_weights()[1].tolist())
+        conv = keras.Sequential([ConvLSTM2D(2, 3, input_shape=(2, 6, 6, 1)), Flatten(),
+                                 Dense(1)])
+        conv.compile("adam", "mse")
+        conv.fit(np.zeros((4, 2, 6, 6, 1)), np.zeros((4, 1)), verbose=0)
+        print("CONVLSTM OK")
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "BIAS [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]" in done.stdout
+    assert "LOSS FALLS True" in done.stdout
+    assert "SET [3.0, 3.0]" in done.stdout
+    assert "IDENTITY [[2.0, 0.0], [0.0, 2.0]]" in done.stdout
+    assert "CONVLSTM OK" in done.stdout
+
+
+@requires(legacy=True)
 def test_without_the_import_keras23_does_not_import(tmp_path: Path) -> None:
     # What the opt-in is for: on TensorFlow 2.15, `tf.keras` is the `keras` package -
     # here Keras 2.3.1 itself - so its own import goes in a circle.

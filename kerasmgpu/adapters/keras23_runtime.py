@@ -86,6 +86,15 @@ def _tensorflow() -> None:
     if not hasattr(tf.compat.v1, "disable_eager_execution"):
         raise _missing("tf.compat.v1.disable_eager_execution", tf.__version__)
     tf.compat.v1.disable_eager_execution()
+    # Why: in graph mode a recurrent layer's loop is a v2 `while` whose gradient,
+    # built later by the optimizer, needs the loop's intermediate values as outputs;
+    # TF keeps them only when asked before the loop is built (otherwise training any
+    # RNN fails: "Connecting to invalid output 11 of source node lstm_1/while ... Try
+    # using tf.compat.v1.experimental.output_all_intermediates(True)"). TF's own
+    # graph-mode Keras does the same for its layers.
+    if not hasattr(tf.compat.v1.experimental, "output_all_intermediates"):
+        raise _missing("tf.compat.v1.experimental.output_all_intermediates", tf.__version__)
+    tf.compat.v1.experimental.output_all_intermediates(True)
 
     # Why: in TF >= 2.6 `tf.keras` is the separate `keras` package - here that is
     # Keras 2.3.1 itself, so `tf.keras` would import Keras 2.3 from inside Keras 2.3
@@ -148,6 +157,32 @@ def _keras_graph_mode() -> None:
     K.get_value = tfb.get_value = tf_keras_backend.get_value
 
 
+def _keras_eager_scopes() -> None:
+    # Why: Keras 2.3 runs a few functions under `@K.eager`, which on TF 2 enters
+    # `context.eager_mode()` (it assumed eager TF 2.0, whose variables were eager too).
+    # In graph mode (see above) that breaks them: an initial value computed eagerly
+    # cannot initialize a graph variable ("Attempting to capture an EagerTensor without
+    # building a function") - every LSTM and ConvLSTM2D (`unit_forget_bias`, the
+    # default) and the `Identity` initializer failed to build - and a graph variable
+    # cannot be read or assigned eagerly ("... is out of scope"): `layer.get_weights()`
+    # and `layer.set_weights()` failed. They run in the graph instead: `K.eager` is
+    # looked up when LSTMCell/ConvLSTM2DCell.build runs, and the methods wrapped at
+    # import get their original back (`functools.wraps` keeps it as `__wrapped__`).
+    import keras.backend as K
+    import keras.backend.tensorflow_backend as tfb
+    from keras import initializers
+    from keras.engine import base_layer
+
+    def eager(func: Any) -> Any:
+        return func
+
+    K.eager = tfb.eager = eager
+    for owner, name in ((initializers.Identity, "__call__"), (base_layer.Layer, "get_weights"),
+                        (base_layer.Layer, "set_weights")):
+        method = getattr(owner, name)
+        setattr(owner, name, getattr(method, "__wrapped__", method))
+
+
 def _h5py3_strings() -> None:
     # Why: h5py >= 3 returns scalar string attributes as `str` where h5py 2 returned
     # bytes; Keras 2.3.1's `load_model` calls `.decode('utf-8')` on them
@@ -188,6 +223,7 @@ def _patch_keras() -> None:
         if _keras_patched:
             return
         _keras_graph_mode()
+        _keras_eager_scopes()
         _h5py3_strings()
         _keras_patched = True
 
