@@ -113,6 +113,40 @@ def test_recurrent_layers_identity_and_layer_weights_work_in_graph_mode(tmp_path
 
 
 @requires(legacy=True)
+def test_weight_files_load_back_with_h5py_3(tmp_path: Path) -> None:
+    # h5py 3 reads the string attributes Keras 2.3 writes as str (and arrays of str):
+    # `load_weights` (by order and by name) and `load_model` with an optimizer state
+    # whose weight names differ in length decoded them and failed.
+    done = _python("""
+        import kerasmgpu.keras23
+        import numpy as np
+        import keras
+        from keras.layers import LSTM, Dense, Input
+
+        def build():
+            x = Input((3, 2))
+            return keras.Model(x, Dense(1, name="out")(LSTM(3, name="rnn")(x)))
+
+        model = build()
+        model.compile("rmsprop", "mse")
+        model.fit(np.random.RandomState(0).rand(8, 3, 2), np.ones((8, 1)), verbose=0)
+        model.save_weights("weights.h5")
+        model.save("model.h5")
+        same = lambda m: all(np.array_equal(a, b)
+                             for a, b in zip(model.get_weights(), m.get_weights()))
+        by_order, by_name = build(), build()
+        by_order.load_weights("weights.h5")
+        by_name.load_weights("weights.h5", by_name=True)
+        loaded = keras.models.load_model("model.h5")
+        slots = [np.array_equal(a, b) for a, b in zip(model.optimizer.get_weights(),
+                                                       loaded.optimizer.get_weights())]
+        print("SAME", same(by_order), same(by_name), same(loaded), len(slots), all(slots))
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SAME True True True 6 True" in done.stdout
+
+
+@requires(legacy=True)
 def test_without_the_import_keras23_does_not_import(tmp_path: Path) -> None:
     # What the opt-in is for: on TensorFlow 2.15, `tf.keras` is the `keras` package -
     # here Keras 2.3.1 itself - so its own import goes in a circle.

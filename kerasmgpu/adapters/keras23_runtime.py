@@ -183,25 +183,101 @@ def _keras_eager_scopes() -> None:
         setattr(owner, name, getattr(method, "__wrapped__", method))
 
 
+def _as_h5py2(value: Any) -> Any:
+    """A string attribute as h5py 2 read it: bytes, or an array of bytes."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and dtype.kind in "OU" and getattr(value, "ndim", 0) == 1:
+        import numpy as np
+
+        items = value.tolist()
+        if items and all(isinstance(v, str) for v in items):
+            return np.array([v.encode("utf-8") for v in items])
+    return value
+
+
+class _H5py2Attrs:
+    """An h5py group's `.attrs`, read the h5py 2 way (see _h5py3_strings)."""
+
+    def __init__(self, attrs: Any) -> None:
+        self._attrs = attrs
+
+    def __getitem__(self, name: str) -> Any:
+        return _as_h5py2(self._attrs[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._attrs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._attrs, name)
+
+
+class _H5py2Group:
+    """An h5py group (or file) whose attributes and subgroups read the h5py 2 way."""
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+
+    @property
+    def attrs(self) -> _H5py2Attrs:
+        return _H5py2Attrs(self._group.attrs)
+
+    def __getitem__(self, key: str) -> Any:
+        import h5py
+
+        item = self._group[key]
+        return _H5py2Group(item) if isinstance(item, h5py.Group) else item
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._group
+
+    def __iter__(self) -> Any:
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._group, name)
+
+
 def _h5py3_strings() -> None:
-    # Why: h5py >= 3 returns scalar string attributes as `str` where h5py 2 returned
-    # bytes; Keras 2.3.1's `load_model` calls `.decode('utf-8')` on them
-    # (model_config, training_config, keras_version, backend). h5py 2 has no wheels
-    # for Python >= 3.10, so give Keras the bytes it expects. Guard: h5py >= 3 only.
+    # Why: h5py >= 3 returns string attributes as `str` (or arrays of `str`) where
+    # h5py 2 returned bytes, and Keras 2.3.1 calls `.decode('utf8')` on them: in
+    # `load_model` (model_config, training_config, keras_version, backend, the
+    # optimizer's weight names) and in `load_weights` (keras_version, backend, layer
+    # and weight names). h5py 2 has no wheels for Python >= 3.10, so give Keras the
+    # bytes it expects: `H5Dict` (load_model's reader) converts what it returns, and
+    # the readers `load_weights` uses get the file through `_H5py2Group`. Guard:
+    # h5py >= 3 only. Writing is unchanged (Keras 2.3 writes bytes; files stay
+    # readable by Keras 2.3 anywhere).
     h5py = versions.dist_version("h5py")
     if h5py is None or h5py.major < 3:
         return
+    from keras.engine import saving
     from keras.utils import io_utils
 
     original = io_utils.H5Dict.__getitem__
 
     def __getitem__(self: Any, attr: Any) -> Any:
         val = original(self, attr)
-        if isinstance(val, str) and not isinstance(self.data, dict):
-            return val.encode("utf-8")
+        if not isinstance(self.data, dict):
+            return _as_h5py2(val)
         return val
 
     io_utils.H5Dict.__getitem__ = __getitem__
+
+    for name in ("load_attributes_from_hdf5_group", "load_weights_from_hdf5_group",
+                 "load_weights_from_hdf5_group_by_name"):
+        reader = getattr(saving, name)
+
+        def read(group: Any, *args: Any, __reader: Any = reader, **kwargs: Any) -> Any:
+            if not isinstance(group, _H5py2Group):
+                group = _H5py2Group(group)
+            return __reader(group, *args, **kwargs)
+
+        setattr(saving, name, read)
 
 
 # --- Installing ------------------------------------------------------------------------
