@@ -1,0 +1,85 @@
+"""`kerasmgpu migrate`: move a Keras 2.3 project to Keras 3, tf_keras, or kerasmgpu on 2.3.
+
+    kerasmgpu migrate src/ --to keras3            # the report; nothing changes
+    kerasmgpu migrate src/ --to keras3 --diff     # the report and the diff
+    kerasmgpu migrate src/ --to keras3 --write    # rewrite in place
+    kerasmgpu migrate src/ --to keras3 --check    # CI: exit 1 while something is left
+
+The codemod edits source with libcst, so comments, blank lines and formatting outside the
+rewritten nodes survive byte for byte; a second run changes nothing. Each rule family is
+one module of this package, with what it rewrites, what it only reports, and why, in its
+docstring:
+
+* `multi_gpu`: `multi_gpu_model` / keras-extras `make_parallel` -> `kerasmgpu.parallelize`
+  (`--to keras23`: -> `kerasmgpu.legacy`), CPU template scopes, batch arithmetic.
+* `generators`: `fit_generator` / `evaluate_generator` / `predict_generator` -> `fit` /
+  `evaluate` / `predict`, their worker arguments moved or dropped with a note.
+
+The report (`report.py`): a summary, then `path:line:col: SEVERITY: message` per finding.
+INFO is a rewrite that keeps behaviour; WARNING code that runs on the target but may
+behave differently (the message says how); ERROR code that will not run there and was not
+rewritten. `--check` exits 1 while a file would change or an ERROR remains.
+
+libcst is an optional dependency (``pip install "kerasmgpu[tools]"``); it is imported only
+when the codemod runs, so ``import kerasmgpu`` stays framework- and libcst-free.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+from kerasmgpu.migrate.report import (
+    DEFAULT_TARGET,
+    Finding,
+    MigrationError,
+    MigrationResult,
+    Severity,
+    Target,
+    parse_target,
+)
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "Finding",
+    "MigrationError",
+    "MigrationResult",
+    "Severity",
+    "Target",
+    "main",
+    "migrate_source",
+]
+
+INSTALL_HINT = 'pip install "kerasmgpu[tools]"'
+
+
+def import_libcst() -> None:
+    """Fail with the install command when the optional libcst is missing."""
+    try:
+        import libcst  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "kerasmgpu migrate needs libcst, which is not installed. Received: no module "
+            f"named 'libcst'. Allowed: libcst>=1.1 (the 'tools' extra). Fix: {INSTALL_HINT}"
+        ) from exc
+
+
+def migrate_source(source: str, filename: str = "<string>",
+                   target: Union[str, Target] = DEFAULT_TARGET) -> MigrationResult:
+    """Migrate one file's text to `target` ("keras3", "tf_keras" or "keras23").
+
+    Returns the new text and the findings, which cite lines of `source`. Raises
+    `MigrationError` (a ValueError) when `source` does not parse, ValueError for an unknown
+    target, and ImportError naming `pip install "kerasmgpu[tools]"` when libcst is missing.
+    """
+    chosen = parse_target(target)
+    import_libcst()
+    from kerasmgpu.migrate import engine
+
+    return engine.run(source, filename, chosen)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """`kerasmgpu migrate PATH... [--to TARGET] [--write | --check] [--diff]`."""
+    from kerasmgpu.migrate import cli
+
+    return cli.main(argv)

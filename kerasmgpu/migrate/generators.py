@@ -1,0 +1,196 @@
+"""Generator methods: `fit_generator` / `evaluate_generator` / `predict_generator`.
+
+Keras 3 removed them; tf_keras keeps them deprecated. `fit`, `evaluate` and `predict` take
+generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to tf_keras`):
+
+* `model.fit_generator(gen, 100, 5, workers=4)` -> `model.fit(gen, steps_per_epoch=100,
+  epochs=5, ...)`: the generator (positional or `generator=`) stays first, every other
+  positional argument becomes its keyword (fit's positional order differs: its second
+  parameter is `y`).
+* `evaluate_generator` / `predict_generator` defaulted to `verbose=0`, `evaluate` /
+  `predict` to a progress bar: `verbose=0` is written when the call did not set it.
+* `workers`, `use_multiprocessing`, `max_queue_size`: tf_keras's `fit`/`evaluate`/`predict`
+  still take them (verified on tf_keras 2.16-2.21), so they stay. Keras 3's do not: they
+  belong to the `PyDataset` (= `keras.utils.Sequence`) constructor there. They are dropped
+  with a WARNING that says what changes (batches load in one thread: same data, slower; a
+  plain generator with `use_multiprocessing=True` gave every worker process its own copy,
+  so batches repeated, and now each comes once) and how to get them back. Left at their
+  Keras 2.3 defaults (1, False, 10) they are dropped with an INFO.
+* Keras 1 names Keras 2.3 still converted: `nb_epoch` -> `epochs`, `nb_worker` ->
+  `workers`, `pickle_safe` -> `use_multiprocessing`, `max_q_size` -> `max_queue_size`,
+  `nb_val_samples` -> `validation_steps` and `val_samples` -> `steps` (renamed with the
+  value kept, as Keras 2.3 did; a WARNING says that they count batches, not samples).
+  `samples_per_epoch` is left with an ERROR: Keras 2.3 divided it by the generator's
+  `batch_size` attribute when there was one, which cannot be read from the source.
+
+A call to a `fit_generator` that the file defines itself (a method of its own class) is
+not Keras's and stays. `--to keras23` changes nothing here: the methods work on 2.3.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set
+
+import libcst as cst
+
+from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate.engine import Context, Rule
+from kerasmgpu.migrate.report import Target
+
+METHODS = {"fit_generator": "fit", "evaluate_generator": "evaluate",
+           "predict_generator": "predict"}
+# Keras 2.3.1's signatures, positional order (keras/engine/training.py).
+PARAMS = {
+    "fit_generator": ("generator", "steps_per_epoch", "epochs", "verbose", "callbacks",
+                      "validation_data", "validation_steps", "validation_freq",
+                      "class_weight", "max_queue_size", "workers", "use_multiprocessing",
+                      "shuffle", "initial_epoch"),
+    "evaluate_generator": ("generator", "steps", "callbacks", "max_queue_size", "workers",
+                           "use_multiprocessing", "verbose"),
+    "predict_generator": ("generator", "steps", "callbacks", "max_queue_size", "workers",
+                          "use_multiprocessing", "verbose"),
+}
+WORKER_ARGS = ("workers", "use_multiprocessing", "max_queue_size")
+WORKER_DEFAULTS = {"workers": "1", "use_multiprocessing": "False", "max_queue_size": "10"}
+# Keras 1 keywords that Keras 2.3's legacy interface renamed with the value kept.
+KERAS1_RENAMES = {"nb_epoch": "epochs", "nb_worker": "workers",
+                  "pickle_safe": "use_multiprocessing", "max_q_size": "max_queue_size",
+                  "nb_val_samples": "validation_steps", "val_samples": "steps"}
+COUNTS_BATCHES = ("nb_val_samples", "val_samples")
+
+MSG_KERAS23 = (
+    "{method} is deprecated (removed in Keras 3); {base}() accepts generators and "
+    "keras.utils.Sequence directly: `kerasmgpu migrate --to keras3` rewrites it"
+)
+MSG_REWRITTEN = "{method}(...) -> {base}(...){extra}"
+MSG_VERBOSE = "; verbose=0 written, {method}'s default ({base}'s shows a progress bar)"
+MSG_DROPPED_DEFAULTS = "; {names} dropped: Keras 3's {base}() has no such arguments"
+MSG_DROPPED = (
+    "{names} dropped from {base}(): Keras 3 takes them from a PyDataset (keras.utils.Sequence "
+    "is one), not from {base}(). Until you pass them to your Sequence's "
+    "super().__init__({kwargs}), batches load in one thread: the same batches in the same "
+    "order, more slowly{mp}"
+)
+MSG_DROPPED_MP = (
+    ". With a plain Python generator, use_multiprocessing=True gave each worker process its "
+    "own copy of the generator, so batches repeated (Keras 2.3 warned it 'may duplicate your "
+    "data'); now each comes once"
+)
+MSG_COUNTS_BATCHES = (
+    "{old}= -> {new}=, the value kept as Keras 2.3 did: it counts batches, not samples "
+    "(Keras 1's meaning); divide by the batch size if it was a sample count"
+)
+MSG_SAMPLES_PER_EPOCH = (
+    "samples_per_epoch is Keras 1's: Keras 2.3 turned it into steps_per_epoch = "
+    "samples_per_epoch // generator.batch_size (or the value itself when the generator had "
+    "no batch_size), which cannot be told from the source: write "
+    "steps_per_epoch=<batches per epoch> and rerun"
+)
+MSG_LOCAL = "{method} is defined in this file (not Keras's): left alone"
+
+
+class GeneratorRule(Rule):
+    NAME = "generators"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.local_methods: Set[str] = _defined_names(ctx.module)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in METHODS:
+            return
+        method = func.attr.value
+        if method in self.local_methods:
+            self.info(func.attr, MSG_LOCAL.format(method=method))
+            return
+        if self.ctx.target is Target.KERAS23:
+            self.info(func.attr, MSG_KERAS23.format(method=method, base=METHODS[method]))
+            return
+        bound = _bind(node, method)
+        if bound is None or "samples_per_epoch" in bound:
+            self.unbound(node, method)
+        else:
+            self.rewrite(node, method, bound)
+
+    def unbound(self, node: cst.Call, method: str) -> None:
+        if nodes.kwarg_value(node, "samples_per_epoch") is not None:
+            self.error(node.func.attr, MSG_SAMPLES_PER_EPOCH)
+        else:
+            self.error(node.func.attr, f"{method}: its arguments could not be matched to Keras "
+                       "2.3's signature (*args/**kwargs?), so it was left: call "
+                       f"{METHODS[method]}(...) by hand")
+
+    def rewrite(self, node: cst.Call, method: str, bound: Dict[str, cst.Arg]) -> None:
+        base = METHODS[method]
+        drop = self.ctx.target is Target.KERAS3
+        extra = ""
+        if method != "fit_generator" and "verbose" not in bound:
+            extra += MSG_VERBOSE.format(method=method, base=base)
+        workers = {name: self.ctx.code(bound[name].value) for name in WORKER_ARGS
+                   if name in bound}
+        if drop and workers:
+            extra += self.report_dropped(node, base, workers)
+        for old, new in KERAS1_RENAMES.items():
+            if nodes.kwarg_value(node, old) is not None and old in COUNTS_BATCHES:
+                self.warn(node.func.attr, MSG_COUNTS_BATCHES.format(old=old, new=new))
+        self.info(node.func.attr, MSG_REWRITTEN.format(method=method, base=base, extra=extra))
+        self.ctx.edit(node, lambda updated: _rewrite_call(updated, method, drop))
+
+    def report_dropped(self, node: cst.Call, base: str, workers: Dict[str, str]) -> str:
+        """Say what dropping the worker arguments changes; the INFO suffix if nothing."""
+        names = ", ".join(f"{k}={v}" for k, v in workers.items())
+        if all(WORKER_DEFAULTS[k] == v for k, v in workers.items()):
+            return MSG_DROPPED_DEFAULTS.format(names=names, base=base)
+        mp = workers.get("use_multiprocessing", "False") not in ("False", "0")
+        self.warn(node.func.attr, MSG_DROPPED.format(
+            names=names, base=base, kwargs=names, mp=MSG_DROPPED_MP if mp else ""))
+        return ""
+
+
+RULE = GeneratorRule
+
+
+def _defined_names(module: cst.Module) -> Set[str]:
+    """Names of every function and method the file defines."""
+    found: Set[str] = set()
+
+    class Defs(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.add(node.name.value)
+
+    module.visit(Defs())
+    return found
+
+
+def _bind(call: cst.Call, method: str) -> Optional[Dict[str, cst.Arg]]:
+    """The call's arguments by Keras 2.3 parameter name, Keras 1 keywords renamed."""
+    bound = nodes.bind(call, PARAMS[method])
+    if bound is None:
+        return None
+    renamed: Dict[str, cst.Arg] = {}
+    for name, arg in bound.items():
+        new = KERAS1_RENAMES.get(name, name)
+        if new in renamed:
+            return None  # both spellings given: Keras 2.3 raised too
+        renamed[new] = arg
+    if "generator" not in renamed:
+        return None
+    return renamed
+
+
+def _rewrite_call(updated: cst.CSTNode, method: str, drop_workers: bool) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call) and isinstance(updated.func, cst.Attribute)
+    bound = _bind(updated, method)
+    assert bound is not None  # the same arguments as when the rewrite was decided
+    data = bound.pop("generator").with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)
+    args: List[cst.Arg] = [data]
+    for name, arg in bound.items():
+        if drop_workers and name in WORKER_ARGS:
+            continue
+        args.append(nodes.as_keyword(arg, name))
+    if method != "fit_generator" and "verbose" not in bound:
+        args.append(nodes.kwarg("verbose", cst.Integer("0")))
+    func = updated.func.with_changes(attr=cst.Name(METHODS[method]))
+    return nodes.with_args(updated, args, func=func)
+
