@@ -27,6 +27,7 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),
     ("kerasmgpu.env", 1),
+    ("kerasmgpu.pins", 1),
     ("kerasmgpu.routes", 2),
     ("kerasmgpu.launch", 2),
     ("kerasmgpu.nvml", 2),

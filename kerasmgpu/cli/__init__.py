@@ -28,6 +28,8 @@ COMMANDS: Dict[str, tuple] = {
               "count; write bench.json and scaling.png"),
     "migrate": ("kerasmgpu.migrate", "migrate a Keras 2.3 project to Keras 3 or tf_keras "
                 "(report by default; --diff, --write, --check)"),
+    "pins": ("kerasmgpu.cli.pins", "the releases kerasmgpu is tested on: list them, or write "
+             "them with tox.ini lines for your own test matrix"),
     "launch": ("kerasmgpu.launch", "start N worker processes with their rank and coordinator"),
 }
 
