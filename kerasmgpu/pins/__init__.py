@@ -10,8 +10,9 @@ lines it migrates to, on the same releases kerasmgpu was verified with.
 `kerasmgpu pins` (kerasmgpu/cli/pins.py) lists them, prints where one lies, and writes
 them - with the tox.ini lines that use them - into a project.
 
-Written for a project, two things change: the `-r _common.in` line (kerasmgpu's own test
-tools) leaves the requirements, and a local version label leaves a pin
+Written for a project, two things change: the `-r` lines (`_common.in`, kerasmgpu's own
+test tools; `_examples.in`, what Keras's examples import) leave the requirements, and a
+local version label leaves a pin
 (`torch==2.13.0+cpu` becomes `torch==2.13.0`, which the CPU build from PyTorch's index
 and a CUDA build both satisfy; kerasmgpu's CI uses the CPU build).
 """
@@ -96,9 +97,8 @@ def get(env: str) -> Pins:
         raise bad_value("env", env, "one of " + ", ".join(envs),
                         "run `kerasmgpu pins` to list them")
     constraints = HERE / f"{env}.txt"
-    requirements = tuple(
-        line.strip() for line in (HERE / f"{env}.in").read_text().splitlines()
-        if line.strip() and not line.startswith(("#", "-r")))
+    lines = (line.split(" #")[0].strip() for line in (HERE / f"{env}.in").read_text().splitlines())
+    requirements = tuple(line for line in lines if line and not line.startswith(("#", "-r")))
     return Pins(env, _describe(env, _versions(constraints)), requirements, constraints)
 
 
