@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from kerasmgpu.migrate import Finding, Severity, migrate_source
 
@@ -43,3 +43,28 @@ def assert_idempotent(text: str, target: str = "keras3") -> str:
     assert twice.new_source == once.new_source, (once.new_source, twice.new_source)
     assert not twice.changed
     return once.new_source
+
+
+# --- running Keras 2.3 code on this env's Keras ------------------------------------------
+
+def env_target() -> str:
+    """The `--to` this env's Keras needs; "none" on Keras 2.3 (the code runs as written)."""
+    from helpers import LINE
+
+    from kerasmgpu.env.versions import KerasLine
+
+    return {KerasLine.LEGACY: "none", KerasLine.KERAS_3: "keras3",
+            KerasLine.TF_KERAS_LEGACY: "tf_keras"}.get(LINE, "")
+
+
+def run_keras23(source: str, name: str = "case.py") -> Dict[str, Any]:
+    """Run Keras 2.3 `source` here: as written on Keras 2.3, migrated on Keras 3 / tf_keras.
+
+    Returns the globals it left (tests read a `result` it computes).
+    """
+    target = env_target()
+    if target not in ("none", ""):
+        source = migrate_source(source, name, target).new_source
+    namespace: Dict[str, Any] = {"__name__": "migrated_case"}
+    exec(compile(source, name, "exec"), namespace)
+    return namespace

@@ -56,6 +56,8 @@ from kerasmgpu.migrate.report import (
 FAMILIES = (
     "multi_gpu",
     "generators",
+    "optimizers",
+    "imports",
 )
 
 Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
@@ -81,6 +83,9 @@ class Context:
         self.edits: Dict[cst.CSTNode, List[Edit]] = {}
         # import line -> index of the first top-level statement that needs it
         self.imports: Dict[str, int] = {}
+        # Imported names whose every use a family rewrites away (`set_session`): the import
+        # family drops them instead of reporting them as gone.
+        self.claimed: Set[str] = set()
         self.star_modules = _star_imports(self.module)
         self.bindings = _module_bindings(self.module)
 
@@ -198,9 +203,10 @@ class Context:
         On tf_keras the file's `import keras` becomes `import tf_keras as keras`, so a
         `keras` binding of any spelling names the target's Keras once the file is migrated.
         """
-        for name, bound in self.bindings.items():
-            if canonical_keras_name(bound) == "keras":
-                return name
+        names = [name for name, bound in self.bindings.items()
+                 if canonical_keras_name(bound) == "keras"]
+        if names:
+            return "keras" if "keras" in names else names[0]
         package = "tf_keras" if self.target is Target.TF_KERAS else "keras"
         return self.module_name(package, at)
 
@@ -332,12 +338,14 @@ def run(source: str, filename: str, target: Target) -> MigrationResult:
     """Parse `source`, run every family that applies to `target`, apply their edits."""
     wrapper = MetadataWrapper(parse(source, filename))
     ctx = Context(wrapper, source, filename, target)
+    rules: List[Rule] = []
     for family in FAMILIES:
         rule_class = importlib.import_module(f"kerasmgpu.migrate.{family}").RULE
         if target in rule_class.TARGETS:
-            rule = rule_class(ctx)
-            wrapper.visit(rule)
-            rule.finish()
+            rules.append(rule_class(ctx))
+            wrapper.visit(rules[-1])
+    for rule in rules:  # after every visit: a family may rely on what another claimed
+        rule.finish()
     new_source = _apply(ctx).code
     findings = sorted(set(ctx.findings), key=lambda f: (f.line, f.col, f.rule, f.message))
     return MigrationResult(new_source=new_source, changed=new_source != source,

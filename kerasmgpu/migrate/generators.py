@@ -9,6 +9,9 @@ generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to 
   parameter is `y`).
 * `evaluate_generator` / `predict_generator` defaulted to `verbose=0`, `evaluate` /
   `predict` to a progress bar: `verbose=0` is written when the call did not set it.
+* Keras 2.3.1's `evaluate_generator` returned the loss of the *last batch* (its metrics were
+  averaged); `evaluate` returns the mean over all batches. The value changes (to the right
+  one): a WARNING says so at every `evaluate_generator`.
 * `workers`, `use_multiprocessing`, `max_queue_size`: tf_keras's `fit`/`evaluate`/`predict`
   still take them (verified on tf_keras 2.16-2.21), so they stay. Keras 3's do not: they
   belong to the `PyDataset` (= `keras.utils.Sequence`) constructor there. They are dropped
@@ -87,6 +90,11 @@ MSG_SAMPLES_PER_EPOCH = (
     "steps_per_epoch=<batches per epoch> and rerun"
 )
 MSG_LOCAL = "{method} is defined in this file (not Keras's): left alone"
+MSG_EVALUATE_LOSS = (
+    "evaluate_generator(...) -> evaluate(...) changes the loss it returns: Keras 2.3.1's "
+    "evaluate_generator returned the loss of the last batch only (its metrics were averaged "
+    "over all batches), evaluate returns the loss averaged over all batches"
+)
 
 
 class GeneratorRule(Rule):
@@ -135,6 +143,8 @@ class GeneratorRule(Rule):
             if nodes.kwarg_value(node, old) is not None and old in COUNTS_BATCHES:
                 self.warn(node.func.attr, MSG_COUNTS_BATCHES.format(old=old, new=new))
         self.info(node.func.attr, MSG_REWRITTEN.format(method=method, base=base, extra=extra))
+        if method == "evaluate_generator":
+            self.warn(node.func.attr, MSG_EVALUATE_LOSS)
         self.ctx.edit(node, lambda updated: _rewrite_call(updated, method, drop))
 
     def report_dropped(self, node: cst.Call, base: str, workers: Dict[str, str]) -> str:
