@@ -57,6 +57,9 @@ FAMILIES = (
     "multi_gpu",
     "generators",
     "optimizers",
+    "keras1",
+    "layers",
+    "backend",
     "imports",
 )
 
