@@ -60,6 +60,9 @@ FAMILIES = (
     "keras1",
     "layers",
     "backend",
+    "tf1",
+    "saving",
+    "image_data",
     "imports",
 )
 

@@ -135,6 +135,9 @@ GONE_ADVICE: Dict[str, str] = {
     "GeneratorEnqueuer": "Keras 3 reads generators itself: pass the generator to fit()",
     "OrderedEnqueuer": "subclass keras.utils.PyDataset with workers=... instead",
     "TimeseriesGenerator": "use keras.utils.timeseries_dataset_from_array",
+    "DirectoryIterator": "ImageDataGenerator's iterators are gone: see the image_data advice",
+    "NumpyArrayIterator": "ImageDataGenerator's iterators are gone: see the image_data advice",
+    "DataFrameIterator": "use keras.utils.image_dataset_from_directory or tf.data",
     "Highway": "a Keras 1 layer, gone since Keras 2.0: write it as a custom layer",
     "MaxoutDense": "a Keras 1 layer, gone since Keras 2.0: write it as a custom layer",
     "Node": "a graph internal of Keras 2.3 with no public successor",
@@ -171,6 +174,11 @@ def _keras3_gone() -> FrozenSet[Tuple[str, str]]:
         + [("keras.wrappers.scikit_learn", n) for n in ("KerasClassifier", "KerasRegressor",
                                                          "BaseWrapper")]
         + [("keras.callbacks", "BaseLogger")]
+        + [("keras.preprocessing.image", n) for n in (
+            "DataFrameIterator", "DirectoryIterator", "Iterator", "NumpyArrayIterator",
+            "apply_affine_transform", "apply_brightness_shift", "apply_channel_shift",
+            "random_brightness", "random_channel_shift", "random_rotation", "random_shear",
+            "random_shift", "random_zoom")]
     )
 
 
@@ -192,6 +200,7 @@ def _tf_keras_gone() -> FrozenSet[Tuple[str, str]]:
         + [("keras.optimizers", n) for n in ("TFOptimizer", "clip_norm")]
         + [("keras.wrappers.scikit_learn", n) for n in ("KerasClassifier", "KerasRegressor",
                                                          "BaseWrapper")]
+        + [("keras.preprocessing.image", "DataFrameIterator")]
     )
 
 
