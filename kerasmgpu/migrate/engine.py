@@ -57,6 +57,12 @@ FAMILIES = (
     "multi_gpu",
     "generators",
     "optimizers",
+    "keras1",
+    "layers",
+    "backend",
+    "tf1",
+    "saving",
+    "image_data",
     "imports",
 )
 

@@ -78,6 +78,8 @@ NAME_MOVES: Dict[Tuple[str, str], Tuple[str, str]] = {
     ("keras.layers", "Sequential"): ("keras.models", "Sequential"),
     ("keras.layers", "get_source_inputs"): ("keras.utils", "get_source_inputs"),
     ("keras.layers", "Network"): ("keras.models", "Model"),
+    ("keras.layers", "CuDNNLSTM"): ("keras.layers", "LSTM"),  # the layers family adds
+    ("keras.layers", "CuDNNGRU"): ("keras.layers", "GRU"),  # GRU's reset_after=True
     ("keras.layers", "Container"): ("keras.models", "Model"),
     ("keras.models", "Network"): ("keras.models", "Model"),
     ("keras.models", "Input"): ("keras.layers", "Input"),
@@ -111,7 +113,7 @@ KERAS3_NAME_MOVES: Dict[Tuple[str, str], Tuple[str, str]] = {
 }
 # Names other families rewrite (they also drop or rewrite the import).
 OWNED_ELSEWHERE = frozenset({"multi_gpu_model", "ImageDataGenerator", "merge", "Merge",
-                             "set_session", "get_session", "CuDNNLSTM", "CuDNNGRU"})
+                             "set_session", "get_session"})
 
 _ENGINE_PRIVATE = "a training internal of Keras 2.3 with no public successor: "
 GONE_ADVICE: Dict[str, str] = {
@@ -133,6 +135,9 @@ GONE_ADVICE: Dict[str, str] = {
     "GeneratorEnqueuer": "Keras 3 reads generators itself: pass the generator to fit()",
     "OrderedEnqueuer": "subclass keras.utils.PyDataset with workers=... instead",
     "TimeseriesGenerator": "use keras.utils.timeseries_dataset_from_array",
+    "DirectoryIterator": "ImageDataGenerator's iterators are gone: see the image_data advice",
+    "NumpyArrayIterator": "ImageDataGenerator's iterators are gone: see the image_data advice",
+    "DataFrameIterator": "use keras.utils.image_dataset_from_directory or tf.data",
     "Highway": "a Keras 1 layer, gone since Keras 2.0: write it as a custom layer",
     "MaxoutDense": "a Keras 1 layer, gone since Keras 2.0: write it as a custom layer",
     "Node": "a graph internal of Keras 2.3 with no public successor",
@@ -169,6 +174,11 @@ def _keras3_gone() -> FrozenSet[Tuple[str, str]]:
         + [("keras.wrappers.scikit_learn", n) for n in ("KerasClassifier", "KerasRegressor",
                                                          "BaseWrapper")]
         + [("keras.callbacks", "BaseLogger")]
+        + [("keras.preprocessing.image", n) for n in (
+            "DataFrameIterator", "DirectoryIterator", "Iterator", "NumpyArrayIterator",
+            "apply_affine_transform", "apply_brightness_shift", "apply_channel_shift",
+            "random_brightness", "random_channel_shift", "random_rotation", "random_shear",
+            "random_shift", "random_zoom")]
     )
 
 
@@ -190,6 +200,7 @@ def _tf_keras_gone() -> FrozenSet[Tuple[str, str]]:
         + [("keras.optimizers", n) for n in ("TFOptimizer", "clip_norm")]
         + [("keras.wrappers.scikit_learn", n) for n in ("KerasClassifier", "KerasRegressor",
                                                          "BaseWrapper")]
+        + [("keras.preprocessing.image", "DataFrameIterator")]
     )
 
 
@@ -248,6 +259,7 @@ class ImportsRule(Rule):
         super().__init__(ctx)
         self.gone: List[Tuple[cst.CSTNode, str, str, Optional[str]]] = []
         self.renamed: Set[str] = set()
+        self.keras_imports: List[cst.ImportFrom] = []
         self.foreign = frozenset(a for a in KERAS_PACKAGE_ALIASES if a != package(ctx.target))
 
     # -- `from M import a, b` -------------------------------------------------------------
@@ -264,6 +276,7 @@ class ImportsRule(Rule):
                                           self.ctx.target),
                     target=target_label(self.ctx.target), it="them"))
             return
+        self.keras_imports.append(node)
         places: Dict[str, Tuple[str, str]] = {}
         for alias in node.names:
             name = nodes.dotted(alias.name) or ""
@@ -408,6 +421,11 @@ class ImportsRule(Rule):
         return where is not None and where == (MODULE_MOVES.get(module, module), attr)
 
     def finish(self) -> None:
+        for node in self.keras_imports:
+            if node not in self.ctx.edits and any(
+                    _local(alias) in self.ctx.claimed for alias in node.names):
+                self.ctx.edit(node, functools.partial(_rewrite_from, target=self.ctx.target,
+                                                      claimed=self.ctx.claimed))
         label = target_label(self.ctx.target)
         for node, module, name, local in self.gone:
             if local is not None and local in self.ctx.claimed:
@@ -422,6 +440,14 @@ RULE = ImportsRule
 
 # --------------------------------------------------------------------------------------
 # Edits
+
+
+def _same(a: cst.ImportAlias, b: cst.ImportAlias) -> bool:
+    return nodes.dotted(a.name) == nodes.dotted(b.name) and _local(a) == _local(b)
+
+
+def _local(alias: cst.ImportAlias) -> str:
+    return nodes.dotted(alias.asname.name if alias.asname else alias.name) or ""
 
 
 def _as(module: str, local: str) -> str:
@@ -510,7 +536,9 @@ def _rewrite_from(updated: cst.CSTNode, target: Target, claimed: Set[str]
             where = (MODULE_MOVES.get(canonical, canonical), name)
         new_module, new_name = spell(where[0], target), where[1]
         renamed = alias.with_changes(name=cst.Name(new_name)) if new_name != name else alias
-        groups.setdefault(new_module, []).append(renamed)
+        group = groups.setdefault(new_module, [])
+        if not any(_same(renamed, other) for other in group):  # `CuDNNGRU, GRU` -> `GRU`
+            group.append(renamed)
     if not groups:
         return cst.RemovalSentinel.REMOVE
     statements: List[cst.ImportFrom] = []
