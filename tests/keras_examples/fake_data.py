@@ -6,12 +6,12 @@ and accuracy say whether training worked:
 
 * `mnist`, `cifar10`: every class has a smooth template image (a few strokes or colour
   blobs; the CIFAR ones are left-right symmetric, so the examples' flips keep the
-  label); a sample is its class's template, shifted by up to 2 px (3 px for CIFAR), at
+  label); a sample is its class's template, shifted by up to 1 px (2 px for CIFAR), at
   a random intensity, with pixel noise. The label is then recomputed as the class of
   the nearest template over every shift, a function of the image alone.
 * `imdb`: reviews of 20 - 69 words drawn by frequency rank (Zipf); 25 "positive" and
-  25 "negative" frequent words are sprinkled in (0 - 8 of each, at least 2 more of
-  one kind); the label is 1 when a review holds more positive than negative ones.
+  25 "negative" frequent words are sprinkled in (0 - 10 of each, at least 3 more
+  of one kind); the label is 1 when a review holds more positive than negative ones.
 * `reuters`: 46 topics of 4 key words each, as unequal in size as Reuters' own; a
   newswire holds filler words and key words of one or two topics; the label is the
   topic with the most key words.
@@ -37,7 +37,7 @@ import numpy as np
 MNIST_TRAIN, MNIST_TEST = 1000, 300  # mnist_acgan plots 400 training digits an epoch,
 # mnist_denoising_autoencoder 300 test digits
 CIFAR_TRAIN, CIFAR_TEST = 600, 200
-IMDB_TRAIN, IMDB_TEST = 600, 200
+IMDB_TRAIN, IMDB_TEST = 1000, 200
 REUTERS_SAMPLES = 1500  # split by the example's own test_split
 BABI_TRAIN_STORIES, BABI_TEST_STORIES = 200, 50  # 5 questions each (task 2: 3)
 
@@ -119,16 +119,16 @@ def _images(templates: np.ndarray, count: int, seed: int, max_shift: int,
 def mnist_load_data(path: str = "mnist.npz") -> Arrays:
     """`keras.datasets.mnist.load_data()`: uint8 (N, 28, 28) digits-like, uint8 labels."""
     templates = _mnist_templates(np.random.RandomState(2300))
-    x_train, y_train = _images(templates, MNIST_TRAIN, 1, max_shift=2, noise=0.3)
-    x_test, y_test = _images(templates, MNIST_TEST, 2, max_shift=2, noise=0.3)
+    x_train, y_train = _images(templates, MNIST_TRAIN, 1, max_shift=1, noise=0.2)
+    x_test, y_test = _images(templates, MNIST_TEST, 2, max_shift=1, noise=0.2)
     return (x_train, y_train.astype(np.uint8)), (x_test, y_test.astype(np.uint8))
 
 
 def cifar10_load_data() -> Arrays:
     """`keras.datasets.cifar10.load_data()`: uint8 (N, 32, 32, 3), uint8 labels (N, 1)."""
     templates = _cifar_templates(np.random.RandomState(2301))
-    x_train, y_train = _images(templates, CIFAR_TRAIN, 3, max_shift=3, noise=0.2)
-    x_test, y_test = _images(templates, CIFAR_TEST, 4, max_shift=3, noise=0.2)
+    x_train, y_train = _images(templates, CIFAR_TRAIN, 3, max_shift=2, noise=0.15)
+    x_test, y_test = _images(templates, CIFAR_TEST, 4, max_shift=2, noise=0.15)
     return ((x_train, y_train.reshape(-1, 1).astype(np.uint8)),
             (x_test, y_test.reshape(-1, 1).astype(np.uint8)))
 
@@ -154,8 +154,8 @@ def _filler(rng: np.random.RandomState, count: int, excluded: np.ndarray,
 
 def _review(rng: np.random.RandomState) -> Tuple[List[int], int]:
     pos, neg = 0, 0
-    while abs(pos - neg) < 2:
-        pos, neg = rng.randint(0, 9, size=2)
+    while abs(pos - neg) < 3:
+        pos, neg = rng.randint(0, 11, size=2)
     length = rng.randint(20, 70)
     words = _filler(rng, length - pos - neg, np.concatenate([_POSITIVE, _NEGATIVE]))
     words += list(rng.choice(_POSITIVE, pos)) + list(rng.choice(_NEGATIVE, neg))
@@ -376,7 +376,7 @@ def write_glove_and_newsgroups(workdir: str, posts_per_group: int = 100) -> None
     """`glove.6B/glove.6B.100d.txt` and the `20_newsgroup/<group>/<n>` tree.
 
     Every word, topic words included, gets a random 100-d vector; a post is filler
-    words plus 8 - 15 words of its group's 10 topic words, after a header block.
+    words plus 12 - 19 words of its group's 10 topic words, after a header block.
     """
     rng = np.random.RandomState(19)
     filler = [f"word{i}" for i in range(400)]
@@ -391,7 +391,7 @@ def write_glove_and_newsgroups(workdir: str, posts_per_group: int = 100) -> None
         os.makedirs(folder, exist_ok=True)
         for n in range(posts_per_group):
             body = list(rng.choice(filler, rng.randint(20, 60)))
-            body += list(rng.choice(topics[group], rng.randint(8, 16)))
+            body += list(rng.choice(topics[group], rng.randint(12, 20)))
             rng.shuffle(body)
             with open(os.path.join(folder, str(50000 + n)), "w", encoding="latin-1") as f:
                 f.write(f"From: someone@example.org\nSubject: post {n}\n\n{' '.join(body)}\n")
