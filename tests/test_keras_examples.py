@@ -21,10 +21,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from helpers import LINE, ON_LEGACY
+from helpers import BACKEND, LINE, ON_LEGACY
 
 from kerasmgpu.env.versions import KerasLine
 
@@ -84,10 +84,30 @@ def _run_env() -> Tuple[Optional[str], str, bool]:
     return target, package, False
 
 
+def _chosen() -> List[examples.Example]:
+    return [e for e in examples.runnable() if examples.in_ci(e, BACKEND)]
+
+
+def _cases() -> List[Any]:
+    cases = []
+    target = _run_env()[0] if (ON_LEGACY or LINE in TARGETS) else None
+    for example in examples.runnable():
+        marks = []
+        if not examples.in_ci(example, BACKEND):
+            marks.append(pytest.mark.skip(
+                reason=f"too slow on {BACKEND} for CI (examples.SLOW_IN_CI); "
+                "KERASMGPU_EXAMPLES=all runs it"))
+        why = examples.STILL_FAILING.get((target or "keras23", example.name))
+        if why:
+            marks.append(pytest.mark.xfail(reason=why, strict=False))
+        cases.append(pytest.param(example.name, marks=marks, id=example.name))
+    return cases
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
     root = tmp_path_factory.mktemp("keras_examples")
-    scripts = examples.prepare(str(root), examples.runnable())
+    scripts = examples.prepare(str(root), _chosen())
     target, package, keras23 = _run_env()
     report = ""
     if target is not None:
@@ -112,7 +132,7 @@ def _findings_for(report: str, name: str) -> str:
 
 
 @needs_a_target
-@pytest.mark.parametrize("name", [e.name for e in examples.runnable()])
+@pytest.mark.parametrize("name", _cases())
 def test_the_example_trains_to_the_quality_of_keras_2_3(runs: Dict[str, Any], name: str) -> None:
     record = runs["results"][name]
     migrated = _findings_for(runs["report"], name)

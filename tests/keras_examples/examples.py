@@ -98,7 +98,8 @@ EXAMPLES: List[Example] = [
             knobs=(_epochs("epochs = 100", "epochs = 5"),), files=("fra-eng",)),
     Example("conv_filter_visualization.py",
             excluded=_IMAGENET.format("VGG16", "keras.applications")),
-    Example("conv_lstm.py", {"val_loss": "seq.history.history['val_loss'][-1]"},
+    # Its validation split is 1 movie of the 20: judged by the training loss.
+    Example("conv_lstm.py", {"loss": "seq.history.history['loss'][-1]"},
             knobs=(Knob("generate_movies(n_samples=1200)",
                         "generate_movies(n_samples=24, n_frames=8)"),
                    Knob("noisy_movies[:1000], shifted_movies[:1000]",
@@ -204,6 +205,60 @@ EXAMPLES: List[Example] = [
 ]
 
 BY_NAME = {e.name: e for e in EXAMPLES}
+
+# Keras 3 on PyTorch runs a recurrent layer as a Python loop over the time steps on a
+# CPU: babi_memnn alone took 193 s of CPU there (1.5 s on Keras 2.3's TensorFlow graph).
+# Keras 3 on JAX spent 240 s compiling conv_lstm's four ConvLSTM2D loops. CI runs these
+# elsewhere only; KERASMGPU_EXAMPLES=all runs them on these backends too.
+RECURRENT = ("addition_rnn.py", "babi_memnn.py", "babi_rnn.py", "conv_lstm.py",
+             "imdb_bidirectional_lstm.py", "imdb_cnn_lstm.py", "imdb_lstm.py",
+             "lstm_seq2seq.py", "lstm_seq2seq_restore.py", "lstm_stateful.py",
+             "lstm_text_generation.py", "mnist_hierarchical_rnn.py", "mnist_irnn.py")
+SLOW_IN_CI: Dict[str, Tuple[str, ...]] = {
+    "torch": RECURRENT + ("cnn_seq2seq.py",),  # 91 s of CPU in its 256-filter convolutions
+    "jax": ("conv_lstm.py",),
+}
+
+
+# (target, example) -> why it does not run or reach Keras 2.3's quality after `kerasmgpu
+# migrate --to target`, as last measured (the test expects these to fail, not strictly:
+# the rules grow on another branch; an XPASS in the log says an entry can go).
+_GAPS = "- not rewritten by migrate yet (gap {} of the rules' list)"
+STILL_FAILING: Dict[Tuple[str, str], str] = {
+    ("keras3", "addition_rnn.py"): "model.predict_classes() is gone (and on JAX/PyTorch no "
+    "`six` for `from six.moves import range`) " + _GAPS.format("1, 2"),
+    ("tf_keras", "addition_rnn.py"): "model.predict_classes() is gone " + _GAPS.format(2),
+    ("keras3", "antirectifier.py"): "K.l2_normalize: an ERROR finding, not rewritten to "
+    "keras.ops.normalize " + _GAPS.format(3),
+    ("keras3", "babi_rnn.py"): "`from keras.layers import recurrent` stays " + _GAPS.format(4),
+    ("tf_keras", "babi_rnn.py"): "`from tf_keras.layers import recurrent` stays "
+    + _GAPS.format(4),
+    ("keras3", "cifar10_cnn.py"): "ImageDataGenerator: an ERROR finding (no Keras 3 "
+    "equivalent) " + _GAPS.format("6, 12"),
+    ("keras3", "cifar10_resnet.py"): "ImageDataGenerator: an ERROR finding (no Keras 3 "
+    "equivalent) " + _GAPS.format("6, 12"),
+    ("keras3", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
+    "example that Keras 2.3 let pass; Keras 3 refuses it " + _GAPS.format(14),
+    ("tf_keras", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
+    "example that Keras 2.3 let pass; tf_keras refuses it " + _GAPS.format(14),
+    ("keras3", "mnist_net2net.py"): "Conv2D(..., weights=...) has no Keras 3 form "
+    + _GAPS.format(11),
+    ("keras3", "mnist_swwae.py"): "K.gradients: an ERROR finding (Keras 3 has no symbolic "
+    "gradients) " + _GAPS.format(10),
+    ("keras3", "pretrained_word_embeddings.py"): "keras.preprocessing.text.Tokenizer: an "
+    "ERROR finding " + _GAPS.format(12),
+    ("keras3", "reuters_mlp.py"): "keras.preprocessing.text.Tokenizer: an ERROR finding "
+    + _GAPS.format(12),
+    ("keras3", "reuters_mlp_relu_vs_selu.py"): "keras.preprocessing.text.Tokenizer: an ERROR "
+    "finding " + _GAPS.format(12),
+}
+
+
+def in_ci(example: Example, backend: Optional[str]) -> bool:
+    """Whether CI runs `example` on this backend (KERASMGPU_EXAMPLES=all: every one)."""
+    if os.environ.get("KERASMGPU_EXAMPLES") == "all" or backend is None:
+        return True
+    return example.name not in SLOW_IN_CI.get(backend, ())
 
 
 def apply_knobs(source: str, knobs: Tuple[Knob, ...], name: str) -> str:
