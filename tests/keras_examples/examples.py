@@ -241,6 +241,17 @@ STILL_FAILING: Dict[Tuple[str, str], str] = {
     "example that Keras 2.3 let pass; Keras 3 refuses it " + _GAPS.format(14),
     ("tf_keras", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
     "example that Keras 2.3 let pass; tf_keras refuses it " + _GAPS.format(14),
+    ("keras3", "lstm_text_generation.py"): "ends at a loss 18 % above Keras 2.3's (0.235 vs "
+    "0.199 on keras3.15-tensorflow): Keras 3's RMSprop adds epsilon under the square root, "
+    "Keras 2.3's after it " + _GAPS.format(18),
+    ("keras3", "lstm_seq2seq.py"): "val_loss 1.237 vs Keras 2.3's 1.066 on "
+    "keras3.15-tensorflow, just over the tolerance: 'rmsprop' as above " + _GAPS.format(18),
+    ("keras3", "mnist_acgan.py"): "Keras 3 refuses the generator's (None, 1, 100) input to a "
+    "Sequential declared for (None, 100) (and no `six` on JAX/PyTorch) " + _GAPS.format("1, 17"),
+    ("keras3", "variational_autoencoder.py"): "vae.add_loss(symbolic tensor) is "
+    "NotImplementedError on a Keras 3 functional model " + _GAPS.format(19),
+    ("keras3", "variational_autoencoder_deconv.py"): "vae.add_loss(symbolic tensor) is "
+    "NotImplementedError on a Keras 3 functional model " + _GAPS.format(19),
     ("keras3", "mnist_net2net.py"): "Conv2D(..., weights=...) has no Keras 3 form "
     + _GAPS.format(11),
     ("keras3", "mnist_swwae.py"): "K.gradients: an ERROR finding (Keras 3 has no symbolic "
