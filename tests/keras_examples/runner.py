@@ -15,6 +15,8 @@ What this changes around the scripts - nothing inside them:
   Keras cache under $HOME/.keras and $KERAS_HOME beforehand by the caller);
 * `keras.utils.plot_model` draws nothing (it needs pydot and the GraphViz binary, which
   the test envs do not have; it only writes a PNG);
+* `fit` keeps the History it returns for the quality expressions (tf_keras's predict and
+  evaluate replace `model.history`); it trains as before;
 * between scripts: Keras's session is cleared, the image data format set back to
   channels_last, figures closed, and Python's and NumPy's generators seeded.
 
@@ -68,6 +70,32 @@ def patch_keras(package: str) -> None:
         sys.modules[original_plot.__module__].plot_model = plot_model
 
 
+# id(model) -> the History its last fit returned. `model.history` will not do: tf_keras's
+# predict and evaluate replace it with their own.
+_FITS: Dict[int, Any] = {}
+
+
+def record_fits(keras: Any) -> None:
+    """Keep what each model's fit (and Keras 2.3's fit_generator) returns; nothing else."""
+    model_class = keras.Model if hasattr(keras, "Model") else keras.models.Model
+    for name in ("fit", "fit_generator"):
+        original = getattr(model_class, name, None)
+        if original is None:
+            continue
+
+        def fit(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            result = _original(self, *args, **kwargs)
+            _FITS[id(self)] = result
+            return result
+
+        setattr(model_class, name, fit)
+
+
+def history(model: Any) -> Dict[str, List[float]]:
+    """The per-epoch figures of `model`'s last fit."""
+    return _FITS[id(model)].history
+
+
 def _reset(keras: Any) -> None:
     backend = keras.backend
     try:
@@ -96,7 +124,7 @@ def char_accuracy(decoded: List[str], targets: List[str]) -> float:
 
 
 # What quality expressions may use besides the script's own names.
-HELPERS = {"char_accuracy": char_accuracy}
+HELPERS = {"char_accuracy": char_accuracy, "history": history}
 
 
 def _number(value: Any) -> float:
@@ -146,6 +174,7 @@ def main(argv: List[str]) -> int:
         import kerasmgpu.keras23  # noqa: F401  - the first line of a Keras 2.3 script
     keras = importlib.import_module(spec["keras"])
     patch_keras(spec["keras"])
+    record_fits(keras)
     write: Callable[[Dict[str, Any]], None]
     with open(results_path, "a") as out:
         def write(record: Dict[str, Any]) -> None:
