@@ -127,6 +127,7 @@ OPS: Dict[str, Op] = {
                            "random.truncated_normal"),
     "dropout": Op(("x", "level", "noise_shape", "seed"), "random.dropout", {"level": "rate"}),
     "name_scope": Op(("name",), "name_scope"),
+    "l2_normalize": Op(("x", "axis"), "ops.normalize", defaults={"axis": "None"}),
 }
 # tf_keras dropped these from its backend; TensorFlow has them under these names.
 TF_KERAS_TO_TF = {"logsumexp": "math.reduce_logsumexp", "size": "size", "slice": "slice",

@@ -1,4 +1,4 @@
-"""Generator methods: `fit_generator` / `evaluate_generator` / `predict_generator`.
+"""Model methods Keras 3 removed: the generator methods, `predict_classes`, `predict_proba`.
 
 Keras 3 removed them; tf_keras keeps them deprecated. `fit`, `evaluate` and `predict` take
 generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to tf_keras`):
@@ -26,12 +26,20 @@ generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to 
   `samples_per_epoch` is left with an ERROR: Keras 2.3 divided it by the generator's
   `batch_size` attribute when there was one, which cannot be read from the source.
 
+`predict_classes(x, ...)` -> Keras 2.3's own definition written out:
+`(lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else (p > 0.5).astype("int32"))(
+model.predict(x, ..., verbose=0))` (argmax for several outputs, a 0.5 threshold for one);
+`predict_proba(x, ...)` -> `predict(x, ..., verbose=0)` (Keras 2.3's was predict; both
+defaulted to verbose=0). `model.add_loss(tensor)` on a functional model's symbolic tensors
+(Keras 2.3's VAE recipe) has no Keras 3 equivalent: an ERROR naming the two replacements.
+
 A call to a `fit_generator` that the file defines itself (a method of its own class) is
 not Keras's and stays. `--to keras23` changes nothing here: the methods work on 2.3.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Set
 
 import libcst as cst
@@ -90,6 +98,13 @@ MSG_SAMPLES_PER_EPOCH = (
     "steps_per_epoch=<batches per epoch> and rerun"
 )
 MSG_LOCAL = "{method} is defined in this file (not Keras's): left alone"
+PREDICT_METHODS = ("predict_classes", "predict_proba")
+MSG_PREDICT = "{method}(...) -> {new}: Keras 2.3's own definition (Keras 3 removed it)"
+MSG_ADD_LOSS = (
+    "{owner}.add_loss(<tensor>): Keras 3 cannot add a loss built from a functional model's "
+    "symbolic inputs/outputs: compute it in a custom layer's call() with self.add_loss(...), "
+    "or override train_step; a loss function of (y_true, y_pred) passed to compile also works"
+)
 MSG_EVALUATE_LOSS = (
     "evaluate_generator(...) -> evaluate(...) changes the loss it returns: Keras 2.3.1's "
     "evaluate_generator returned the loss of the last batch only (its metrics were averaged "
@@ -106,7 +121,13 @@ class GeneratorRule(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value not in METHODS:
+        if not isinstance(func, cst.Attribute):
+            return
+        if self.ctx.target.modern and func.attr.value in PREDICT_METHODS:
+            self.predict_method(node, func)
+        elif self.ctx.target is Target.KERAS3 and func.attr.value == "add_loss":
+            self.add_loss(node, func)
+        if func.attr.value not in METHODS:
             return
         method = func.attr.value
         if method in self.local_methods:
@@ -120,6 +141,21 @@ class GeneratorRule(Rule):
             self.unbound(node, method)
         else:
             self.rewrite(node, method, bound)
+
+    def predict_method(self, node: cst.Call, func: cst.Attribute) -> None:
+        method = func.attr.value
+        if method in self.local_methods or nodes.has_star(node):
+            return
+        new = "predict(...)" if method == "predict_proba" else (
+            "argmax/threshold of predict(...)")
+        self.ctx.edit(node, functools.partial(_predict, classes=method == "predict_classes"))
+        self.info(func.attr, MSG_PREDICT.format(method=method, new=new))
+
+    def add_loss(self, node: cst.Call, func: cst.Attribute) -> None:
+        """`vae.add_loss(loss)` outside a layer: a functional model's symbolic loss."""
+        owner = self.ctx.code(func.value)
+        if owner != "self" and not owner.startswith("self."):
+            self.error(func.attr, MSG_ADD_LOSS.format(owner=owner))
 
     def unbound(self, node: cst.Call, method: str) -> None:
         if nodes.kwarg_value(node, "samples_per_epoch") is not None:
@@ -187,6 +223,22 @@ def _bind(call: cst.Call, method: str) -> Optional[Dict[str, cst.Arg]]:
     if "generator" not in renamed:
         return None
     return renamed
+
+
+def _predict(updated: cst.CSTNode, classes: bool) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call) and isinstance(updated.func, cst.Attribute)
+    args = list(updated.args)
+    if nodes.kwarg_value(updated, "verbose") is None and not any(
+            i >= 2 and a.keyword is None for i, a in enumerate(args)):
+        args.append(nodes.kwarg("verbose", cst.Integer("0")))
+    call = nodes.with_args(updated, args,
+                           func=updated.func.with_changes(attr=cst.Name("predict")))
+    if not classes:
+        return call
+    template = nodes.expr('(lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else '
+                          '(p > 0.5).astype("int32"))(PREDICTED)')
+    assert isinstance(template, cst.Call)
+    return template.with_changes(args=[cst.Arg(call)], lpar=updated.lpar, rpar=updated.rpar)
 
 
 def _rewrite_call(updated: cst.CSTNode, method: str, drop_workers: bool) -> cst.CSTNode:

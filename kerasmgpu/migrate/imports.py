@@ -213,6 +213,13 @@ GONE_MODULES: Dict[Target, FrozenSet[str]] = {
     Target.TF_KERAS: frozenset({"keras.wrappers", "keras.wrappers.scikit_learn"}),
 }
 
+# six.moves names and what Python 3 calls them (None: a builtin, nothing to import).
+SIX_MOVES: Dict[str, Optional[str]] = {
+    "range": None, "zip": None, "map": None, "filter": None, "input": None,
+    "reduce": "from functools import reduce", "cPickle": "import pickle as cPickle",
+    "xrange": "xrange = range", "urllib": "import urllib", "queue": "import queue",
+    "configparser": "import configparser",
+}
 MSG_MOVED = "{old} -> {new} (where {target} has {it})"
 MSG_GONE = "{name} does not exist in {target}: {advice}"
 MSG_PACKAGE = "{old} -> {new}: the file reaches {target} explicitly ({why})"
@@ -265,11 +272,14 @@ class ImportsRule(Rule):
     # -- `from M import a, b` -------------------------------------------------------------
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         module = nodes.module_of(node)
+        if module == "six.moves" and self.six_moves(node):
+            return
         if self.package_from(node, module):
             return
         canonical = canonical_keras_name(module) if module else None
         if canonical is None or isinstance(node.names, cst.ImportStar):
-            if canonical is not None and module != spell(canonical, self.ctx.target):
+            if canonical is not None and module != spell(MODULE_MOVES.get(canonical, canonical),
+                                                          self.ctx.target):
                 self.ctx.edit(node, functools.partial(_respell_star, target=self.ctx.target))
                 self.info(node, MSG_MOVED.format(
                     old=module, new=spell(MODULE_MOVES.get(canonical, canonical),
@@ -280,7 +290,8 @@ class ImportsRule(Rule):
         places: Dict[str, Tuple[str, str]] = {}
         for alias in node.names:
             name = nodes.dotted(alias.name) or ""
-            if name in OWNED_ELSEWHERE:
+            if name in OWNED_ELSEWHERE:  # the module still moves; the name is theirs
+                places[name] = (MODULE_MOVES.get(canonical, canonical), name)
                 continue
             where = locate(canonical, name, self.ctx.target)
             if where is None:
@@ -290,6 +301,8 @@ class ImportsRule(Rule):
             places[name] = where
             if where[1] != name and alias.asname is None:
                 self.rename_uses(node, name, where[1])
+        if not places:
+            return  # every name is gone here (finish reports them)
         new_modules = {spell(m, self.ctx.target) for m, _ in places.values()}
         if new_modules == {module} and all(n == w[1] for n, w in places.items()):
             return
@@ -299,7 +312,25 @@ class ImportsRule(Rule):
             parent = self.ctx.parent(node)
             if isinstance(parent, cst.SimpleStatementLine):
                 self.ctx.edit(parent, _split_line)
-        self.report_moves(node, module, sorted(new_modules), places)
+        if not all(name in OWNED_ELSEWHERE for name in places):
+            self.report_moves(node, module, sorted(new_modules), places)
+
+    def six_moves(self, node: cst.ImportFrom) -> bool:
+        """`from six.moves import range`: Keras 2.3 brought `six`, modern Keras does not."""
+        if isinstance(node.names, cst.ImportStar):
+            return False
+        names = [nodes.dotted(alias.name) or "" for alias in node.names]
+        if not all(n in SIX_MOVES for n in names) or any(a.asname for a in node.names
+                                                         if SIX_MOVES[nodes.dotted(a.name)
+                                                                      or ""] is None):
+            return False
+        self.ctx.edit(node, _six_moves)
+        parent = self.ctx.parent(node)
+        if isinstance(parent, cst.SimpleStatementLine):
+            self.ctx.edit(parent, _split_line)
+        self.info(node, "from six.moves import ... -> Python 3's own names: Keras 2.3 "
+                  "installed six, modern Keras does not")
+        return True
 
     def package_from(self, node: cst.ImportFrom, module: str) -> bool:
         """`from tensorflow import keras [as k]` -> `import keras [as k]` / `import tf_keras as k`."""
@@ -376,6 +407,8 @@ class ImportsRule(Rule):
 
     # -- `tf.keras.layers.core.Dense`, `keras.utils.np_utils.to_categorical` --------------
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self.ctx.is_removed(node):
+            return
         names = self.ctx.qualified(node)
         if names & self.foreign and _is_module_chain(node):
             # `tf.keras` -> `keras` / `tf_keras`: the head of a longer chain.
@@ -390,7 +423,8 @@ class ImportsRule(Rule):
             if canonical is None or "." not in canonical:
                 continue
             module, _, attr = canonical.rpartition(".")
-            if module not in MODULE_MOVES and not any(k[0] == module for k in NAME_MOVES):
+            if module not in MODULE_MOVES and not any(
+                    k[0] == module for k in (*NAME_MOVES, *KERAS3_NAME_MOVES)):
                 continue
             if self.bound_alias_covers(node, module, attr):
                 return
@@ -448,6 +482,15 @@ def _same(a: cst.ImportAlias, b: cst.ImportAlias) -> bool:
 
 def _local(alias: cst.ImportAlias) -> str:
     return nodes.dotted(alias.asname.name if alias.asname else alias.name) or ""
+
+
+def _six_moves(updated: cst.CSTNode) -> cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel:
+    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
+    lines = [SIX_MOVES[nodes.dotted(alias.name) or ""] for alias in updated.names]
+    statements = [cst.parse_statement(line + "\n").body[0] for line in lines if line]
+    if not statements:
+        return cst.RemovalSentinel.REMOVE
+    return statements[0] if len(statements) == 1 else cst.FlattenSentinel(statements)
 
 
 def _as(module: str, local: str) -> str:
