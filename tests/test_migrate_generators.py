@@ -154,3 +154,39 @@ def test_migrated_generator_calls_train_and_predict_as_keras23_did() -> None:
     np.testing.assert_allclose(ran["result"], KERAS23, rtol=0, atol=2e-6)
     expected = KERAS23_LOSS if LINE is KerasLine.LEGACY else MEAN_LOSS
     assert float(ran["loss"]) == pytest.approx(expected, abs=2e-6)
+
+
+def test_predict_classes_and_predict_proba_are_keras23s_definitions() -> None:
+    text = "c = model.predict_classes(x, batch_size=8)\np = model.predict_proba(x)\n"
+    assert migrate(text) == (
+        'c = (lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else (p > 0.5).astype("int32"))'
+        "(model.predict(x, batch_size=8, verbose=0))\n"
+        "p = model.predict(x, verbose=0)\n"
+    )
+    assert migrate(text, "keras23") == text
+    assert_idempotent(text)
+
+
+def test_add_loss_on_a_functional_model_is_an_error_on_keras3() -> None:
+    text = "vae.add_loss(vae_loss)\nclass L:\n    def call(self, x):\n        self.add_loss(x)\n"
+    assert severities(text, "add_loss(<tensor>)") == [Severity.ERROR]
+    assert severities(text, "add_loss(<tensor>)", "tf_keras") == []
+
+
+PREDICT_SOURCE = '''
+import numpy as np
+from keras.layers import Dense
+from keras.models import Sequential
+
+x = np.linspace(-1, 1, 12, dtype="float32").reshape(4, 3)
+many = Sequential([Dense(3, input_shape=(3,), activation="softmax", kernel_initializer="ones")])
+one = Sequential([Dense(1, input_shape=(3,), activation="sigmoid", kernel_initializer="ones")])
+result = [many.predict_classes(x).tolist(), one.predict_classes(x).ravel().tolist()]
+'''
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+@pytest.mark.core
+def test_migrated_predict_classes_gives_keras23s_classes() -> None:
+    # equal scores: argmax takes the first class; one sigmoid unit: the 0.5 threshold
+    assert run_keras23(PREDICT_SOURCE, "predict.py")["result"] == [[0, 0, 0, 0], [0, 0, 1, 1]]

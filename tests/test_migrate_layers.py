@@ -68,3 +68,20 @@ KERAS23_GRU = [0.063914135, 0.063914135, 0.063914135, 0.063914135,
 def test_migrated_gru_computes_what_keras23s_computed() -> None:
     ran: Dict[str, Any] = run_keras23(SOURCE, "gru.py")
     np.testing.assert_allclose(ran["result"], KERAS23_GRU, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_argument_goes_to_set_weights_after_add() -> None:
+    text = """
+        from keras.layers import Conv2D, Dense, Embedding
+        model.add(Conv2D(64, 3, padding='same', weights=new_weights))
+        x = Dense(3, weights=[w, b])(x)
+        e = Embedding(10, 3, weights=[m])
+    """
+    after = migrate(text)
+    assert ("model.add(Conv2D(64, 3, padding='same'))\n"
+            "model.layers[-1].set_weights(new_weights)\n") in after
+    assert "x = Dense(3, weights=[w, b])(x)" in after
+    assert "e = Embedding(10, 3, weights=[m])" in after
+    assert severities(text, "take no weights= argument") == [Severity.ERROR]
+    assert migrate(text, "tf_keras").count("weights=") == 3  # tf_keras takes weights=
+    assert_idempotent(text)

@@ -831,3 +831,10 @@ def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras
     assert [line for line, _ in advice_of(text)] == [5]
     # Beside a make_parallel, the same get_slice is keras-extras' again.
     assert lines_advised(text + "\np = make_parallel(m, 2)\n", "keras-extras") == [1]
+
+
+@pytest.mark.parametrize("line", ["import kerasmgpu.keras23", "from kerasmgpu import keras23"])
+def test_the_keras23_runtime_import_goes_on_the_modern_targets(line: str) -> None:
+    text = f"{line}\nimport keras\n"
+    assert migrate(text, "keras3") == "import keras\n"
+    assert migrate(text, "keras23") == text

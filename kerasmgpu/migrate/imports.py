@@ -127,7 +127,9 @@ GONE_ADVICE: Dict[str, str] = {
     "(scikeras.wrappers.KerasClassifier)",
     "KerasRegressor": "keras.wrappers.scikit_learn is gone: use the scikeras package "
     "(scikeras.wrappers.KerasRegressor)",
-    "Tokenizer": "use keras.layers.TextVectorization (Keras 3 dropped keras.preprocessing.text)",
+    "Tokenizer": "use keras.layers.TextVectorization (Keras 3 dropped keras.preprocessing.text); "
+    "Keras 2.3's Tokenizer was keras_preprocessing.text.Tokenizer (pip install "
+    "keras-preprocessing), the same class",
     "text_to_word_sequence": "use keras.layers.TextVectorization or str.split",
     "print_summary": "call model.summary()",
     "model_from_yaml": "YAML model configs are gone: save the model with model.save() "
