@@ -196,3 +196,12 @@ def test_keras23_target_leaves_imports() -> None:
     text = src("from keras.layers.core import Dense\nimport keras\n")
     assert migrate(text, "keras23") == text
     assert severities(text, "->", "keras23") == []
+
+
+def test_a_moved_module_imported_by_name_keeps_its_local_name() -> None:
+    text = "from keras.utils import np_utils\ny = np_utils.to_categorical(y, 10)\n"
+    assert migrate(text) == "from keras import utils as np_utils\ny = np_utils.to_categorical(y, 10)\n"
+    text = "from keras.layers import recurrent, Dense\nRNN = recurrent.LSTM\n"
+    assert migrate(text, "tf_keras") == (
+        "from tf_keras import layers as recurrent\nfrom tf_keras.layers import Dense\n"
+        "RNN = recurrent.LSTM\n")

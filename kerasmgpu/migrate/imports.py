@@ -295,6 +295,9 @@ class ImportsRule(Rule):
             if name in OWNED_ELSEWHERE:  # the module still moves; the name is theirs
                 places[name] = (MODULE_MOVES.get(canonical, canonical), name)
                 continue
+            if f"{canonical}.{name}" in MODULE_MOVES:  # `from keras.utils import np_utils`
+                places[name] = _module_alias(f"{canonical}.{name}")
+                continue
             where = locate(canonical, name, self.ctx.target)
             if where is None:
                 local = nodes.dotted(alias.asname.name) if alias.asname else name
@@ -368,7 +371,8 @@ class ImportsRule(Rule):
             else:
                 self.info(node, MSG_PACKAGE.format(old=module, new=new, target=label,
                                                    why=WHY_PACKAGE[self.ctx.target]))
-        renames = [f"{old} -> {new}" for old, (_, new) in places.items() if old != new]
+        renames = [f"{old} -> {new}" for old, (_, new) in places.items() if old != new
+                   and f"{canonical_keras_name(module)}.{old}" not in MODULE_MOVES]
         if renames:
             self.info(node, f"renamed, same behaviour: {', '.join(renames)}")
 
@@ -478,6 +482,13 @@ RULE = ImportsRule
 # Edits
 
 
+def _module_alias(old: str) -> Tuple[str, str]:
+    """(parent, leaf) of where the moved module `old` is now: keras.utils.np_utils ->
+    (keras, utils), imported as `from keras import utils as np_utils`."""
+    parent, _, leaf = MODULE_MOVES[old].rpartition(".")
+    return parent, leaf
+
+
 def _same(a: cst.ImportAlias, b: cst.ImportAlias) -> bool:
     return nodes.dotted(a.name) == nodes.dotted(b.name) and _local(a) == _local(b)
 
@@ -576,6 +587,13 @@ def _rewrite_from(updated: cst.CSTNode, target: Target, claimed: Set[str]
         local = nodes.dotted(alias.asname.name) if alias.asname else name
         if local in claimed:
             continue  # another family rewrote every use away
+        if f"{canonical}.{name}" in MODULE_MOVES and name not in OWNED_ELSEWHERE:
+            parent, leaf = _module_alias(f"{canonical}.{name}")
+            renamed = alias.with_changes(name=cst.Name(leaf), asname=cst.AsName(
+                name=cst.Name(local))) if leaf != local else alias.with_changes(
+                name=cst.Name(leaf))
+            groups.setdefault(spell(parent, target), []).append(renamed)
+            continue
         where = None if name in OWNED_ELSEWHERE else locate(canonical, name, target)
         if where is None:  # gone (reported) or another family's: only the module moves
             where = (MODULE_MOVES.get(canonical, canonical), name)
