@@ -77,7 +77,6 @@ model.compile("sgd", "mse")
 checkpoint = ModelCheckpoint("best.h5", save_weights_only=True, period=1)
 model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=2, verbose=0, callbacks=[checkpoint])
 model.save_weights("final.h5")
-model.load_weights("final.h5")
 result = sorted(str(p) for p in __import__("os").listdir("."))
 '''
 
