@@ -413,6 +413,8 @@ def _planned_imports(
     """
     present = {ctx.code(s).strip() for s in ctx.module.body
                if isinstance(s, cst.SimpleStatementLine)}
+    # `import kerasmgpu.legacy` binds `kerasmgpu` too: `import kerasmgpu` adds nothing.
+    present |= {f"import {name}" for name, bound in ctx.bindings.items() if name == bound}
     wanted = [(line, index) for line, index in ctx.imports.items() if line not in present]
     if not wanted:
         return [], None, False
