@@ -133,7 +133,8 @@ def batches():
 
 model = Sequential([Dense(1, input_shape=(3,), kernel_initializer="zeros")])
 model.compile(optimizer=SGD(lr=0.05), loss="mse")
-model.fit_generator(Batches(), 5, 2, verbose=0, shuffle=False, workers=2,
+sequence = Batches()
+model.fit_generator(sequence, 5, 2, verbose=0, shuffle=False, workers=2,
                     use_multiprocessing=False, max_queue_size=4)
 model.fit_generator(generator=batches(), steps_per_epoch=5, epochs=1, verbose=0)
 loss = model.evaluate_generator(Batches(), steps=5)
@@ -152,6 +153,8 @@ MEAN_LOSS = 0.24603039  # the mean over the 5 batches of the same weights
 def test_migrated_generator_calls_train_and_predict_as_keras23_did() -> None:
     ran = run_keras23(SOURCE, "generators.py")
     np.testing.assert_allclose(ran["result"], KERAS23, rtol=0, atol=2e-6)
+    if LINE is KerasLine.KERAS_3:  # the worker arguments moved to the PyDataset
+        assert (ran["sequence"].workers, ran["sequence"].max_queue_size) == (2, 4)
     expected = KERAS23_LOSS if LINE is KerasLine.LEGACY else MEAN_LOSS
     assert float(ran["loss"]) == pytest.approx(expected, abs=2e-6)
 
@@ -190,3 +193,19 @@ result = [many.predict_classes(x).tolist(), one.predict_classes(x).ravel().tolis
 def test_migrated_predict_classes_gives_keras23s_classes() -> None:
     # equal scores: argmax takes the first class; one sigmoid unit: the 0.5 threshold
     assert run_keras23(PREDICT_SOURCE, "predict.py")["result"] == [[0, 0, 0, 0], [0, 0, 1, 1]]
+
+
+def test_worker_arguments_move_to_a_sequence_the_file_defines_on_keras3() -> None:
+    text = """
+        from keras.utils import Sequence
+        class Batches(Sequence):
+            pass
+        train = Batches()
+        history = model.fit_generator(train, 10, workers=4, use_multiprocessing=True)
+    """
+    assert migrate(text).endswith(
+        "train = Batches()\ntrain.workers = 4\ntrain.use_multiprocessing = True\n"
+        "train.max_queue_size = 10\nhistory = model.fit(train, steps_per_epoch=10)\n")
+    assert severities(text, "moved to the Sequence") == [Severity.INFO]
+    assert severities(text, "dropped") == []
+    assert_idempotent(text)

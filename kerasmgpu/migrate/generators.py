@@ -13,8 +13,10 @@ generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to 
   averaged); `evaluate` returns the mean over all batches. The value changes (to the right
   one): a WARNING says so at every `evaluate_generator`.
 * `workers`, `use_multiprocessing`, `max_queue_size`: tf_keras's `fit`/`evaluate`/`predict`
-  still take them (verified on tf_keras 2.16-2.21), so they stay. Keras 3's do not: they
-  belong to the `PyDataset` (= `keras.utils.Sequence`) constructor there. They are dropped
+  still take them (verified on tf_keras 2.21), so they stay. Keras 3's do not: they belong
+  to the `PyDataset` (= `keras.utils.Sequence`) there. When the data is a name bound to an
+  instance of a Sequence subclass the file defines, they move to it (`seq.workers = 4`...
+  before the call: the PyDataset's public setters, Keras 3.3+). Otherwise they are dropped
   with a WARNING that says what changes (batches load in one thread: same data, slower; a
   plain generator with `use_multiprocessing=True` gave every worker process its own copy,
   so batches repeated, and now each comes once) and how to get them back. Left at their
@@ -82,6 +84,11 @@ MSG_DROPPED = (
     "super().__init__({kwargs}), batches load in one thread: the same batches in the same "
     "order, more slowly{mp}"
 )
+MSG_MOVED_WORKERS = (
+    "{names} moved to the Sequence: Keras 3 reads them from the PyDataset (which "
+    "keras.utils.Sequence is), so {seq}.workers / .use_multiprocessing / .max_queue_size are "
+    "set before the call"
+)
 MSG_DROPPED_MP = (
     ". With a plain Python generator, use_multiprocessing=True gave each worker process its "
     "own copy of the generator, so batches repeated (Keras 2.3 warned it 'may duplicate your "
@@ -118,6 +125,13 @@ class GeneratorRule(Rule):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.local_methods: Set[str] = _defined_names(ctx.module)
+        self.sequences: Set[str] = set()  # classes of this file that subclass Sequence
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        for base in node.bases:
+            if any(name.endswith(".Sequence") or name.endswith(".PyDataset")
+                   for name in self.ctx.keras_names(base.value)):
+                self.sequences.add(node.name.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -173,6 +187,9 @@ class GeneratorRule(Rule):
             extra += MSG_VERBOSE.format(method=method, base=base)
         workers = {name: self.ctx.code(bound[name].value) for name in WORKER_ARGS
                    if name in bound}
+        if drop and workers and not all(WORKER_DEFAULTS[k] == v for k, v in workers.items()):
+            if self.move_to_sequence(node, bound, workers):
+                workers = {}
         if drop and workers:
             extra += self.report_dropped(node, base, workers)
         for old, new in KERAS1_RENAMES.items():
@@ -182,6 +199,39 @@ class GeneratorRule(Rule):
         if method == "evaluate_generator":
             self.warn(node.func.attr, MSG_EVALUATE_LOSS)
         self.ctx.edit(node, lambda updated: _rewrite_call(updated, method, drop))
+
+    def move_to_sequence(self, node: cst.Call, bound: Dict[str, cst.Arg],
+                         workers: Dict[str, str]) -> bool:
+        """Keras 3: set the worker arguments on the Sequence (a PyDataset) before the call.
+
+        Only for a name bound to an instance of a Sequence subclass this file defines, in a
+        call that is a statement of its own; Keras 3 reads `workers`, `use_multiprocessing`
+        and `max_queue_size` from the PyDataset (public setters since Keras 3.3).
+        """
+        data = bound["generator"].value
+        line = self.ctx.parent(self.ctx.parent(node) or node)  # Call < Expr/Assign < line
+        if not (isinstance(data, cst.Name) and isinstance(line, cst.SimpleStatementLine)
+                and len(line.body) == 1 and self.is_local_sequence(data)):
+            return False
+        values = {**WORKER_DEFAULTS, **workers}
+        code = [f"{data.value}.{key} = {values[key]}" for key in WORKER_ARGS]
+        self.ctx.edit(line, functools.partial(_before, lines=code))
+        self.info(node.func, MSG_MOVED_WORKERS.format(
+            names=", ".join(f"{k}={v}" for k, v in workers.items()), seq=data.value))
+        return True
+
+    def is_local_sequence(self, name: cst.Name) -> bool:
+        """Whether `name` is assigned an instance of a keras Sequence subclass of this file."""
+        scope = self.ctx.scopes.get(name)
+        if scope is None:
+            return False
+        for assignment in scope.assignments[name.value]:
+            assign = self.ctx.enclosing(getattr(assignment, "node", name), cst.Assign)
+            value = assign.value if isinstance(assign, cst.Assign) else None
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and (
+                    value.func.value in self.sequences):
+                return True
+        return False
 
     def report_dropped(self, node: cst.Call, base: str, workers: Dict[str, str]) -> str:
         """Say what dropping the worker arguments changes; the INFO suffix if nothing."""
@@ -223,6 +273,13 @@ def _bind(call: cst.Call, method: str) -> Optional[Dict[str, cst.Arg]]:
     if "generator" not in renamed:
         return None
     return renamed
+
+
+def _before(updated: cst.CSTNode, lines: List[str]) -> cst.FlattenSentinel:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    added = [cst.parse_statement(line + "\n") for line in lines]
+    added[0] = added[0].with_changes(leading_lines=updated.leading_lines)
+    return cst.FlattenSentinel([*added, updated.with_changes(leading_lines=())])
 
 
 def _predict(updated: cst.CSTNode, classes: bool) -> cst.CSTNode:
