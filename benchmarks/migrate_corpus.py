@@ -85,10 +85,15 @@ CORPUS: List[Tuple[str, str, str]] = [
     ("navidstuv/NuClick", "e37e802f52a676f5efdb243acbebb1e41f9e4054", "models/models.py"),
 ]
 
+# Command-line arguments a script needs to get past argparse (as its README runs it).
+ARGV: Dict[str, List[str]] = {
+    "examples/mnist_cnn_multi.py": ["--gpus", "2", "--extras", "{root}"],
+}
+
 # Run in the target interpreter for one file: prints one JSON line.
 PROBE = r'''
 import errno, importlib.util, inspect, json, os, re, sys, traceback
-path, root = sys.argv[1], sys.argv[2]
+path, root, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 # A module of a package is imported by its dotted name (relative imports resolve); a script
 # beside its sibling modules is loaded from its folder, as `python script.py` would.
 package = []
@@ -102,7 +107,7 @@ if not package and os.path.dirname(path) != root:
     folder = root
     sys.path.append(os.path.dirname(path))
 sys.path[:0] = [folder, root] if package else [os.path.dirname(path), root]
-sys.argv = [path]
+sys.argv = [path] + argv
 ENV = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ConnectionError, TimeoutError)
 BUILDERS = re.compile(r"model|net|body|unet|build|create", re.I)
 
@@ -179,12 +184,13 @@ def _migrate(tree: Path, target: str, before: bool) -> Dict[str, int]:
     return counts
 
 
-def _probe(path: Path, root: Path, timeout: int) -> Dict[str, object]:
+def _probe(path: Path, root: Path, timeout: int, argv: List[str]) -> Dict[str, object]:
     # 8 virtual devices stand in for the GPUs the scripts ask multi_gpu_model for.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
                KERASMGPU_VIRTUAL_DEVICES="8")
     try:
-        out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(root)],
+        args = json.dumps([a.format(root=root) for a in argv])
+        out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(root), args],
                              capture_output=True, text=True, timeout=timeout, env=env,
                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
@@ -192,6 +198,9 @@ def _probe(path: Path, root: Path, timeout: int) -> Dict[str, object]:
     for line in out.stdout.splitlines():
         if line.startswith("PROBE-RESULT "):
             return dict(json.loads(line[len("PROBE-RESULT "):]))
+    if out.returncode < 0 or out.returncode == 137:  # killed: the script's own data
+        return {"import": ["env", f"killed by signal {-out.returncode} (its data does not "
+                           "fit this machine's memory)", ""], "build": {}}
     tail = (out.stderr or out.stdout)[-300:]
     return {"import": ["fail", f"the interpreter died: {tail}", ""], "build": {}}
 
@@ -221,7 +230,7 @@ def main() -> int:
             findings[repo] = _migrate(work / source.name, args.target, args.before)
         for repo, commit, path in CORPUS:
             root = work / repo.replace("/", "+")
-            result = _probe(root / path, root, args.timeout)
+            result = _probe(root / path, root, args.timeout, ARGV.get(path, []))
             rows.append({"repo": repo, "commit": commit, "path": path,
                          "verdict": _verdict(result), **result})
             print(f"{_verdict(result):4} {repo}/{path}: {result['import'][1]}"
