@@ -105,7 +105,10 @@ if not package and os.path.dirname(path) != root:
     # a folder without __init__.py: a namespace package from the root, siblings last
     package = os.path.relpath(os.path.dirname(path), root).split(os.sep)
     folder = root
-    sys.path.append(os.path.dirname(path))
+    # siblings importable by bare name, unless one of them would hide the package itself
+    # (a regular module found anywhere on the path wins over a namespace package)
+    if not os.path.exists(os.path.join(os.path.dirname(path), package[0] + ".py")):
+        sys.path.append(os.path.dirname(path))
 sys.path[:0] = [folder, root] if package else [os.path.dirname(path), root]
 sys.argv = [path] + argv
 ENV = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ConnectionError, TimeoutError)
