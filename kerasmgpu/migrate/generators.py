@@ -87,7 +87,10 @@ MSG_DROPPED = (
 MSG_MOVED_WORKERS = (
     "{names} moved to the Sequence: Keras 3 reads them from the PyDataset (which "
     "keras.utils.Sequence is), so {seq}.workers / .use_multiprocessing / .max_queue_size are "
-    "set before the call"
+    "set before the call. On the TensorFlow backend training gives Keras 2.3's weights; on "
+    "JAX and PyTorch, Keras 3.15 with workers > 1 trained our check's model to other weights "
+    "than with workers=1 (the batches reach the model in another order): set "
+    "{seq}.workers = 1 there if you need Keras 2.3's exact results"
 )
 MSG_DROPPED_MP = (
     ". With a plain Python generator, use_multiprocessing=True gave each worker process its "
@@ -216,7 +219,7 @@ class GeneratorRule(Rule):
         values = {**WORKER_DEFAULTS, **workers}
         code = [f"{data.value}.{key} = {values[key]}" for key in WORKER_ARGS]
         self.ctx.edit(line, functools.partial(_before, lines=code))
-        self.info(node.func, MSG_MOVED_WORKERS.format(
+        self.warn(node.func, MSG_MOVED_WORKERS.format(
             names=", ".join(f"{k}={v}" for k, v in workers.items()), seq=data.value))
         return True
 
