@@ -56,7 +56,7 @@ def test_keras1_layer_calls(old: str, new: str) -> None:
 
 
 def test_runtime_kernel_sizes_are_an_error_not_a_guess() -> None:
-    text = "from keras.layers import Conv2D\nk = 3\nlayer = Conv2D(32, k, k)\n"
+    text = "from keras.layers import Conv2D\ndef build(k):\n    return Conv2D(32, k, k)\n"
     assert migrate(text) == text
     [error] = findings(text)
     assert error.severity is Severity.ERROR
@@ -125,3 +125,19 @@ def test_the_rewrite_builds_what_keras23_built(old: str, new: str) -> None:
     else:  # the same layer here: compare the arguments Keras 2.3 would have built
         assert rewritten.split(" = ", 1)[1] == new
         assert built  # it built
+
+
+def test_kernel_sizes_from_module_constants_are_ints() -> None:
+    text = """
+        from keras.layers import Convolution2D
+        nb_filters = 32
+        nb_conv = 3
+        kernel_size = (3, 3)
+        a = Convolution2D(nb_filters, nb_conv, nb_conv, border_mode='valid')
+        b = Convolution2D(nb_filters, kernel_size[0], kernel_size[1])
+    """
+    after = migrate(text)
+    assert "a = Convolution2D(nb_filters, (nb_conv, nb_conv), padding='valid')" in after
+    assert "b = Convolution2D(nb_filters, (kernel_size[0], kernel_size[1]))" in after
+    reassigned = "from keras.layers import Conv2D\nk = 3\nk = 5\nc = Conv2D(8, k, k)\n"
+    assert severities(reassigned, "always reads strides") == [Severity.ERROR]

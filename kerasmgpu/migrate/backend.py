@@ -77,8 +77,8 @@ OPS: Dict[str, Op] = {
                                           "any", "all", "logsumexp")},
     **{name: _same(*_X) for name in ("square", "abs", "exp", "log", "sign", "round", "cos",
                                      "sin", "sigmoid", "tanh", "softplus", "softsign",
-                                     "zeros_like", "ones_like", "stop_gradient", "ndim",
-                                     "transpose")},
+                                     "stop_gradient", "ndim", "transpose")},
+    **{name: _same("x", "dtype") for name in ("zeros_like", "ones_like")},
     **{name: _same("x", "y", positional=2) for name in (
         "maximum", "minimum", "equal", "not_equal", "greater", "greater_equal", "less",
         "less_equal", "dot")},
