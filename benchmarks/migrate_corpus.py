@@ -85,10 +85,15 @@ CORPUS: List[Tuple[str, str, str]] = [
     ("navidstuv/NuClick", "e37e802f52a676f5efdb243acbebb1e41f9e4054", "models/models.py"),
 ]
 
+# Command-line arguments a script needs to get past argparse (as its README runs it).
+ARGV: Dict[str, List[str]] = {
+    "examples/mnist_cnn_multi.py": ["--gpus", "2", "--extras", "{root}"],
+}
+
 # Run in the target interpreter for one file: prints one JSON line.
 PROBE = r'''
 import errno, importlib.util, inspect, json, os, re, sys, traceback
-path, root = sys.argv[1], sys.argv[2]
+path, root, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 # A module of a package is imported by its dotted name (relative imports resolve); a script
 # beside its sibling modules is loaded from its folder, as `python script.py` would.
 package = []
@@ -100,9 +105,12 @@ if not package and os.path.dirname(path) != root:
     # a folder without __init__.py: a namespace package from the root, siblings last
     package = os.path.relpath(os.path.dirname(path), root).split(os.sep)
     folder = root
-    sys.path.append(os.path.dirname(path))
+    # siblings importable by bare name, unless one of them would hide the package itself
+    # (a regular module found anywhere on the path wins over a namespace package)
+    if not os.path.exists(os.path.join(os.path.dirname(path), package[0] + ".py")):
+        sys.path.append(os.path.dirname(path))
 sys.path[:0] = [folder, root] if package else [os.path.dirname(path), root]
-sys.argv = [path]
+sys.argv = [path] + argv
 ENV = (FileNotFoundError, IsADirectoryError, NotADirectoryError, ConnectionError, TimeoutError)
 BUILDERS = re.compile(r"model|net|body|unet|build|create", re.I)
 
@@ -118,9 +126,13 @@ def outcome(exc):
         return "env", text, where
     if "urlopen" in str(exc) or "URL fetch failure" in str(exc) or "downloading" in str(exc):
         return "env", text, where
-    if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] in (
-            "theano", "annothelper", "mpii_tools", "better_exceptions"):
-        return "env", text, where  # a package the project needed beyond Keras
+    if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[-1] in (
+            "theano", "annothelper", "mpii_tools", "better_exceptions", "compute_overlap"):
+        return "env", text, where  # a package beyond Keras, or an unbuilt Cython module
+    if "requires PyTorch" in str(exc):
+        return "env", text, where  # albumentations' albucore without torch
+    if "zero-size array" in str(exc):
+        return "env", text, where  # a script training on a data folder that is empty here
     return "fail", text, where
 
 result = {"import": ["ok", "", ""], "build": {}}
@@ -177,10 +189,13 @@ def _migrate(tree: Path, target: str, before: bool) -> Dict[str, int]:
     return counts
 
 
-def _probe(path: Path, root: Path, timeout: int) -> Dict[str, object]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+def _probe(path: Path, root: Path, timeout: int, argv: List[str]) -> Dict[str, object]:
+    # 8 virtual devices stand in for the GPUs the scripts ask multi_gpu_model for.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
+               KERASMGPU_VIRTUAL_DEVICES="8")
     try:
-        out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(root)],
+        args = json.dumps([a.format(root=root) for a in argv])
+        out = subprocess.run([sys.executable, "-c", PROBE, str(path), str(root), args],
                              capture_output=True, text=True, timeout=timeout, env=env,
                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
@@ -188,6 +203,9 @@ def _probe(path: Path, root: Path, timeout: int) -> Dict[str, object]:
     for line in out.stdout.splitlines():
         if line.startswith("PROBE-RESULT "):
             return dict(json.loads(line[len("PROBE-RESULT "):]))
+    if out.returncode < 0 or out.returncode == 137:  # killed: the script's own data
+        return {"import": ["env", f"killed by signal {-out.returncode} (its data does not "
+                           "fit this machine's memory)", ""], "build": {}}
     tail = (out.stderr or out.stdout)[-300:]
     return {"import": ["fail", f"the interpreter died: {tail}", ""], "build": {}}
 
@@ -217,7 +235,7 @@ def main() -> int:
             findings[repo] = _migrate(work / source.name, args.target, args.before)
         for repo, commit, path in CORPUS:
             root = work / repo.replace("/", "+")
-            result = _probe(root / path, root, args.timeout)
+            result = _probe(root / path, root, args.timeout, ARGV.get(path, []))
             rows.append({"repo": repo, "commit": commit, "path": path,
                          "verdict": _verdict(result), **result})
             print(f"{_verdict(result):4} {repo}/{path}: {result['import'][1]}"

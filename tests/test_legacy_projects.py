@@ -19,9 +19,9 @@ every other row (and RMSprop moves no weight with a zero gradient), so they chan
 and only if the last sample reached the gradient. test_legacy.py's
 test_make_parallel_drops_nothing checks that they stay put when that row is left out.
 
-Ports the harness makes after `migrate` (what a user of that line would do):
-* tf_keras (TF_USE_LEGACY_KERAS=1): `import keras` is Keras 3 there, Keras 2 is the
-  `tf_keras` package, so `keras` imports become `tf_keras` ones.
+Each line migrates to its own target: `--to keras3` on Keras 3, `--to tf_keras` on tf_keras
+(which writes the `tf_keras` imports itself), `--to keras23` elsewhere. The one port the
+harness makes after `migrate` (what a user of that line would do):
 * no TensorFlow installed (Keras 3 on JAX): as `migrate` advises, the template is no
   longer built in `with tf.device('/cpu:0'):` and `import tensorflow as tf` goes.
 """
@@ -165,16 +165,6 @@ def _migrate(path: Path, capsys: pytest.CaptureFixture) -> str:
     return after
 
 
-def _port_to_tf_keras(source: str) -> str:
-    """TF_USE_LEGACY_KERAS=1: Keras 2 is `tf_keras`; `import keras` would be Keras 3."""
-    ported, n_from = re.subn(r"^(\s*)from keras(\.[\w.]+)? import", r"\1from tf_keras\2 import",
-                             source, flags=re.M)
-    ported, n_import = re.subn(r"^(\s*)import keras\s*$", r"\1import tf_keras as keras",
-                               ported, flags=re.M)
-    assert n_from + n_import, "no keras import to port"
-    return ported
-
-
 def _port_without_tensorflow(source: str) -> str:
     """No TensorFlow here: follow migrate's advice and build the template anywhere."""
     ported, n_import = re.subn(r"^import tensorflow as tf\n", "", source, flags=re.M)
@@ -194,8 +184,6 @@ def _prepared(script: str, tmp_path: Path, capsys: pytest.CaptureFixture,
     if not migrated:
         return path
     source = _migrate(path, capsys)
-    if LINE is KerasLine.TF_KERAS_LEGACY:
-        source = _port_to_tf_keras(source)
     if not HAS_TF:
         source = _port_without_tensorflow(source)
     path.write_text(source, encoding="utf-8")

@@ -174,6 +174,8 @@ exprs = {
     "slice": lambda: K.slice(x, (0, 1, 0), (2, 2, 1)),
     "size": lambda: K.size(x),
     "eye": lambda: K.eye(3),
+    "l2_normalize": lambda: K.l2_normalize(x, axis=1),
+    "l2_normalize_all": lambda: K.l2_normalize(x),
 }
 result = {}
 for name, make in exprs.items():
@@ -254,6 +256,8 @@ KERAS23: Dict[str, List[float]] = {
     "slice": [-1, -0.5, 0.5, 1],
     "size": [12],
     "eye": [1, 0, 0, 0, 1, 0, 0, 0, 1],
+    "l2_normalize": [-0.80178368, -0.84515423, -0.53452247, -0.50709254, -0.26726124, -0.16903085, 0, 0.16903085, 0.44721359, 0.50709254, 0.89442718, 0.84515423],
+    "l2_normalize_all": [-0.49656352, -0.41380292, -0.33104235, -0.24828176, -0.16552117, -0.082760587, 0, 0.082760587, 0.16552117, 0.24828176, 0.33104235, 0.41380292],
 }
 
 

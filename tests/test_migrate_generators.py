@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import LINE, requires
+from helpers import BACKEND, LINE, requires
 from migrate_cases import assert_idempotent, findings, migrate, run_keras23, severities
 
 from kerasmgpu.env.versions import KerasLine
@@ -133,7 +133,8 @@ def batches():
 
 model = Sequential([Dense(1, input_shape=(3,), kernel_initializer="zeros")])
 model.compile(optimizer=SGD(lr=0.05), loss="mse")
-model.fit_generator(Batches(), 5, 2, verbose=0, shuffle=False, workers=2,
+sequence = Batches()
+model.fit_generator(sequence, 5, 2, verbose=0, shuffle=False, workers=2,
                     use_multiprocessing=False, max_queue_size=4)
 model.fit_generator(generator=batches(), steps_per_epoch=5, epochs=1, verbose=0)
 loss = model.evaluate_generator(Batches(), steps=5)
@@ -147,10 +148,79 @@ KERAS23_LOSS = 0.27636456  # the last batch's loss: Keras 2.3.1's evaluate_gener
 MEAN_LOSS = 0.24603039  # the mean over the 5 batches of the same weights
 
 
-@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+# The moved worker arguments keep Keras 2.3's results on TensorFlow; on JAX and PyTorch,
+# Keras 3.15's threaded PyDataset trains this model to other weights (the WARNING says so).
+EXACT_WITH_WORKERS = requires(lines=[KerasLine.LEGACY, KerasLine.TF_KERAS_LEGACY]) if (
+    BACKEND in ("jax", "torch")) else requires(
+    lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+
+
+@EXACT_WITH_WORKERS
 @pytest.mark.core
 def test_migrated_generator_calls_train_and_predict_as_keras23_did() -> None:
     ran = run_keras23(SOURCE, "generators.py")
     np.testing.assert_allclose(ran["result"], KERAS23, rtol=0, atol=2e-6)
+    if LINE is KerasLine.KERAS_3:  # the worker arguments moved to the PyDataset
+        assert (ran["sequence"].workers, ran["sequence"].max_queue_size) == (2, 4)
     expected = KERAS23_LOSS if LINE is KerasLine.LEGACY else MEAN_LOSS
     assert float(ran["loss"]) == pytest.approx(expected, abs=2e-6)
+
+
+def test_predict_classes_and_predict_proba_are_keras23s_definitions() -> None:
+    text = "c = model.predict_classes(x, batch_size=8)\np = model.predict_proba(x)\n"
+    assert migrate(text) == (
+        'c = (lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else (p > 0.5).astype("int32"))'
+        "(model.predict(x, batch_size=8, verbose=0))\n"
+        "p = model.predict(x, verbose=0)\n"
+    )
+    assert migrate(text, "keras23") == text
+    assert_idempotent(text)
+
+
+def test_add_loss_on_a_functional_model_is_an_error_on_keras3() -> None:
+    text = "vae.add_loss(vae_loss)\nclass L:\n    def call(self, x):\n        self.add_loss(x)\n"
+    assert severities(text, "add_loss(<tensor>)") == [Severity.ERROR]
+    assert severities(text, "add_loss(<tensor>)", "tf_keras") == []
+
+
+PREDICT_SOURCE = '''
+import numpy as np
+from keras.layers import Dense
+from keras.models import Sequential
+
+x = np.linspace(-1, 1, 12, dtype="float32").reshape(4, 3)
+many = Sequential([Dense(3, input_shape=(3,), activation="softmax", kernel_initializer="ones")])
+one = Sequential([Dense(1, input_shape=(3,), activation="sigmoid", kernel_initializer="ones")])
+result = [many.predict_classes(x).tolist(), one.predict_classes(x).ravel().tolist()]
+'''
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+@pytest.mark.core
+def test_migrated_predict_classes_gives_keras23s_classes() -> None:
+    # equal scores: argmax takes the first class; one sigmoid unit: the 0.5 threshold
+    assert run_keras23(PREDICT_SOURCE, "predict.py")["result"] == [[0, 0, 0, 0], [0, 0, 1, 1]]
+
+
+def test_worker_arguments_move_to_a_sequence_the_file_defines_on_keras3() -> None:
+    text = """
+        from keras.utils import Sequence
+        class Batches(Sequence):
+            pass
+        train = Batches()
+        history = model.fit_generator(train, 10, workers=4, use_multiprocessing=True)
+    """
+    assert migrate(text).endswith(
+        "train = Batches()\ntrain.workers = 4\ntrain.use_multiprocessing = True\n"
+        "train.max_queue_size = 10\nhistory = model.fit(train, steps_per_epoch=10)\n")
+    assert severities(text, "moved to the Sequence") == [Severity.WARNING]
+    assert severities(text, "dropped") == []
+    assert_idempotent(text)
+
+
+@requires(lines=[KerasLine.KERAS_3])
+@pytest.mark.core
+def test_with_one_worker_every_backend_trains_as_keras23_did() -> None:
+    source = SOURCE.replace("workers=2", "workers=1")
+    ran = run_keras23(source, "generators_one_worker.py")
+    np.testing.assert_allclose(ran["result"], KERAS23, rtol=0, atol=2e-6)

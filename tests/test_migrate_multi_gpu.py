@@ -831,3 +831,50 @@ def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras
     assert [line for line, _ in advice_of(text)] == [5]
     # Beside a make_parallel, the same get_slice is keras-extras' again.
     assert lines_advised(text + "\np = make_parallel(m, 2)\n", "keras-extras") == [1]
+
+
+@pytest.mark.parametrize("line", ["import kerasmgpu.keras23", "from kerasmgpu import keras23"])
+def test_the_keras23_runtime_import_goes_on_the_modern_targets(line: str) -> None:
+    text = f"{line}\nimport keras\n"
+    assert migrate(text, "keras3") == "import keras\n"
+    assert migrate(text, "keras23") == text
+
+
+def test_parallelize_reuses_an_existing_kerasmgpu_binding() -> None:
+    text = "import kerasmgpu.legacy\nimport keras\np = keras.utils.multi_gpu_model(m, 2)\n"
+    assert migrate(text, "keras3") == (
+        "import kerasmgpu.legacy\nimport keras\np = kerasmgpu.parallelize(m, gpus=2)\n")
+
+
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_modern_targets_call_parallelize_and_drop_the_import(target: str) -> None:
+    text = """
+        from keras.utils import multi_gpu_model, to_categorical
+        parallel = multi_gpu_model(model, gpus=4, cpu_relocation=True)
+        parallel.compile("sgd", "mse")
+        model.save("template.h5")
+    """
+    after = migrate(text, target)
+    assert "parallel = kerasmgpu.parallelize(model, gpus=4)\n" in after
+    assert "multi_gpu_model" not in after
+    assert "import kerasmgpu\n" in after
+    [info] = [f for f in migrate_source(src(text), "f.py", target).findings
+              if "parallelize" in f.message]
+    assert "cpu_relocation dropped" in info.message
+    assert "save the template" in info.message
+
+
+def test_a_non_call_reference_keeps_the_drop_in_on_modern_targets() -> None:
+    text = "from keras.utils import multi_gpu_model\nwrap = multi_gpu_model\n"
+    assert migrate(text, "keras3") == (
+        "from kerasmgpu.legacy import multi_gpu_model\nwrap = multi_gpu_model\n")
+
+
+def test_privates_of_multi_gpu_utils_are_errors_on_modern_targets() -> None:
+    text = ("from keras.utils.multi_gpu_utils import _get_available_devices\n"
+            "import keras.utils.multi_gpu_utils as mgu\nn = mgu._normalize_device_name(d)\n")
+    found = migrate_source(text, "f.py", "keras3").findings
+    errors = [f for f in found if f.severity is Severity.ERROR]
+    assert [f.line for f in errors] == [1, 2, 3]
+    assert "tf.config.list_logical_devices()" in errors[0].message
+    assert "kerasmgpu takes GPU ids" in errors[2].message

@@ -187,3 +187,8 @@ def test_nadam_differs_from_keras23_and_the_report_says_so() -> None:
         return
     assert np.max(np.abs(np.array(result) - KERAS23["nadam_default"])) > 1e-4
     assert severities(source, "Nadam's update differs from Keras 2.3's") == [Severity.WARNING]
+
+
+def test_no_keras_import_is_added_when_the_new_code_does_not_name_it() -> None:
+    text = "from keras.optimizers import Adam\nopt = Adam(lr=1e-3)\n"
+    assert migrate(text) == "from keras.optimizers import Adam\nopt = Adam(learning_rate=1e-3)\n"

@@ -13,7 +13,17 @@ docstring:
 * `multi_gpu`: `multi_gpu_model` / keras-extras `make_parallel` -> `kerasmgpu.parallelize`
   (`--to keras23`: -> `kerasmgpu.legacy`), CPU template scopes, batch arithmetic.
 * `generators`: `fit_generator` / `evaluate_generator` / `predict_generator` -> `fit` /
-  `evaluate` / `predict`, their worker arguments moved or dropped with a note.
+  `evaluate` / `predict`, their worker arguments moved or dropped with a note;
+  `predict_classes` / `predict_proba`.
+* `optimizers`: `lr`, `decay` (-> the same schedule), Keras 2.3's default rates, `.lr`.
+* `keras1`: Keras 1 names and arguments, as Keras 2.3 converted them.
+* `layers`: layer classes and defaults that changed (`GRU`, CuDNN layers, `weights=`).
+* `backend`: `keras.backend` functions -> `keras.ops` where the meaning is the same.
+* `tf1`: TF1 session/config setups, `tf.compat.v1` names, graph-only code.
+* `saving`: weight/model file endings, `ModelCheckpoint` and `TensorBoard` arguments.
+* `image_data`: `ImageDataGenerator` advice.
+* `imports`: moved modules, renamed names, the target's package (last: it respells what
+  the other families leave).
 
 The report (`report.py`): a summary, then `path:line:col: SEVERITY: message` per finding.
 INFO is a rewrite that keeps behaviour; WARNING code that runs on the target but may

@@ -77,8 +77,8 @@ OPS: Dict[str, Op] = {
                                           "any", "all", "logsumexp")},
     **{name: _same(*_X) for name in ("square", "abs", "exp", "log", "sign", "round", "cos",
                                      "sin", "sigmoid", "tanh", "softplus", "softsign",
-                                     "zeros_like", "ones_like", "stop_gradient", "ndim",
-                                     "transpose")},
+                                     "stop_gradient", "ndim", "transpose")},
+    **{name: _same("x", "dtype") for name in ("zeros_like", "ones_like")},
     **{name: _same("x", "y", positional=2) for name in (
         "maximum", "minimum", "equal", "not_equal", "greater", "greater_equal", "less",
         "less_equal", "dot")},
@@ -127,6 +127,7 @@ OPS: Dict[str, Op] = {
                            "random.truncated_normal"),
     "dropout": Op(("x", "level", "noise_shape", "seed"), "random.dropout", {"level": "rate"}),
     "name_scope": Op(("name",), "name_scope"),
+    "l2_normalize": Op(("x", "axis"), "ops.normalize", defaults={"axis": "None"}),
 }
 # tf_keras dropped these from its backend; TensorFlow has them under these names.
 TF_KERAS_TO_TF = {"logsumexp": "math.reduce_logsumexp", "size": "size", "slice": "slice",

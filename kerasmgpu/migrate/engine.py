@@ -92,6 +92,8 @@ class Context:
         # Imported names whose every use a family rewrites away (`set_session`): the import
         # family drops them instead of reporting them as gone.
         self.claimed: Set[str] = set()
+        # id() of every node inside a statement a family removes: other families leave them.
+        self.removed: Set[int] = set()
         self.star_modules = _star_imports(self.module)
         self.bindings = _module_bindings(self.module)
 
@@ -111,7 +113,13 @@ class Context:
         return self.contexts.get(node) is ExpressionContext.LOAD
 
     def qualified(self, node: cst.CSTNode) -> Set[str]:
-        """Every dotted name `node` can refer to, through this file's imports."""
+        """Every dotted name `node` can refer to, through this file's imports.
+
+        Only names and attributes: libcst also gives a call the callee's names, which would
+        make `GRU(4)(x)` look like a second `GRU(...)`.
+        """
+        if not isinstance(node, (cst.Name, cst.Attribute)):
+            return set()
         value = self._qualified.get(node, ())
         if callable(value):  # libcst computes qualified names lazily (LazyValue)
             value = value()
@@ -187,8 +195,13 @@ class Context:
             return new
         self.edit(node, swap)
 
+    def is_removed(self, node: cst.CSTNode) -> bool:
+        return id(node) in self.removed
+
     def need_import(self, line: str, at: cst.CSTNode) -> None:
         """Add `line` (`import kerasmgpu`) before the first statement that uses it."""
+        if self.is_removed(at):
+            return
         index = self.top_level_index(at)
         self.imports[line] = min(index, self.imports.get(line, index))
 
@@ -400,6 +413,8 @@ def _planned_imports(
     """
     present = {ctx.code(s).strip() for s in ctx.module.body
                if isinstance(s, cst.SimpleStatementLine)}
+    # `import kerasmgpu.legacy` binds `kerasmgpu` too: `import kerasmgpu` adds nothing.
+    present |= {f"import {name}" for name, bound in ctx.bindings.items() if name == bound}
     wanted = [(line, index) for line, index in ctx.imports.items() if line not in present]
     if not wanted:
         return [], None, False

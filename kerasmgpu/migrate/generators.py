@@ -1,4 +1,4 @@
-"""Generator methods: `fit_generator` / `evaluate_generator` / `predict_generator`.
+"""Model methods Keras 3 removed: the generator methods, `predict_classes`, `predict_proba`.
 
 Keras 3 removed them; tf_keras keeps them deprecated. `fit`, `evaluate` and `predict` take
 generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to tf_keras`):
@@ -13,8 +13,10 @@ generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to 
   averaged); `evaluate` returns the mean over all batches. The value changes (to the right
   one): a WARNING says so at every `evaluate_generator`.
 * `workers`, `use_multiprocessing`, `max_queue_size`: tf_keras's `fit`/`evaluate`/`predict`
-  still take them (verified on tf_keras 2.16-2.21), so they stay. Keras 3's do not: they
-  belong to the `PyDataset` (= `keras.utils.Sequence`) constructor there. They are dropped
+  still take them (verified on tf_keras 2.21), so they stay. Keras 3's do not: they belong
+  to the `PyDataset` (= `keras.utils.Sequence`) there. When the data is a name bound to an
+  instance of a Sequence subclass the file defines, they move to it (`seq.workers = 4`...
+  before the call: the PyDataset's public setters, Keras 3.3+). Otherwise they are dropped
   with a WARNING that says what changes (batches load in one thread: same data, slower; a
   plain generator with `use_multiprocessing=True` gave every worker process its own copy,
   so batches repeated, and now each comes once) and how to get them back. Left at their
@@ -26,12 +28,20 @@ generators and `keras.utils.Sequence` directly there, so (`--to keras3` / `--to 
   `samples_per_epoch` is left with an ERROR: Keras 2.3 divided it by the generator's
   `batch_size` attribute when there was one, which cannot be read from the source.
 
+`predict_classes(x, ...)` -> Keras 2.3's own definition written out:
+`(lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else (p > 0.5).astype("int32"))(
+model.predict(x, ..., verbose=0))` (argmax for several outputs, a 0.5 threshold for one);
+`predict_proba(x, ...)` -> `predict(x, ..., verbose=0)` (Keras 2.3's was predict; both
+defaulted to verbose=0). `model.add_loss(tensor)` on a functional model's symbolic tensors
+(Keras 2.3's VAE recipe) has no Keras 3 equivalent: an ERROR naming the two replacements.
+
 A call to a `fit_generator` that the file defines itself (a method of its own class) is
 not Keras's and stays. `--to keras23` changes nothing here: the methods work on 2.3.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Set
 
 import libcst as cst
@@ -74,6 +84,14 @@ MSG_DROPPED = (
     "super().__init__({kwargs}), batches load in one thread: the same batches in the same "
     "order, more slowly{mp}"
 )
+MSG_MOVED_WORKERS = (
+    "{names} moved to the Sequence: Keras 3 reads them from the PyDataset (which "
+    "keras.utils.Sequence is), so {seq}.workers / .use_multiprocessing / .max_queue_size are "
+    "set before the call. On the TensorFlow backend training gives Keras 2.3's weights; on "
+    "JAX and PyTorch, Keras 3.15 with workers > 1 trained our check's model to other weights "
+    "than with workers=1 (the batches reach the model in another order): set "
+    "{seq}.workers = 1 there if you need Keras 2.3's exact results"
+)
 MSG_DROPPED_MP = (
     ". With a plain Python generator, use_multiprocessing=True gave each worker process its "
     "own copy of the generator, so batches repeated (Keras 2.3 warned it 'may duplicate your "
@@ -90,6 +108,13 @@ MSG_SAMPLES_PER_EPOCH = (
     "steps_per_epoch=<batches per epoch> and rerun"
 )
 MSG_LOCAL = "{method} is defined in this file (not Keras's): left alone"
+PREDICT_METHODS = ("predict_classes", "predict_proba")
+MSG_PREDICT = "{method}(...) -> {new}: Keras 2.3's own definition (Keras 3 removed it)"
+MSG_ADD_LOSS = (
+    "{owner}.add_loss(<tensor>): Keras 3 cannot add a loss built from a functional model's "
+    "symbolic inputs/outputs: compute it in a custom layer's call() with self.add_loss(...), "
+    "or override train_step; a loss function of (y_true, y_pred) passed to compile also works"
+)
 MSG_EVALUATE_LOSS = (
     "evaluate_generator(...) -> evaluate(...) changes the loss it returns: Keras 2.3.1's "
     "evaluate_generator returned the loss of the last batch only (its metrics were averaged "
@@ -103,10 +128,23 @@ class GeneratorRule(Rule):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.local_methods: Set[str] = _defined_names(ctx.module)
+        self.sequences: Set[str] = set()  # classes of this file that subclass Sequence
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        for base in node.bases:
+            if any(name.endswith(".Sequence") or name.endswith(".PyDataset")
+                   for name in self.ctx.keras_names(base.value)):
+                self.sequences.add(node.name.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if not isinstance(func, cst.Attribute) or func.attr.value not in METHODS:
+        if not isinstance(func, cst.Attribute):
+            return
+        if self.ctx.target.modern and func.attr.value in PREDICT_METHODS:
+            self.predict_method(node, func)
+        elif self.ctx.target is Target.KERAS3 and func.attr.value == "add_loss":
+            self.add_loss(node, func)
+        if func.attr.value not in METHODS:
             return
         method = func.attr.value
         if method in self.local_methods:
@@ -120,6 +158,21 @@ class GeneratorRule(Rule):
             self.unbound(node, method)
         else:
             self.rewrite(node, method, bound)
+
+    def predict_method(self, node: cst.Call, func: cst.Attribute) -> None:
+        method = func.attr.value
+        if method in self.local_methods or nodes.has_star(node):
+            return
+        new = "predict(...)" if method == "predict_proba" else (
+            "argmax/threshold of predict(...)")
+        self.ctx.edit(node, functools.partial(_predict, classes=method == "predict_classes"))
+        self.info(func.attr, MSG_PREDICT.format(method=method, new=new))
+
+    def add_loss(self, node: cst.Call, func: cst.Attribute) -> None:
+        """`vae.add_loss(loss)` outside a layer: a functional model's symbolic loss."""
+        owner = self.ctx.code(func.value)
+        if owner != "self" and not owner.startswith("self."):
+            self.error(func.attr, MSG_ADD_LOSS.format(owner=owner))
 
     def unbound(self, node: cst.Call, method: str) -> None:
         if nodes.kwarg_value(node, "samples_per_epoch") is not None:
@@ -137,6 +190,9 @@ class GeneratorRule(Rule):
             extra += MSG_VERBOSE.format(method=method, base=base)
         workers = {name: self.ctx.code(bound[name].value) for name in WORKER_ARGS
                    if name in bound}
+        if drop and workers and not all(WORKER_DEFAULTS[k] == v for k, v in workers.items()):
+            if self.move_to_sequence(node, bound, workers):
+                workers = {}
         if drop and workers:
             extra += self.report_dropped(node, base, workers)
         for old, new in KERAS1_RENAMES.items():
@@ -146,6 +202,39 @@ class GeneratorRule(Rule):
         if method == "evaluate_generator":
             self.warn(node.func.attr, MSG_EVALUATE_LOSS)
         self.ctx.edit(node, lambda updated: _rewrite_call(updated, method, drop))
+
+    def move_to_sequence(self, node: cst.Call, bound: Dict[str, cst.Arg],
+                         workers: Dict[str, str]) -> bool:
+        """Keras 3: set the worker arguments on the Sequence (a PyDataset) before the call.
+
+        Only for a name bound to an instance of a Sequence subclass this file defines, in a
+        call that is a statement of its own; Keras 3 reads `workers`, `use_multiprocessing`
+        and `max_queue_size` from the PyDataset (public setters since Keras 3.3).
+        """
+        data = bound["generator"].value
+        line = self.ctx.parent(self.ctx.parent(node) or node)  # Call < Expr/Assign < line
+        if not (isinstance(data, cst.Name) and isinstance(line, cst.SimpleStatementLine)
+                and len(line.body) == 1 and self.is_local_sequence(data)):
+            return False
+        values = {**WORKER_DEFAULTS, **workers}
+        code = [f"{data.value}.{key} = {values[key]}" for key in WORKER_ARGS]
+        self.ctx.edit(line, functools.partial(_before, lines=code))
+        self.warn(node.func, MSG_MOVED_WORKERS.format(
+            names=", ".join(f"{k}={v}" for k, v in workers.items()), seq=data.value))
+        return True
+
+    def is_local_sequence(self, name: cst.Name) -> bool:
+        """Whether `name` is assigned an instance of a keras Sequence subclass of this file."""
+        scope = self.ctx.scopes.get(name)
+        if scope is None:
+            return False
+        for assignment in scope.assignments[name.value]:
+            assign = self.ctx.enclosing(getattr(assignment, "node", name), cst.Assign)
+            value = assign.value if isinstance(assign, cst.Assign) else None
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and (
+                    value.func.value in self.sequences):
+                return True
+        return False
 
     def report_dropped(self, node: cst.Call, base: str, workers: Dict[str, str]) -> str:
         """Say what dropping the worker arguments changes; the INFO suffix if nothing."""
@@ -187,6 +276,29 @@ def _bind(call: cst.Call, method: str) -> Optional[Dict[str, cst.Arg]]:
     if "generator" not in renamed:
         return None
     return renamed
+
+
+def _before(updated: cst.CSTNode, lines: List[str]) -> cst.FlattenSentinel:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    added = [cst.parse_statement(line + "\n") for line in lines]
+    added[0] = added[0].with_changes(leading_lines=updated.leading_lines)
+    return cst.FlattenSentinel([*added, updated.with_changes(leading_lines=())])
+
+
+def _predict(updated: cst.CSTNode, classes: bool) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call) and isinstance(updated.func, cst.Attribute)
+    args = list(updated.args)
+    if nodes.kwarg_value(updated, "verbose") is None and not any(
+            i >= 2 and a.keyword is None for i, a in enumerate(args)):
+        args.append(nodes.kwarg("verbose", cst.Integer("0")))
+    call = nodes.with_args(updated, args,
+                           func=updated.func.with_changes(attr=cst.Name("predict")))
+    if not classes:
+        return call
+    template = nodes.expr('(lambda p: p.argmax(axis=-1) if p.shape[-1] > 1 else '
+                          '(p > 0.5).astype("int32"))(PREDICTED)')
+    assert isinstance(template, cst.Call)
+    return template.with_changes(args=[cst.Arg(call)], lpar=updated.lpar, rpar=updated.rpar)
 
 
 def _rewrite_call(updated: cst.CSTNode, method: str, drop_workers: bool) -> cst.CSTNode:

@@ -49,7 +49,10 @@ MSG_IMPORT = (
     "keras.utils.image_dataset_from_directory (for flow_from_directory) or a "
     "keras.utils.PyDataset / tf.data pipeline (for flow), and augment with preprocessing "
     "layers (keras.layers.Rescaling, RandomFlip, RandomRotation, RandomZoom, "
-    "RandomTranslation...); the constructor calls below say which"
+    "RandomTranslation...); the constructor calls below say which. To keep Keras 2.3's exact "
+    "generator for now: Keras 2.3's was the keras-preprocessing package's (pip install "
+    "keras-preprocessing; call keras_preprocessing.set_keras_submodules(backend="
+    "keras.backend, utils=keras.utils) before importing keras_preprocessing.image)"
 )
 MSG_CALL = "ImageDataGenerator({args}) in Keras 3: {mapping}"
 MSG_TF_KERAS = (

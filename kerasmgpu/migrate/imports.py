@@ -127,7 +127,9 @@ GONE_ADVICE: Dict[str, str] = {
     "(scikeras.wrappers.KerasClassifier)",
     "KerasRegressor": "keras.wrappers.scikit_learn is gone: use the scikeras package "
     "(scikeras.wrappers.KerasRegressor)",
-    "Tokenizer": "use keras.layers.TextVectorization (Keras 3 dropped keras.preprocessing.text)",
+    "Tokenizer": "use keras.layers.TextVectorization (Keras 3 dropped keras.preprocessing.text); "
+    "Keras 2.3's Tokenizer was keras_preprocessing.text.Tokenizer (pip install "
+    "keras-preprocessing), the same class",
     "text_to_word_sequence": "use keras.layers.TextVectorization or str.split",
     "print_summary": "call model.summary()",
     "model_from_yaml": "YAML model configs are gone: save the model with model.save() "
@@ -213,6 +215,13 @@ GONE_MODULES: Dict[Target, FrozenSet[str]] = {
     Target.TF_KERAS: frozenset({"keras.wrappers", "keras.wrappers.scikit_learn"}),
 }
 
+# six.moves names and what Python 3 calls them (None: a builtin, nothing to import).
+SIX_MOVES: Dict[str, Optional[str]] = {
+    "range": None, "zip": None, "map": None, "filter": None, "input": None,
+    "reduce": "from functools import reduce", "cPickle": "import pickle as cPickle",
+    "xrange": "xrange = range", "urllib": "import urllib", "queue": "import queue",
+    "configparser": "import configparser",
+}
 MSG_MOVED = "{old} -> {new} (where {target} has {it})"
 MSG_GONE = "{name} does not exist in {target}: {advice}"
 MSG_PACKAGE = "{old} -> {new}: the file reaches {target} explicitly ({why})"
@@ -265,11 +274,14 @@ class ImportsRule(Rule):
     # -- `from M import a, b` -------------------------------------------------------------
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         module = nodes.module_of(node)
+        if module == "six.moves" and self.six_moves(node):
+            return
         if self.package_from(node, module):
             return
         canonical = canonical_keras_name(module) if module else None
         if canonical is None or isinstance(node.names, cst.ImportStar):
-            if canonical is not None and module != spell(canonical, self.ctx.target):
+            if canonical is not None and module != spell(MODULE_MOVES.get(canonical, canonical),
+                                                          self.ctx.target):
                 self.ctx.edit(node, functools.partial(_respell_star, target=self.ctx.target))
                 self.info(node, MSG_MOVED.format(
                     old=module, new=spell(MODULE_MOVES.get(canonical, canonical),
@@ -280,7 +292,11 @@ class ImportsRule(Rule):
         places: Dict[str, Tuple[str, str]] = {}
         for alias in node.names:
             name = nodes.dotted(alias.name) or ""
-            if name in OWNED_ELSEWHERE:
+            if name in OWNED_ELSEWHERE:  # the module still moves; the name is theirs
+                places[name] = (MODULE_MOVES.get(canonical, canonical), name)
+                continue
+            if f"{canonical}.{name}" in MODULE_MOVES:  # `from keras.utils import np_utils`
+                places[name] = _module_alias(f"{canonical}.{name}")
                 continue
             where = locate(canonical, name, self.ctx.target)
             if where is None:
@@ -290,6 +306,8 @@ class ImportsRule(Rule):
             places[name] = where
             if where[1] != name and alias.asname is None:
                 self.rename_uses(node, name, where[1])
+        if not places:
+            return  # every name is gone here (finish reports them)
         new_modules = {spell(m, self.ctx.target) for m, _ in places.values()}
         if new_modules == {module} and all(n == w[1] for n, w in places.items()):
             return
@@ -299,7 +317,25 @@ class ImportsRule(Rule):
             parent = self.ctx.parent(node)
             if isinstance(parent, cst.SimpleStatementLine):
                 self.ctx.edit(parent, _split_line)
-        self.report_moves(node, module, sorted(new_modules), places)
+        if not all(name in OWNED_ELSEWHERE for name in places):
+            self.report_moves(node, module, sorted(new_modules), places)
+
+    def six_moves(self, node: cst.ImportFrom) -> bool:
+        """`from six.moves import range`: Keras 2.3 brought `six`, modern Keras does not."""
+        if isinstance(node.names, cst.ImportStar):
+            return False
+        names = [nodes.dotted(alias.name) or "" for alias in node.names]
+        if not all(n in SIX_MOVES for n in names) or any(a.asname for a in node.names
+                                                         if SIX_MOVES[nodes.dotted(a.name)
+                                                                      or ""] is None):
+            return False
+        self.ctx.edit(node, _six_moves)
+        parent = self.ctx.parent(node)
+        if isinstance(parent, cst.SimpleStatementLine):
+            self.ctx.edit(parent, _split_line)
+        self.info(node, "from six.moves import ... -> Python 3's own names: Keras 2.3 "
+                  "installed six, modern Keras does not")
+        return True
 
     def package_from(self, node: cst.ImportFrom, module: str) -> bool:
         """`from tensorflow import keras [as k]` -> `import keras [as k]` / `import tf_keras as k`."""
@@ -335,7 +371,8 @@ class ImportsRule(Rule):
             else:
                 self.info(node, MSG_PACKAGE.format(old=module, new=new, target=label,
                                                    why=WHY_PACKAGE[self.ctx.target]))
-        renames = [f"{old} -> {new}" for old, (_, new) in places.items() if old != new]
+        renames = [f"{old} -> {new}" for old, (_, new) in places.items() if old != new
+                   and f"{canonical_keras_name(module)}.{old}" not in MODULE_MOVES]
         if renames:
             self.info(node, f"renamed, same behaviour: {', '.join(renames)}")
 
@@ -376,6 +413,8 @@ class ImportsRule(Rule):
 
     # -- `tf.keras.layers.core.Dense`, `keras.utils.np_utils.to_categorical` --------------
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self.ctx.is_removed(node):
+            return
         names = self.ctx.qualified(node)
         if names & self.foreign and _is_module_chain(node):
             # `tf.keras` -> `keras` / `tf_keras`: the head of a longer chain.
@@ -390,7 +429,8 @@ class ImportsRule(Rule):
             if canonical is None or "." not in canonical:
                 continue
             module, _, attr = canonical.rpartition(".")
-            if module not in MODULE_MOVES and not any(k[0] == module for k in NAME_MOVES):
+            if module not in MODULE_MOVES and not any(
+                    k[0] == module for k in (*NAME_MOVES, *KERAS3_NAME_MOVES)):
                 continue
             if self.bound_alias_covers(node, module, attr):
                 return
@@ -442,12 +482,28 @@ RULE = ImportsRule
 # Edits
 
 
+def _module_alias(old: str) -> Tuple[str, str]:
+    """(parent, leaf) of where the moved module `old` is now: keras.utils.np_utils ->
+    (keras, utils), imported as `from keras import utils as np_utils`."""
+    parent, _, leaf = MODULE_MOVES[old].rpartition(".")
+    return parent, leaf
+
+
 def _same(a: cst.ImportAlias, b: cst.ImportAlias) -> bool:
     return nodes.dotted(a.name) == nodes.dotted(b.name) and _local(a) == _local(b)
 
 
 def _local(alias: cst.ImportAlias) -> str:
     return nodes.dotted(alias.asname.name if alias.asname else alias.name) or ""
+
+
+def _six_moves(updated: cst.CSTNode) -> cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel:
+    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
+    lines = [SIX_MOVES[nodes.dotted(alias.name) or ""] for alias in updated.names]
+    statements = [cst.parse_statement(line + "\n").body[0] for line in lines if line]
+    if not statements:
+        return cst.RemovalSentinel.REMOVE
+    return statements[0] if len(statements) == 1 else cst.FlattenSentinel(statements)
 
 
 def _as(module: str, local: str) -> str:
@@ -531,6 +587,13 @@ def _rewrite_from(updated: cst.CSTNode, target: Target, claimed: Set[str]
         local = nodes.dotted(alias.asname.name) if alias.asname else name
         if local in claimed:
             continue  # another family rewrote every use away
+        if f"{canonical}.{name}" in MODULE_MOVES and name not in OWNED_ELSEWHERE:
+            parent, leaf = _module_alias(f"{canonical}.{name}")
+            renamed = alias.with_changes(name=cst.Name(leaf), asname=cst.AsName(
+                name=cst.Name(local))) if leaf != local else alias.with_changes(
+                name=cst.Name(leaf))
+            groups.setdefault(spell(parent, target), []).append(renamed)
+            continue
         where = None if name in OWNED_ELSEWHERE else locate(canonical, name, target)
         if where is None:  # gone (reported) or another family's: only the module moves
             where = (MODULE_MOVES.get(canonical, canonical), name)

@@ -8,8 +8,9 @@ and is a 3-wide kernel with stride 3 today. `--to keras3` / `--to tf_keras` appl
 
 * `Conv2D/Convolution2D(n, r, c)` with integer rows and columns -> `(n, (r, c))` (also
   `nb_row=`/`nb_col=`, `Conv3D`'s `kernel_dim1..3`, `Deconvolution2D`'s `output_shape`
-  dropped as Keras 2.3 did); with non-literal rows and columns Keras 2.3 decided at run
-  time, so it is an ERROR that says which to write.
+  dropped as Keras 2.3 did). Rows and columns that are module constants (`nb_conv = 3`,
+  `kernel_size = (3, 3)` then `kernel_size[0]`) count as the ints they are; other
+  non-literal rows and columns Keras 2.3 decided at run time: an ERROR says what to write.
 * keyword renames per layer (`output_dim`->`units`, `init`->`kernel_initializer`,
   `W_regularizer`->`kernel_regularizer`, `border_mode`->`padding`, `subsample`->`strides`,
   `dim_ordering='th'`->`data_format='channels_first'`, `p`->`rate`, `inner_init`,
@@ -30,12 +31,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import libcst as cst
 
 from kerasmgpu.migrate import nodes
-from kerasmgpu.migrate.engine import Rule
+from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
 
 _WEIGHTS = {"init": "kernel_initializer", "W_regularizer": "kernel_regularizer",
@@ -129,6 +130,10 @@ class Keras1Rule(Rule):
     NAME = "keras1"
     TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
 
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.ints = _int_constants(ctx)
+
     def layer_name(self, func: cst.BaseExpression) -> Optional[str]:
         for name in self.ctx.keras_names(func):
             module, _, attr = name.rpartition(".")
@@ -167,7 +172,7 @@ class Keras1Rule(Rule):
         if nodes.has_star(node):
             return
         problems: List[str] = []
-        plan = _plan(node, spec, problems)
+        plan = _plan(node, spec, problems, self.ints)
         for problem in problems:
             if problem == "kernel":
                 args = ", ".join(self.ctx.code(a).rstrip(", ") for a in node.args)
@@ -176,7 +181,7 @@ class Keras1Rule(Rule):
                 self.error(node, f"{name}(...): {problem}")
         if problems or not plan:
             return
-        self.ctx.edit(node, functools.partial(_rewrite_layer, spec=spec))
+        self.ctx.edit(node, functools.partial(_rewrite_layer, spec=spec, ints=self.ints))
         self.info(node, MSG_LAYER.format(name=name, what="; ".join(plan)))
 
     def merge_call(self, node: cst.Call) -> None:
@@ -201,11 +206,12 @@ RULE = Keras1Rule
 # Plans and edits (pure)
 
 
-def _literal_int(arg: cst.Arg) -> bool:
-    return isinstance(arg.value, cst.Integer)
+def _literal_int(arg: cst.Arg, ints: FrozenSet[str] = frozenset()) -> bool:
+    return isinstance(arg.value, cst.Integer) or _code(arg.value) in ints
 
 
-def _kernel_positionals(args: List[cst.Arg], spec: Spec) -> Optional[int]:
+def _kernel_positionals(args: List[cst.Arg], spec: Spec,
+                        ints: FrozenSet[str] = frozenset()) -> Optional[int]:
     """How many positionals after `filters` are Keras 1 kernel sizes (0: none), or None
     when Keras 2.3 decided at run time (they are not literal ints).
 
@@ -220,17 +226,18 @@ def _kernel_positionals(args: List[cst.Arg], spec: Spec) -> Optional[int]:
     rest = KERNEL_KEYS[spec.kernel][len(extra):]
     if len(extra) == 1 and not (rest and all(k in keywords for k in rest)):
         return 0  # (filters, kernel_size): Keras 2 already
-    if len(extra) > spec.kernel or not all(_literal_int(a) for a in extra):
+    if len(extra) > spec.kernel or not all(_literal_int(a, ints) for a in extra):
         return None
     if len(extra) < spec.kernel and not all(k in keywords for k in rest):
         return None
     return len(extra)
 
 
-def _plan(node: cst.Call, spec: Spec, problems: List[str]) -> List[str]:
+def _plan(node: cst.Call, spec: Spec, problems: List[str],
+          ints: FrozenSet[str] = frozenset()) -> List[str]:
     """What Keras 2.3 would have converted in this call (empty: it is Keras 2 already)."""
     done: List[str] = []
-    kernel = _kernel_positionals(list(node.args), spec)
+    kernel = _kernel_positionals(list(node.args), spec, ints)
     if kernel is None:
         problems.append("kernel")
         return done
@@ -262,16 +269,41 @@ def _plan(node: cst.Call, spec: Spec, problems: List[str]) -> List[str]:
     return done
 
 
+def _int_constants(ctx: Context) -> FrozenSet[str]:
+    """Expressions that are int constants: `nb_conv` after a single module-level
+    `nb_conv = 3`, `kernel_size[0]` after `kernel_size = (3, 3)` (Keras 1 examples' style)."""
+    found: List[str] = []
+    for stmt in ctx.module.body:
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+            continue
+        assign = stmt.body[0]
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)):
+            continue
+        name = assign.targets[0].target.value
+        scope = ctx.scopes.get(assign)
+        if scope is None or len(scope.assignments[name]) != 1:
+            continue  # assigned again somewhere: not a constant
+        value = assign.value
+        if isinstance(value, cst.Integer):
+            found.append(name)
+        elif isinstance(value, cst.Tuple) and all(isinstance(e.value, cst.Integer)
+                                                  for e in value.elements):
+            found.extend(f"{name}[{i}]" for i in range(len(value.elements)))
+    return frozenset(found)
+
+
 def _code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
-def _rewrite_layer(updated: cst.CSTNode, spec: Spec) -> cst.CSTNode:
+def _rewrite_layer(updated: cst.CSTNode, spec: Spec,
+                   ints: FrozenSet[str] = frozenset()) -> cst.CSTNode:
     assert isinstance(updated, cst.Call)
     args = list(updated.args)
     positional = [a for a in args if a.keyword is None]
     keywords = [a for a in args if a.keyword is not None]
-    kernel = _kernel_positionals(args, spec) or 0
+    kernel = _kernel_positionals(args, spec, ints) or 0
     new: List[cst.Arg] = list(positional)
     by_name = {nodes.keyword(a): a for a in keywords}
     kernel_keys = KERNEL_KEYS.get(spec.kernel, ())

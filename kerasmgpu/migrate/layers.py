@@ -10,6 +10,9 @@ and tf_keras 2.21, and their activations evaluated):
 * `CuDNNLSTM` -> `LSTM`, `CuDNNGRU` -> `GRU(reset_after=True)`: the same math (the cuDNN
   kernels), which modern Keras picks by itself on a GPU. A weight file saved from a CuDNN
   layer holds its two bias vectors and does not load into the new layer (an INFO says so).
+* Keras 3 only: layers take no `weights=` (Embedding does): `model.add(Conv2D(...,
+  weights=w))` -> `model.add(Conv2D(...))` + `model.layers[-1].set_weights(w)` (a
+  Sequential with an input shape builds each layer as it is added); elsewhere an ERROR.
 * Keras 3 only: `hard_sigmoid` is relu6(x + 3) / 6 there, 0.2x + 0.5 clipped in Keras 2.3
   and tf_keras, and `ConvLSTM2D`'s default recurrent activation is 'sigmoid' (Keras 2.3 and
   tf_keras: their hard_sigmoid). No built-in Keras 3 activation is Keras 2.3's, so both
@@ -47,6 +50,14 @@ MSG_CONVLSTM = (
     "no built-in activation that is Keras 2.3's hard_sigmoid"
 )
 CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
+MSG_WEIGHTS_ADD = (
+    "{layer}(..., weights=...) -> {owner}.add({layer}(...)) then "
+    "{owner}.layers[-1].set_weights(...): Keras 3 layers take no weights= (but Embedding)"
+)
+MSG_WEIGHTS = (
+    "{layer}(..., weights=...): Keras 3 layers take no weights= argument (Embedding does): "
+    "build the layer, then call layer.set_weights(...) once it is built"
+)
 
 
 class LayersRule(Rule):
@@ -72,6 +83,9 @@ class LayersRule(Rule):
         elif name == "ConvLSTM2D" and self.ctx.target is Target.KERAS3 and (
                 nodes.kwarg_value(node, "recurrent_activation") is None):
             self.warn(node, MSG_CONVLSTM)
+        if (self.ctx.target is Target.KERAS3 and name != "Embedding"
+                and nodes.kwarg_value(node, "weights") is not None):
+            self.weights_argument(node, name)
 
     def cudnn(self, node: cst.Call, name: str) -> None:
         """The class is renamed with its import (imports family); GRU needs its variant."""
@@ -81,6 +95,23 @@ class LayersRule(Rule):
         self.info(node, MSG_CUDNN.format(old=name, new=new + (
             "(reset_after=True)" if new == "GRU" else "")))
 
+    def weights_argument(self, node: cst.Call, name: str) -> None:
+        """`model.add(Conv2D(..., weights=w))` -> add it, then set its weights."""
+        add = self.ctx.parent(self.ctx.parent(node) or node)
+        line = self.ctx.parent(self.ctx.parent(add) or node) if add is not None else None
+        if (isinstance(add, cst.Call) and isinstance(add.func, cst.Attribute)
+                and add.func.attr.value == "add" and len(add.args) == 1
+                and add.args[0].value is node and isinstance(line, cst.SimpleStatementLine)
+                and len(line.body) == 1):
+            owner = self.ctx.code(add.func.value)
+            self.ctx.edit(node, functools.partial(_without, key="weights"))
+            weights = self.ctx.code(nodes.kwarg_value(node, "weights") or node)
+            self.ctx.edit(line, functools.partial(_then, code=f"{owner}.layers[-1]"
+                                                  f".set_weights({weights})"))
+            self.info(node, MSG_WEIGHTS_ADD.format(layer=name, owner=owner))
+        else:
+            self.error(node, MSG_WEIGHTS.format(layer=name))
+
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if self.ctx.target is Target.KERAS3 and nodes.string_value(node) == "hard_sigmoid":
             parent = self.ctx.parent(node)
@@ -89,6 +120,16 @@ class LayersRule(Rule):
 
 
 RULE = LayersRule
+
+
+def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    return nodes.drop_args(updated, [key])
+
+
+def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    return cst.FlattenSentinel([updated, cst.parse_statement(code + "\n")])
 
 
 def _add_kwarg(updated: cst.CSTNode, key: str, value: str) -> cst.CSTNode:

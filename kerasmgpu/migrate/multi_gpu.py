@@ -140,6 +140,10 @@ PRIVATE_ADVICE = {
     ),
     "get_slice": "kerasmgpu splits each batch itself and keeps the remainder: drop it",
 }
+MSG_KERAS23_SHIM = (
+    "{line} removed: kerasmgpu.keras23 patches Keras 2.3.1 to run on Python 3.9+ and raises on "
+    "any other Keras"
+)
 MSG_MGM_UNRESOLVED = (
     "`{expr}` could not be traced to an import of keras or tensorflow, so it was left alone; "
     "if it is Keras' multi_gpu_model (removed in TF 2.4), call "
@@ -174,6 +178,7 @@ class MultiGpuRule(Rule):
     # -- imports ------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> None:
         self.in_import += 1
+        self.keras23_shim(node, [nodes.dotted(a.name) or "" for a in node.names])
         for alias in node.names:
             imported = nodes.dotted(alias.name) or ""
             if imported in GONE_MODULES:
@@ -183,9 +188,17 @@ class MultiGpuRule(Rule):
     def leave_Import(self, original_node: cst.Import) -> None:
         self.in_import -= 1
 
+    def keras23_shim(self, node: cst.CSTNode, names: List[str]) -> None:
+        """`import kerasmgpu.keras23`: the Keras 2.3 runtime patches go with Keras 2.3."""
+        if self.ctx.target.modern and "kerasmgpu.keras23" in names and len(names) == 1:
+            self.ctx.edit(node, _remove_statement)
+            self.info(node, MSG_KERAS23_SHIM.format(line=self.ctx.code(node)))
+
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self.in_import += 1
         module_name = nodes.module_of(node)
+        if module_name == "kerasmgpu" and not isinstance(node.names, cst.ImportStar):
+            self.keras23_shim(node, [f"kerasmgpu.{nodes.dotted(a.name)}" for a in node.names])
         if isinstance(node.names, cst.ImportStar):
             if module_name in MULTI_GPU_MODEL_MODULES:
                 self.star_lines.append((node, module_name))
@@ -518,6 +531,10 @@ RULE = MultiGpuRule
 
 # --------------------------------------------------------------------------------------
 # Pure helpers
+
+
+def _remove_statement(updated: cst.CSTNode) -> cst.RemovalSentinel:
+    return cst.RemovalSentinel.REMOVE
 
 
 def _local(alias: cst.ImportAlias) -> str:

@@ -135,7 +135,9 @@ class OptimizerRule(Rule):
         old = ", ".join(self.ctx.code(arg).rstrip(", ") for arg in node.args)
         self.info(node, MSG_CALL.format(name=name, old=old, new=plan.describe(bound, self.ctx),
                                         note=note))
-        keras = self.ctx.keras_module(node)
+        # The package name only when the new code spells it (a schedule, the epsilon).
+        needs = plan.decay is not None or _is_none(bound.get("epsilon"))
+        keras = self.ctx.keras_module(node) if needs else "keras"
         self.ctx.edit(node, functools.partial(_rewrite, name=name, keras=keras))
 
     def compile_string(self, node: cst.Call) -> None:

@@ -356,6 +356,7 @@ class TF1Rule(Rule):
         lines, done = _tf2_lines(setup.settings, tf)
         for statement in setup.statements:
             self.handled.update(id(n) for n in _walk(statement))
+            self.ctx.removed.update(id(n) for n in _walk(statement))
             if statement is setup.anchor:
                 self.ctx.edit(statement, functools.partial(_replace_with, lines=lines))
             else:
