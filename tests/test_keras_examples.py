@@ -97,9 +97,10 @@ def _cases() -> List[Any]:
             marks.append(pytest.mark.skip(
                 reason=f"too slow on {BACKEND} for CI (examples.SLOW_IN_CI); "
                 "KERASMGPU_EXAMPLES=all runs it"))
-        why = examples.STILL_FAILING.get((target or "keras23", example.name))
+        why = examples.still_failing(target or "keras23", BACKEND, example.name)
         if why:
-            marks.append(pytest.mark.xfail(reason=why, strict=False))
+            # Strict: an example that runs again fails the test, and its entry must go.
+            marks.append(pytest.mark.xfail(reason=why, strict=True))
         cases.append(pytest.param(example.name, marks=marks, id=example.name))
     return cases
 

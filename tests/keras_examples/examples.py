@@ -220,55 +220,63 @@ SLOW_IN_CI: Dict[str, Tuple[str, ...]] = {
 }
 
 
-# (target, example) -> why it does not run or reach Keras 2.3's quality after `kerasmgpu
-# migrate --to target`, as last measured (the test expects these to fail, not strictly:
-# the rules grow on another branch; an XPASS in the log says an entry can go).
-_GAPS = "- not rewritten by migrate yet (gap {} of the rules' list)"
+# Where an example does not run, or ends below Keras 2.3's quality, after `kerasmgpu migrate
+# --to target`, as last measured, and why. Keys: (target, example) for every backend of the
+# target, (target-backend, example) for one ("keras3-tensorflow"). The tests expect these to
+# fail, strictly: an example that passes again fails its test until its entry goes. Gap
+# numbers are those of the rules' list (migrate-gaps, see README.md).
+_ADVICE = ": migrate reports an ERROR with the replacement (no rewrite: advice, by design)"
 STILL_FAILING: Dict[Tuple[str, str], str] = {
-    ("keras3", "addition_rnn.py"): "model.predict_classes() is gone (and on JAX/PyTorch no "
-    "`six` for `from six.moves import range`) " + _GAPS.format("1, 2"),
-    ("tf_keras", "addition_rnn.py"): "model.predict_classes() is gone " + _GAPS.format(2),
-    ("keras3", "antirectifier.py"): "K.l2_normalize: an ERROR finding, not rewritten to "
-    "keras.ops.normalize " + _GAPS.format(3),
-    ("keras3", "babi_rnn.py"): "`from keras.layers import recurrent` stays " + _GAPS.format(4),
-    ("tf_keras", "babi_rnn.py"): "`from tf_keras.layers import recurrent` stays "
-    + _GAPS.format(4),
-    ("keras3", "cifar10_cnn.py"): "ImageDataGenerator: an ERROR finding (no Keras 3 "
-    "equivalent) " + _GAPS.format("6, 12"),
-    ("keras3", "cifar10_resnet.py"): "ImageDataGenerator: an ERROR finding (no Keras 3 "
-    "equivalent) " + _GAPS.format("6, 12"),
+    # Keras 3, every backend: what migrate cannot rewrite (ERROR findings, example bugs).
+    ("keras3", "cifar10_cnn.py"): "ImageDataGenerator is gone from Keras 3" + _ADVICE,
+    ("keras3", "cifar10_resnet.py"): "ImageDataGenerator is gone from Keras 3" + _ADVICE,
+    ("keras3", "pretrained_word_embeddings.py"): "keras.preprocessing.text.Tokenizer is gone "
+    "from Keras 3" + _ADVICE,
+    ("keras3", "reuters_mlp.py"): "keras.preprocessing.text.Tokenizer is gone from Keras 3"
+    + _ADVICE,
+    ("keras3", "reuters_mlp_relu_vs_selu.py"): "keras.preprocessing.text.Tokenizer is gone "
+    "from Keras 3" + _ADVICE,
+    ("keras3", "mnist_swwae.py"): "K.gradients: Keras 3 has no symbolic gradients" + _ADVICE,
+    ("keras3", "variational_autoencoder.py"): "vae.add_loss(tensor of the model's inputs and "
+    "outputs) is NotImplementedError on a Keras 3 functional model" + _ADVICE,
+    ("keras3", "variational_autoencoder_deconv.py"): "vae.add_loss(tensor of the model's "
+    "inputs and outputs) is NotImplementedError on a Keras 3 functional model" + _ADVICE,
     ("keras3", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
-    "example that Keras 2.3 let pass; Keras 3 refuses it " + _GAPS.format(14),
-    ("tf_keras", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
-    "example that Keras 2.3 let pass; tf_keras refuses it " + _GAPS.format(14),
-    ("keras3", "lstm_text_generation.py"): "ends at a loss 18 % above Keras 2.3's (0.235 vs "
-    "0.199 on keras3.15-tensorflow): Keras 3's RMSprop adds epsilon under the square root, "
-    "Keras 2.3's after it " + _GAPS.format(18),
-    ("keras3", "lstm_seq2seq.py"): "val_loss 1.237 vs Keras 2.3's 1.066 on "
-    "keras3.15-tensorflow, just over the tolerance: 'rmsprop' as above " + _GAPS.format(18),
+    "example that Keras 2.3 let pass; Keras 3 refuses it (gap 14: no rule possible)",
     ("keras3", "mnist_acgan.py"): "Keras 3 refuses the generator's (None, 1, 100) input to a "
-    "Sequential declared for (None, 100) (and no `six` on JAX/PyTorch) " + _GAPS.format("1, 17"),
-    ("keras3", "variational_autoencoder.py"): "vae.add_loss(symbolic tensor) is "
-    "NotImplementedError on a Keras 3 functional model " + _GAPS.format(19),
-    ("keras3", "variational_autoencoder_deconv.py"): "vae.add_loss(symbolic tensor) is "
-    "NotImplementedError on a Keras 3 functional model " + _GAPS.format(19),
-    ("tf_keras", "mnist_acgan.py"): "tf_keras refuses the generator's input shapes, as Keras 3 "
-    "does " + _GAPS.format(17),
+    "Sequential declared for (None, 100), which Keras 2.3 let pass (gap 17: no general rule)",
+    ("keras3", "lstm_stateful.py"): "LSTM(..., batch_size=1): Keras 3 layers take no "
+    "batch_size (it belongs to keras.Input); not rewritten yet (gap 21)",
+    # Keras 3 on TensorFlow: runs, below Keras 2.3's quality.
+    ("keras3-tensorflow", "mnist_mlp.py"): "test_loss 0.047 vs Keras 2.3's 0.031 (+0.007): "
+    "RMSprop() adds epsilon inside the square root on Keras 3, outside on Keras 2.3; not "
+    "rewritten yet (gap 18)",
+    ("keras3-tensorflow", "mnist_hierarchical_rnn.py"): "test_accuracy 0.19 vs Keras 2.3's "
+    "0.66: 'rmsprop', epsilon inside the square root as above; not rewritten yet (gap 18)",
+    ("keras3-tensorflow", "imdb_bidirectional_lstm.py"): "val_loss 0.30 vs Keras 2.3's 0.20 "
+    "(+0.066) after 2 epochs, also on tf_keras; migrate changes nothing in the file, cause "
+    "not found (gap 22)",
+    ("keras3-tensorflow", "imdb_fasttext.py"): "val_accuracy 0.81 vs Keras 2.3's 0.995: on "
+    "Keras 3 it swings between 0.5 and 1.0 from epoch to epoch while val_loss (0.46, "
+    "better than Keras 2.3's 0.48) falls smoothly; migrate changes nothing in the file (gap 22)",
+    # tf_keras
+    ("tf_keras", "cnn_seq2seq.py"): "predict() on inputs of 100 and 1000 rows, a bug of the "
+    "example that Keras 2.3 let pass; tf_keras refuses it (gap 14: no rule possible)",
+    ("tf_keras", "mnist_acgan.py"): "tf_keras refuses the generator's input shapes, as "
+    "Keras 3 does (gap 17: no general rule)",
     ("tf_keras", "mnist_siamese.py"): "the contrastive loss multiplies tf_keras's int64 y_true "
-    "by a float (Keras 2.3 fed y_true as float32) " + _GAPS.format(20),
+    "by a float (Keras 2.3 fed y_true as float32); not rewritten yet (gap 20)",
     ("tf_keras", "mnist_swwae.py"): "K.gradients inside a Lambda gives None under tf_keras's "
-    "tf.function " + _GAPS.format(10),
-    ("keras3", "mnist_net2net.py"): "Conv2D(..., weights=...) has no Keras 3 form "
-    + _GAPS.format(11),
-    ("keras3", "mnist_swwae.py"): "K.gradients: an ERROR finding (Keras 3 has no symbolic "
-    "gradients) " + _GAPS.format(10),
-    ("keras3", "pretrained_word_embeddings.py"): "keras.preprocessing.text.Tokenizer: an "
-    "ERROR finding " + _GAPS.format(12),
-    ("keras3", "reuters_mlp.py"): "keras.preprocessing.text.Tokenizer: an ERROR finding "
-    + _GAPS.format(12),
-    ("keras3", "reuters_mlp_relu_vs_selu.py"): "keras.preprocessing.text.Tokenizer: an ERROR "
-    "finding " + _GAPS.format(12),
+    "tf.function and migrate keeps it without a finding (gap 10)",
+    ("tf_keras", "imdb_bidirectional_lstm.py"): "val_loss 0.29 vs Keras 2.3's 0.20 (+0.066) "
+    "after 2 epochs, as on Keras 3; migrate changes nothing in the file (gap 22)",
 }
+
+
+def still_failing(target: str, backend: Optional[str], name: str) -> Optional[str]:
+    """Why `name` is expected to fail after `migrate --to target` on `backend`, or None."""
+    return (STILL_FAILING.get((f"{target}-{backend}", name))
+            or STILL_FAILING.get((target, name)))
 
 
 def in_ci(example: Example, backend: Optional[str]) -> bool:
