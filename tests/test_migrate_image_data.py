@@ -70,6 +70,22 @@ def test_keras3_a_module_spelling_is_an_error_with_the_mapping() -> None:
     assert "horizontal_flip -> keras.layers.RandomFlip('horizontal')" in errors[0].message
 
 
+def test_keras3_text_module_becomes_keras_preprocessing_text() -> None:
+    text = """
+        from keras.preprocessing.text import Tokenizer, text_to_word_sequence as words
+        tokenizer = Tokenizer(num_words=10)
+        """
+    assert migrate(text) == src("""
+        from keras_preprocessing.text import Tokenizer, text_to_word_sequence as words
+        tokenizer = Tokenizer(num_words=10)
+        """)
+    assert [(f.line, f.severity) for f in findings(text)] == [(1, Severity.WARNING)]
+    assert "pip install keras-preprocessing" in findings(text)[0].message
+    assert_idempotent(text)
+    kept = migrate(text, "tf_keras")
+    assert kept.startswith("from tf_keras.preprocessing.text import Tokenizer")
+
+
 def test_tf_keras_still_has_it() -> None:
     assert [f.severity for f in findings(TEXT, "tf_keras") if "ImageDataGenerator" in
             f.message] == [Severity.INFO]

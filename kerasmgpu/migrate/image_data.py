@@ -15,6 +15,9 @@ random draws, with a WARNING - the project needs `pip install keras-preprocessin
 package unmaintained since 2020). Other spellings (`image.ImageDataGenerator` through a
 module) stay, with an ERROR.
 
+`from keras.preprocessing.text import Tokenizer` (and the module's other functions) becomes
+`from keras_preprocessing.text import ...` the same way (that module needs no Keras).
+
 Keras 3's own successor is a different design - a dataset of files plus augmentation
 layers inside the model or the pipeline - with other randomness, so no rewrite could keep
 what the generator produced. The report says what each argument of each
@@ -78,6 +81,15 @@ MSG_PORTED = (
     "calls below say which)"
 )
 MSG_CALL = "ImageDataGenerator({args}) in Keras 3: {mapping}"
+# keras.preprocessing.text of Keras 2.3.1: keras_preprocessing.text's functions, as they are.
+TEXT_NAMES = frozenset({"Tokenizer", "hashing_trick", "one_hot", "text_to_word_sequence",
+                        "tokenizer_from_json"})
+MSG_TEXT = (
+    "keras.preprocessing.text -> keras_preprocessing.text ({names}): Keras 2.3's own code "
+    "(Keras 3 dropped the module), the same results: the project now needs `pip install "
+    "keras-preprocessing` (unmaintained since 2020). Keras 3's own successor: "
+    "keras.layers.TextVectorization (another API)"
+)
 MSG_CALL_LATER = "when you move off keras-preprocessing, " + MSG_CALL
 MSG_TF_KERAS = (
     "ImageDataGenerator is deprecated in tf_keras (it still works); its successor is "
@@ -99,12 +111,30 @@ class ImageDataRule(Rule):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if isinstance(node.names, cst.ImportStar):
             return
+        if self.ctx.target is Target.KERAS3 and self.port_text(node):
+            return
         if any(nodes.dotted(alias.name) == "ImageDataGenerator" for alias in node.names):
             module = nodes.module_of(node)
             if self.ctx.target is Target.KERAS3 and module.split(".")[0] in (
                     "keras", "tensorflow", "tf_keras"):
                 if not self.port(node):
                     self.error(node, MSG_IMPORT)
+
+    def port_text(self, node: cst.ImportFrom) -> bool:
+        """`from keras.preprocessing.text import Tokenizer` -> keras_preprocessing.text's."""
+        if canonical_keras_name(nodes.module_of(node)) != "keras.preprocessing.text":
+            return False
+        assert not isinstance(node.names, cst.ImportStar)
+        names = [nodes.dotted(alias.name) or "" for alias in node.names]
+        if not set(names) <= TEXT_NAMES:
+            return False  # the imports family reports what Keras 3 lacks
+        for alias in node.names:  # the imports family leaves them to this rewrite
+            self.ctx.claimed.add(nodes.dotted(alias.asname.name if alias.asname else alias.name)
+                                 or "")
+        self.ctx.edit(node, lambda updated: updated.with_changes(
+            module=nodes.attr_chain("keras_preprocessing.text")))
+        self.warn(node, MSG_TEXT.format(names=", ".join(names)))
+        return True
 
     def port(self, node: cst.ImportFrom) -> bool:
         """`from keras.preprocessing.image import ImageDataGenerator` -> keras_preprocessing's."""
