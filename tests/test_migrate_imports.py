@@ -119,7 +119,7 @@ def test_module_chains_in_code() -> None:
      ("from keras.wrappers.scikit_learn import KerasClassifier", "keras3"),
      ("from keras.wrappers.scikit_learn import KerasClassifier", "tf_keras"),
      ("from keras.utils import HDF5Matrix", "tf_keras"),
-     ("from keras.preprocessing.text import Tokenizer, Kerasless", "keras3")  # not all ported],
+     ("from keras.preprocessing.text import Tokenizer, Kerasless", "keras3")],  # not ported
 )
 def test_names_the_target_does_not_have_are_errors(line: str, target: str) -> None:
     errors = [f for f in findings(f"{line}\n", target) if f.severity is Severity.ERROR]
