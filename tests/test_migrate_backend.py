@@ -89,6 +89,12 @@ def test_tf_keras_keeps_its_backend_but_for_what_it_dropped() -> None:
     assert "import tensorflow as tf\n" in after
 
 
+def test_tf_keras_gradients_is_a_warning() -> None:
+    text = "from keras import backend as K\ng = K.gradients(loss, x)\n"
+    assert migrate(text, "tf_keras") == text.replace("from keras", "from tf_keras")
+    assert severities(text, "tf.GradientTape", "tf_keras") == [Severity.WARNING]
+
+
 def test_keras23_target_changes_nothing() -> None:
     text = "from keras import backend as K\nn = K.int_shape(x)\n"
     assert migrate(text, "keras23") == text

@@ -65,10 +65,11 @@ def test_decay_with_a_callback_that_sets_the_rate_is_a_warning() -> None:
         ("Adadelta()", "Adadelta(learning_rate=1.0)"),
         ("Adamax()", "Adamax(learning_rate=0.002)"),
         ("Nadam(beta_1=0.8)", "Nadam(learning_rate=0.002, beta_1=0.8)"),
-        ("Adagrad()", "Adagrad(learning_rate=0.01, initial_accumulator_value=0.0)"),
+        ("Adagrad()",
+         "Adagrad(learning_rate=0.01, initial_accumulator_value=0.0, epsilon=1e-7 ** 2)"),
         ("Adam()", "Adam()"),
         ("SGD()", "SGD()"),
-        ("RMSprop(0.01, 0.8)", "RMSprop(learning_rate=0.01, rho=0.8)"),
+        ("RMSprop(0.01, 0.8)", "RMSprop(learning_rate=0.01, rho=0.8, epsilon=1e-7 ** 2)"),
         ("Adam(0.01, 0.8, 0.9, True)",
          "Adam(learning_rate=0.01, beta_1=0.8, beta_2=0.9, amsgrad=True)"),
         ("Adam(epsilon=None)", "Adam(epsilon=keras.backend.epsilon())"),
@@ -89,9 +90,11 @@ def test_other_schedule_decay_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [("adadelta", "keras.optimizers.Adadelta(learning_rate=1.0)"),
-     ("Adagrad", "keras.optimizers.Adagrad(learning_rate=0.01, initial_accumulator_value=0.0)"),
+     ("Adagrad", "keras.optimizers.Adagrad(learning_rate=0.01, initial_accumulator_value=0.0, "
+      "epsilon=1e-7 ** 2)"),
      ("nadam", "keras.optimizers.Nadam(learning_rate=0.002)"),
-     ("adam", None), ("sgd", None), ("rmsprop", None)],
+     ("rmsprop", "keras.optimizers.RMSprop(epsilon=1e-7 ** 2)"),
+     ("adam", None), ("sgd", None)],
 )
 def test_optimizer_names_in_compile_keep_the_keras23_rate(name: str, expected: str) -> None:
     text = f"import keras\nmodel.compile(loss='mse', optimizer='{name}')\n"
@@ -176,6 +179,48 @@ def test_migrated_optimizer_trains_as_keras23_did(case: str) -> None:
     result = run_keras23(SOURCE.format(optimizer=CASES[case]), f"{case}.py")["result"]
     # float32 steps; Keras 3's RMSprop/Adagrad put epsilon inside the square root (3e-7).
     np.testing.assert_allclose(result, KERAS23[case], rtol=0, atol=5e-6)
+
+
+# One input ~1e-4 of the others: its weight's squared-gradient average v is ~1e-9, where
+# modern Keras's sqrt(v + 1e-7) made the step ~10x smaller than Keras 2.3's sqrt(v) + 1e-7;
+# the migrated epsilon=1e-7 ** 2 gives Keras 2.3's step. Recorded on Keras 2.3.1 (keras23).
+SMALL_GRADIENTS = {
+    "RMSprop(lr=0.01)": [0.17928928, 0.066361435, 0.18407796, 0.079238035],
+    "Adagrad()": [0.052234717, 0.019722108, 0.055056348, 0.023705047],
+    "'rmsprop'": [0.018573267, 0.0070330719, 0.019530369, 0.0082846750],
+}
+SOURCE_SMALL = SOURCE.replace(
+    'x = rng.randn(32, 3).astype("float32")',
+    'x = rng.randn(32, 3).astype("float32") * np.array([1.0, 1e-4, 1.0], dtype="float32")')
+
+
+@RUNS_KERAS23_CODE
+@pytest.mark.core
+@pytest.mark.parametrize("optimizer", list(SMALL_GRADIENTS))
+def test_epsilon_outside_the_square_root_as_keras23_had_it(optimizer: str) -> None:
+    result = run_keras23(SOURCE_SMALL.format(optimizer=optimizer), "small.py")["result"]
+    # sqrt(v + eps**2) is sqrt(v) + eps to first order eps / sqrt(v) (here ~0.3%); with eps
+    # itself inside (no rewrite) the small weight ends 5x lower (0.0134 for 0.0664).
+    np.testing.assert_allclose(result, SMALL_GRADIENTS[optimizer], rtol=3e-3, atol=1e-7)
+
+
+def test_epsilon_is_written_squared_once() -> None:
+    text = """
+        from keras.optimizers import RMSprop, Adagrad
+        a = RMSprop(lr=0.01)
+        b = Adagrad(epsilon=1e-6, initial_accumulator_value=0.1)
+        c = RMSprop(epsilon=eps / 2)
+        model.compile(optimizer="rmsprop", loss="mse")
+        """
+    out = assert_idempotent(text)
+    assert "a = RMSprop(learning_rate=0.01, epsilon=1e-7 ** 2)" in out
+    assert "b = Adagrad(learning_rate=0.01, epsilon=1e-6 ** 2, initial_accumulator_value=0.1)" \
+        in out
+    assert "c = RMSprop(epsilon=(eps / 2) ** 2)" in out
+    assert 'model.compile(optimizer=keras.optimizers.RMSprop(epsilon=1e-7 ** 2), loss="mse")' \
+        in out
+    assert len(severities(text, "epsilon squared")) == 4
+    assert migrate(text, "tf_keras").count("** 2") == 4  # tf_keras 2.21 also adds it inside
 
 
 @RUNS_KERAS23_CODE

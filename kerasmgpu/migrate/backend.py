@@ -33,7 +33,9 @@ mapping below is exercised against Keras 2.3.1 numbers in tests/test_migrate_bac
 `--to tf_keras`: tf_keras keeps Keras 2's backend (its functions are Keras 2.3's) but for a
 few it dropped, which go to TensorFlow's own (`K.logsumexp` -> `tf.math.reduce_logsumexp`,
 `K.size`, `K.slice`, `K.identity`, `K.is_tensor`, `K.control_dependencies`), and `K.tf` ->
-`tf`; `K.get_session/set_session` are the TF1 family's.
+`tf`; `K.get_session/set_session` are the TF1 family's. `K.gradients` stays with a WARNING:
+it is `tf.gradients`, right only while a graph is traced (fit's train step), [None] in a
+layer's call during model construction.
 `--to keras23` changes nothing here.
 """
 
@@ -166,6 +168,12 @@ MSG_UPDATE = (
     "variable's method assigns now"
 )
 MSG_NONE = "K.{name} does not exist in Keras 3: {advice}"
+MSG_TF_KERAS_GRADIENTS = (
+    "K.gradients is tf.gradients, which works only while TensorFlow traces a graph (inside "
+    "fit's train step): Keras 2.3 built every model as a graph, tf_keras builds layers "
+    "eagerly, so in a Lambda or layer call it gives [None] (measured: Keras 2.3.1's "
+    "mnist_swwae). Compute the gradient with tf.GradientTape there"
+)
 MSG_TF = "K.tf -> {tf}: Keras 2.3's backend exposed TensorFlow as K.tf"
 SPECIAL = frozenset({"int_shape", "shape", "sqrt", "flatten", "batch_flatten", "get_value",
                      "eval", "set_value", "update", "update_add", "update_sub", "switch",
@@ -199,6 +207,8 @@ class BackendRule(Rule):
         if name is None or name in KEPT:
             return
         if self.ctx.target is Target.TF_KERAS:
+            if name == "gradients":
+                self.warn(node, MSG_TF_KERAS_GRADIENTS)
             if name in TF_KERAS_TO_TF:
                 tf = self.ctx.module_name("tensorflow", node, alias="tf")
                 new = f"{tf}.{TF_KERAS_TO_TF[name]}"

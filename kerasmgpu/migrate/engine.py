@@ -62,6 +62,7 @@ FAMILIES = (
     "backend",
     "tf1",
     "saving",
+    "losses",
     "image_data",
     "imports",
 )
