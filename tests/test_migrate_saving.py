@@ -60,6 +60,17 @@ def test_model_checkpoint_endings_and_period() -> None:
     assert "period=5" in tf_keras and 't = TensorBoard(log_dir="logs")' in tf_keras
 
 
+def test_model_checkpoint_through_the_projects_star_import() -> None:
+    """zhixuhao/unet's main.py: `from model import *`, whose model.py imported it."""
+    text = """
+        from model import *
+        ckpt = ModelCheckpoint('unet_membrane.hdf5', monitor='loss', save_best_only=True)
+    """
+    assert "ckpt = ModelCheckpoint('unet_membrane.keras', monitor='loss'" in migrate(text)
+    bound = "from mine import ModelCheckpoint\nc = ModelCheckpoint('x.hdf5')\n"
+    assert migrate(bound) == bound  # the project's own class, not Keras's
+
+
 def test_save_to_a_folder_is_a_warning_on_keras3() -> None:
     [warning] = findings('model.save("exported_model")\n')
     assert "model.export(" in warning.message

@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 import libcst as cst
 
 from kerasmgpu.migrate import nodes
-from kerasmgpu.migrate.engine import Context, Rule
+from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
 from kerasmgpu.migrate.report import Target
 
 H5 = re.compile(r"(?<!\.weights)\.(h5|hdf5)$")
@@ -79,6 +79,11 @@ class SavingRule(Rule):
         for name in self.ctx.keras_names(func):
             if name.startswith("keras.callbacks."):
                 return name.rsplit(".", 1)[1]
+        # `from model import *` where the project's model.py imported ModelCheckpoint from
+        # keras.callbacks (zhixuhao/unet's main.py): an unbound name of a star import.
+        if (isinstance(func, cst.Name) and func.value in ("ModelCheckpoint", "TensorBoard")
+                and self.ctx.is_unbound(func) and _has_project_star(self.ctx.module)):
+            return func.value
         return None
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -254,3 +259,14 @@ def _tail_of(path: str) -> str:
 def _drop_names(updated: cst.CSTNode, names: List[Optional[str]]) -> cst.CSTNode:
     assert isinstance(updated, cst.Call)
     return nodes.drop_args(updated, [n for n in names if n is not None])
+
+
+def _has_project_star(module: cst.Module) -> bool:
+    """Whether the file has `from M import *` of a module that is not Keras's."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if (isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
+                        and canonical_keras_name(nodes.module_of(small) or "") is None):
+                    return True
+    return False
