@@ -256,6 +256,9 @@ STILL_FAILING: Dict[Tuple[str, str], str] = {
     ("keras3-tensorflow", "imdb_fasttext.py"): "val_accuracy 0.81 vs Keras 2.3's 0.995: on "
     "Keras 3 it swings between 0.5 and 1.0 from epoch to epoch while val_loss (0.46, "
     "better than Keras 2.3's 0.48) falls smoothly (gap 22)",
+    ("keras3-tensorflow", "mnist_mlp.py"): "test_loss 0.047 and 0.115 in two runs (before "
+    "and after migrate wrote RMSprop's Keras 2.3 epsilon) vs Keras 2.3's 0.027 - 0.031 over "
+    "3 seeds; test_accuracy within the tolerance; JAX and tf_keras pass (gap 22)",
     # Keras 3 on PyTorch (deterministic here: NumPy shuffles, seeded weights).
     ("keras3-torch", "mnist_mlp.py"): "test_loss 0.0381, 0.0005 over Keras 2.3's 0.0305 + "
     "0.0071 (RMSprop with Keras 2.3's epsilon written; JAX, TensorFlow and tf_keras pass): "
