@@ -70,6 +70,32 @@ def test_keras3_a_module_spelling_is_an_error_with_the_mapping() -> None:
     assert "horizontal_flip -> keras.layers.RandomFlip('horizontal')" in errors[0].message
 
 
+def test_keras3_none_defaults_resolved_as_keras23s_wrapper_did() -> None:
+    """cifar10_cnn.py of Keras 2.3.1 passes data_format=None; keras-preprocessing rejects it."""
+    text = """
+        import keras
+        from keras.preprocessing.image import ImageDataGenerator
+        g = ImageDataGenerator(rotation_range=0, data_format=None, dtype=None)
+        """
+    after = assert_idempotent(text)
+    assert ("g = ImageDataGenerator(rotation_range=0, data_format=keras.config."
+            "image_data_format(), dtype=keras.config.floatx())") in after
+    untouched = migrate(TEXT)
+    assert "channel_shift_range=0.1)" in untouched  # no None, no setting changed: left
+    changed = "from keras import backend as K\nK.set_image_data_format('channels_first')\n"
+    assert "data_format=keras.config.image_data_format())" in migrate(changed + src(TEXT))
+
+
+def test_keras3_keras_imported_further_down_is_imported_before_the_call() -> None:
+    text = """
+        from keras.preprocessing.image import ImageDataGenerator
+        import keras
+        """
+    after = assert_idempotent(text)
+    assert after.startswith("import keras\nimport keras_preprocessing\n"
+                            "keras_preprocessing.set_keras_submodules(")
+
+
 def test_keras3_text_module_becomes_keras_preprocessing_text() -> None:
     text = """
         from keras.preprocessing.text import Tokenizer, text_to_word_sequence as words

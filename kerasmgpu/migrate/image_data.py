@@ -39,6 +39,7 @@ it was not):
 from __future__ import annotations
 
 import functools
+import re
 from typing import List, Set
 
 import libcst as cst
@@ -149,7 +150,15 @@ class ImageDataRule(Rule):
         self.ported.add(local or "ImageDataGenerator")
         keras = self.ctx.keras_module(node)
         suffix = f" as {local}" if local != "ImageDataGenerator" else ""
+        # The call needs Keras bound by then: a file importing keras only further down
+        # (after its preprocessing import) gets its own `import keras` here.
+        before = self.ctx.module.body[:self.ctx.top_level_index(node)]
+        bound_before = any(re.search(rf"^\s*(import .*\bas {keras}\b|import {keras}\s*$|from "
+                                     rf"\S+ import .*\b{keras}\b)", self.ctx.code(stmt), re.M)
+                           for stmt in before)
         added = [
+            *([f"import {keras}"] if keras == "keras" and keras in self.ctx.bindings
+              and not bound_before and not self.ctx.enclosing(node, cst.FunctionDef) else []),
             "import keras_preprocessing",
             f"keras_preprocessing.set_keras_submodules(backend={keras}.backend, "
             f"utils={keras}.utils)",
@@ -175,6 +184,42 @@ class ImageDataRule(Rule):
         message = (MSG_CALL_LATER if ported else MSG_CALL).format(
             args=args, mapping="; ".join(mapping) or "the dataset alone (no augmentation)")
         (self.info if ported else self.error)(node, message)
+        if ported:
+            self.resolve_defaults(node)
+
+    def resolve_defaults(self, node: cst.Call) -> None:
+        """`data_format=None` / `dtype=None` as Keras 2.3's wrapper resolved them.
+
+        keras/preprocessing/image.py of 2.3.1 replaced None by the backend's
+        image_data_format() / floatx() before calling keras_preprocessing's class, which
+        rejects None. Written also when absent if the file changes either setting.
+        """
+        keras = None
+        changes = self.ctx.source
+        for key, getter, setter in (("data_format", "image_data_format", "set_image_"),
+                                    ("dtype", "floatx", "set_floatx")):
+            arg = next((a for a in node.args if nodes.keyword(a) == key), None)
+            explicit_none = arg is not None and isinstance(arg.value, cst.Name) and (
+                arg.value.value == "None")
+            if explicit_none or (arg is None and setter in changes):
+                keras = keras or self.ctx.keras_module(node)
+                value = nodes.expr(f"{keras}.config.{getter}()")
+                self.ctx.edit(node, functools.partial(_set_kwarg, key=key, value=value))
+                self.info(node, f"ImageDataGenerator({key}=None) -> {key}={keras}.config."
+                          f"{getter}(): Keras 2.3's wrapper resolved None so, "
+                          "keras-preprocessing's class rejects it")
+
+
+def _set_kwarg(updated: cst.CSTNode, key: str, value: cst.BaseExpression) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    args = [a for a in updated.args if nodes.keyword(a) != key]
+    kept = next((a for a in updated.args if nodes.keyword(a) == key), None)
+    new = kept.with_changes(value=value) if kept is not None else nodes.kwarg(key, value)
+    if kept is not None:
+        args.insert(list(updated.args).index(kept), new)
+    else:
+        args.append(new)
+    return nodes.with_args(updated, args)
 
 
 def _ported_lines(updated: cst.CSTNode, added: List[str]) -> cst.FlattenSentinel:
@@ -183,7 +228,7 @@ def _ported_lines(updated: cst.CSTNode, added: List[str]) -> cst.FlattenSentinel
     new = [cst.parse_statement(code + "\n") for code in added]
     new[0] = new[0].with_changes(leading_lines=updated.leading_lines)
     if updated.body:  # other names of the module stay on their (moved) import
-        new.insert(2, updated.with_changes(leading_lines=()))
+        new.insert(len(new) - 1, updated.with_changes(leading_lines=()))
     return cst.FlattenSentinel(new)
 
 
