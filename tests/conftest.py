@@ -18,6 +18,10 @@ from hypothesis import HealthCheck, settings
 
 from kerasmgpu.env.devices import apply_environment_request
 
+# A user's project with its own tests (run by test_sample_project.py under its own tox),
+# and Keras 2.3.1's examples (run by test_keras_examples.py): not this suite's tests.
+collect_ignore = ["sample_project", "keras_examples"]
+
 # `import kerasmgpu` applies the request - unless kerasmgpu was imported before it was
 # set here (the keras23 env's sitecustomize imports kerasmgpu.keras23 at start-up).
 apply_environment_request()

@@ -33,6 +33,7 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu.batching", 0),
     ("kerasmgpu.env", 1),
     ("kerasmgpu.registry", 1),  # reads env.versions; env.devices reads it
+    ("kerasmgpu.pins", 1),
     ("kerasmgpu.routes", 2),
     ("kerasmgpu.launch", 2),
     ("kerasmgpu.process", 2),
@@ -228,10 +229,7 @@ MAX_FUNCTION_LINES = 100
 MAX_TOOL_FUNCTION_LINES = 80
 TOOLS = ("kerasmgpu/cli/", "kerasmgpu/launch", "kerasmgpu/process/", "kerasmgpu/env/")
 # Functions still longer, as "path::name": each one leaves with its rewrite.
-KNOWN_LONG: Dict[str, str] = {
-    "kerasmgpu/migrate.py::_analyze": "replaced by the migrate package (one module per "
-                                      "rule family)",
-}
+KNOWN_LONG: Dict[str, str] = {}
 
 
 def _import_graph() -> Dict[str, Set[str]]:

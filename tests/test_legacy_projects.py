@@ -19,9 +19,9 @@ every other row (and RMSprop moves no weight with a zero gradient), so they chan
 and only if the last sample reached the gradient. test_legacy.py's
 test_make_parallel_drops_nothing checks that they stay put when that row is left out.
 
-Ports the harness makes after `migrate` (what a user of that line would do):
-* tf_keras (TF_USE_LEGACY_KERAS=1): `import keras` is Keras 3 there, Keras 2 is the
-  `tf_keras` package, so `keras` imports become `tf_keras` ones.
+Each line migrates to its own target: `--to keras3` on Keras 3, `--to tf_keras` on tf_keras
+(which writes the `tf_keras` imports itself), `--to keras23` elsewhere. The one port the
+harness makes after `migrate` (what a user of that line would do):
 * no TensorFlow installed (Keras 3 on JAX): as `migrate` advises, the template is no
   longer built in `with tf.device('/cpu:0'):` and `import tensorflow as tf` goes.
 """
@@ -120,44 +120,49 @@ def _calls(tree: ast.AST, name: str) -> List[ast.Call]:
             if isinstance(node, ast.Call) and _dotted(node.func) == name]
 
 
+# The target each line migrates to: Keras 3 and tf_keras have their own; tf.keras 2.12-2.15
+# (no tf_keras package there) and Keras 2.3 keep the Keras 2 API with kerasmgpu's drop-ins.
+TARGETS = {KerasLine.KERAS_3: "keras3", KerasLine.TF_KERAS_LEGACY: "tf_keras"}
+TARGET = TARGETS.get(LINE, "keras23")
+
+
+def _parallelize_calls(tree: ast.AST) -> List[ast.Call]:
+    return _calls(tree, "kerasmgpu.parallelize")
+
+
 def _migrate(path: Path, capsys: pytest.CaptureFixture) -> str:
     """`kerasmgpu migrate` on `path` as a user runs it: diff, then --write, then --check."""
     before = path.read_bytes()
     capsys.readouterr()
-    assert migrate.main([str(path)]) == 0
+    assert migrate.main(["--diff", "--to", TARGET, str(path)]) == 0
     diff = capsys.readouterr().out
     assert path.read_bytes() == before, "the dry run changed the file"
     assert f"--- a/{str(path).lstrip('/')}" in diff and "+" in diff, diff
-    assert migrate.main(["--check", str(path)]) == 1
+    assert migrate.main(["--check", "--to", TARGET, str(path)]) == 1
     assert path.read_bytes() == before, "--check changed the file"
     capsys.readouterr()
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-m", "kerasmgpu", "migrate", "--write", str(path)],
+    out = subprocess.run([sys.executable, "-m", "kerasmgpu", "migrate", "--to", TARGET,
+                          "--write", str(path)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"rewrote {path}" in out.stdout, out.stdout
+    assert "1 file(s) rewritten" in out.stdout, out.stdout
+    assert " ERROR: " not in out.stdout, out.stdout
     after = path.read_text(encoding="utf-8")
 
-    assert migrate.main(["--check", str(path)]) == 0, "migrating again would change it"
+    assert migrate.main(["--check", "--to", TARGET, str(path)]) == 0, "migrating again changes it"
     capsys.readouterr()
     original = before.decode("utf-8")
     assert _comments(original), "each legacy script has comments for this check"
     assert _comments(after) == _comments(original), "comments were lost or reordered"
     tree = ast.parse(after)
-    assert _legacy_imports(tree), "the migrated script does not import kerasmgpu.legacy"
+    if TARGET == "keras23":
+        assert _legacy_imports(tree), "the migrated script does not import kerasmgpu.legacy"
+    else:
+        assert _parallelize_calls(tree), "the migrated script does not call parallelize"
     assert not _keras_multi_gpu_model_uses(tree), _keras_multi_gpu_model_uses(tree)
     return after
-
-
-def _port_to_tf_keras(source: str) -> str:
-    """TF_USE_LEGACY_KERAS=1: Keras 2 is `tf_keras`; `import keras` would be Keras 3."""
-    ported, n_from = re.subn(r"^(\s*)from keras(\.[\w.]+)? import", r"\1from tf_keras\2 import",
-                             source, flags=re.M)
-    ported, n_import = re.subn(r"^(\s*)import keras\s*$", r"\1import tf_keras as keras",
-                               ported, flags=re.M)
-    assert n_from + n_import, "no keras import to port"
-    return ported
 
 
 def _port_without_tensorflow(source: str) -> str:
@@ -179,8 +184,6 @@ def _prepared(script: str, tmp_path: Path, capsys: pytest.CaptureFixture,
     if not migrated:
         return path
     source = _migrate(path, capsys)
-    if LINE is KerasLine.TF_KERAS_LEGACY:
-        source = _port_to_tf_keras(source)
     if not HAS_TF:
         source = _port_without_tensorflow(source)
     path.write_text(source, encoding="utf-8")
@@ -242,12 +245,17 @@ def test_migrate_rewrites_script_and_keeps_it_intact(script: str, tmp_path: Path
     shutil.copyfile(PROJECTS / script, path)
     after = _migrate(path, capsys)
     tree = ast.parse(after)
+    if TARGET == "keras23":
+        made = _calls(tree, "kerasmgpu.legacy.make_parallel")
+        wrapped = _calls(tree, "multi_gpu_model") or _calls(tree,
+                                                            "kerasmgpu.legacy.multi_gpu_model")
+    else:
+        made = wrapped = _parallelize_calls(tree)
     if script == EXTRAS:
-        calls = _calls(tree, "kerasmgpu.legacy.make_parallel")
-        assert len(calls) == 1 and len(calls[0].args) == 2, after
+        assert len(made) == 1 and len(made[0].args) + len(made[0].keywords) == 2, after
         assert not _calls(tree, "make_parallel"), "the local make_parallel is still called"
     else:
-        assert _calls(tree, "multi_gpu_model") or _calls(tree, "kerasmgpu.legacy.multi_gpu_model")
+        assert wrapped, after
 
 
 RELOCATION_ON_KERAS23 = pytest.mark.xfail(

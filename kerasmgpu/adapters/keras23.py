@@ -42,6 +42,22 @@ GONE_MODULES = frozenset(
     }
 )
 
+# Every spelling of the Keras 2 package a user's source can import from: standalone
+# Keras, tf_keras, and tf.keras through its public path, the compat aliases, the generated
+# `_api` packages and the private python.keras modules (also under `tensorflow_core`,
+# TF 1.15-2.1). `kerasmgpu migrate` reads `tf.keras.layers.Dense` as `keras.layers.Dense`.
+KERAS_PACKAGE_ALIASES = (
+    "keras",
+    "tf_keras",
+    *(
+        f"{root}{api}{compat}.keras"
+        for root in TF_ROOTS
+        for api in ("", "._api.v1", "._api.v2")
+        for compat in ("", ".compat.v1", ".compat.v2")
+    ),
+    *(f"{root}.python.keras" for root in TF_ROOTS),
+)
+
 # Where `kerasmgpu.legacy.install()` keeps Keras's own `multi_gpu_model` once the
 # drop-in stands in its place, so that the multi_gpu_model engine still calls Keras's.
 KERAS_OWN = "_kerasmgpu_keras_multi_gpu_model"

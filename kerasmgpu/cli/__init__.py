@@ -3,7 +3,7 @@
     kerasmgpu demo      train a small model on N devices and on one, and compare them
     kerasmgpu doctor    what kerasmgpu sees, the route it would take, and what to fix
     kerasmgpu bench     samples/s and scaling efficiency for 1, 2, 4... replicas
-    kerasmgpu migrate   rewrite Keras 2.3 multi_gpu_model code to kerasmgpu
+    kerasmgpu migrate   migrate a Keras 2.3 project to Keras 3 / tf_keras (and kerasmgpu)
     kerasmgpu launch    start N worker processes (several machines: --nnodes)
 
 Each subcommand lives in its own module and is imported only when used, so the
@@ -26,7 +26,10 @@ COMMANDS: Dict[str, tuple] = {
                "when multi-device training cannot run"),
     "bench": ("kerasmgpu.cli.bench", "measure samples/s and scaling efficiency per replica "
               "count; write bench.json and scaling.png"),
-    "migrate": ("kerasmgpu.migrate", "rewrite Keras 2.3 multi_gpu_model code (diff by default)"),
+    "migrate": ("kerasmgpu.migrate", "migrate a Keras 2.3 project to Keras 3 or tf_keras "
+                "(report by default; --diff, --write, --check)"),
+    "pins": ("kerasmgpu.cli.pins", "the releases kerasmgpu is tested on: list them, or write "
+             "them with tox.ini lines for your own test matrix"),
     "launch": ("kerasmgpu.launch", "start N worker processes with their rank and coordinator"),
 }
 

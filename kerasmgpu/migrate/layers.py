@@ -1,0 +1,139 @@
+"""Layers whose class or defaults changed after Keras 2.3.1.
+
+`--to keras3` / `--to tf_keras` (facts read from the signatures of Keras 2.3.1, Keras 3.15
+and tf_keras 2.21, and their activations evaluated):
+
+* `GRU` defaulted to `reset_after=False` in Keras 2.3.1 (the original GRU; different math
+  and bias shape), modern Keras to `True`: `reset_after=False` is written when the call
+  does not set it. (`LSTM`'s and `GRU`'s `recurrent_activation` default became 'sigmoid'
+  already in Keras 2.3.0: nothing to do.)
+* `CuDNNLSTM` -> `LSTM`, `CuDNNGRU` -> `GRU(reset_after=True)`: the same math (the cuDNN
+  kernels), which modern Keras picks by itself on a GPU. A weight file saved from a CuDNN
+  layer holds its two bias vectors and does not load into the new layer (an INFO says so).
+* Keras 3 only: layers take no `weights=` (Embedding does): `model.add(Conv2D(...,
+  weights=w))` -> `model.add(Conv2D(...))` + `model.layers[-1].set_weights(w)` (a
+  Sequential with an input shape builds each layer as it is added); elsewhere an ERROR.
+* Keras 3 only: `hard_sigmoid` is relu6(x + 3) / 6 there, 0.2x + 0.5 clipped in Keras 2.3
+  and tf_keras, and `ConvLSTM2D`'s default recurrent activation is 'sigmoid' (Keras 2.3 and
+  tf_keras: their hard_sigmoid). No built-in Keras 3 activation is Keras 2.3's, so both
+  are WARNINGs, not rewrites.
+
+`--to keras23` changes nothing here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import libcst as cst
+
+from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate.engine import Rule
+from kerasmgpu.migrate.report import Target
+
+MSG_GRU = (
+    "GRU(...) -> GRU(..., reset_after=False): Keras 2.3.1's default (the original GRU); "
+    "modern Keras defaults to reset_after=True, another layer with other weights"
+)
+MSG_CUDNN = (
+    "{old} -> {new}: the same cuDNN math, chosen by modern Keras itself on a GPU; a weight "
+    "file saved from {old} holds its two bias vectors and does not load into {new}"
+)
+MSG_HARD_SIGMOID = (
+    "'hard_sigmoid' is relu6(x + 3) / 6 in Keras 3 but clip(0.2x + 0.5, 0, 1) in Keras 2.3: "
+    "the layer computes something else (and weights trained on Keras 2.3 give other outputs)"
+)
+MSG_CONVLSTM = (
+    "ConvLSTM2D's default recurrent_activation is 'sigmoid' in Keras 3, Keras 2.3's "
+    "hard_sigmoid (clip(0.2x + 0.5)) before: the layer computes something else; Keras 3 has "
+    "no built-in activation that is Keras 2.3's hard_sigmoid"
+)
+CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
+MSG_WEIGHTS_ADD = (
+    "{layer}(..., weights=...) -> {owner}.add({layer}(...)) then "
+    "{owner}.layers[-1].set_weights(...): Keras 3 layers take no weights= (but Embedding)"
+)
+MSG_WEIGHTS = (
+    "{layer}(..., weights=...): Keras 3 layers take no weights= argument (Embedding does): "
+    "build the layer, then call layer.set_weights(...) once it is built"
+)
+
+
+class LayersRule(Rule):
+    NAME = "layers"
+    TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
+
+    def layer_name(self, func: cst.BaseExpression) -> Optional[str]:
+        for name in self.ctx.keras_names(func):
+            module, _, attr = name.rpartition(".")
+            if module.startswith("keras.layers"):
+                return attr
+        return None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = self.layer_name(node.func)
+        if name is None or nodes.has_star(node):
+            return
+        if name == "GRU" and nodes.kwarg_value(node, "reset_after") is None:
+            self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="False"))
+            self.info(node, MSG_GRU)
+        elif name in CUDNN:
+            self.cudnn(node, name)
+        elif name == "ConvLSTM2D" and self.ctx.target is Target.KERAS3 and (
+                nodes.kwarg_value(node, "recurrent_activation") is None):
+            self.warn(node, MSG_CONVLSTM)
+        if (self.ctx.target is Target.KERAS3 and name != "Embedding"
+                and nodes.kwarg_value(node, "weights") is not None):
+            self.weights_argument(node, name)
+
+    def cudnn(self, node: cst.Call, name: str) -> None:
+        """The class is renamed with its import (imports family); GRU needs its variant."""
+        new = CUDNN[name]
+        if new == "GRU":
+            self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="True"))
+        self.info(node, MSG_CUDNN.format(old=name, new=new + (
+            "(reset_after=True)" if new == "GRU" else "")))
+
+    def weights_argument(self, node: cst.Call, name: str) -> None:
+        """`model.add(Conv2D(..., weights=w))` -> add it, then set its weights."""
+        add = self.ctx.parent(self.ctx.parent(node) or node)
+        line = self.ctx.parent(self.ctx.parent(add) or node) if add is not None else None
+        if (isinstance(add, cst.Call) and isinstance(add.func, cst.Attribute)
+                and add.func.attr.value == "add" and len(add.args) == 1
+                and add.args[0].value is node and isinstance(line, cst.SimpleStatementLine)
+                and len(line.body) == 1):
+            owner = self.ctx.code(add.func.value)
+            self.ctx.edit(node, functools.partial(_without, key="weights"))
+            weights = self.ctx.code(nodes.kwarg_value(node, "weights") or node)
+            self.ctx.edit(line, functools.partial(_then, code=f"{owner}.layers[-1]"
+                                                  f".set_weights({weights})"))
+            self.info(node, MSG_WEIGHTS_ADD.format(layer=name, owner=owner))
+        else:
+            self.error(node, MSG_WEIGHTS.format(layer=name))
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if self.ctx.target is Target.KERAS3 and nodes.string_value(node) == "hard_sigmoid":
+            parent = self.ctx.parent(node)
+            if isinstance(parent, cst.Arg):
+                self.warn(node, MSG_HARD_SIGMOID)
+
+
+RULE = LayersRule
+
+
+def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    return nodes.drop_args(updated, [key])
+
+
+def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    return cst.FlattenSentinel([updated, cst.parse_statement(code + "\n")])
+
+
+def _add_kwarg(updated: cst.CSTNode, key: str, value: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    if nodes.kwarg_value(updated, key) is not None:
+        return updated
+    return nodes.with_args(updated, [*updated.args, nodes.kwarg(key, nodes.expr(value))])

@@ -1,0 +1,722 @@
+"""Multi-GPU code: Keras's `multi_gpu_model` and keras-extras' `make_parallel`.
+
+`--to keras3` / `--to tf_keras`: a call `multi_gpu_model(model, gpus=G)` (imported from any
+module that ever exported it, or reached as `keras.utils.multi_gpu_model`,
+`tf.keras.utils.multi_gpu_model`...; the list with releases is `MULTI_GPU_MODEL_MODULES` in
+`kerasmgpu/adapters/keras23.py`) becomes `kerasmgpu.parallelize(model, gpus=G)`, with the
+Keras 2.3 semantics: the template passed in is the model to save (it receives the trained
+weights), the returned model is the one to compile and fit, and `batch_size` is the global
+batch split over the replicas. `cpu_merge`/`cpu_relocation` are dropped (they only steer
+Keras 2.3's own merge). `gpus <= 1` no longer raises ValueError: the model itself comes
+back (code that caught the error to train on one device does the same). A reference that
+is not a call (`f = multi_gpu_model`) goes to the drop-in `kerasmgpu.legacy.multi_gpu_model`.
+The import of `multi_gpu_model` goes once nothing uses it.
+
+Calls to a local keras-extras `make_parallel(model, gpu_count)` become
+`kerasmgpu.parallelize(model, gpus=gpu_count)` (`gpu_count=1` returns the model itself in
+both) - but not when a weight file is loaded into what it returns: a file saved from
+keras-extras' wrapper holds the wrapper's layout, so those calls stay, with an ERROR that
+says how to convert the file. The local definition stays (other modules may import it).
+
+`--to keras23` keeps the project on Keras 2.3.1: imports and module references go to
+`kerasmgpu.legacy.multi_gpu_model` / `.make_parallel` (same signatures, no dropped batch
+remainder).
+
+Found and reported, not rewritten: a template built in `with tf.device('/cpu:0')`, a
+`batch_size` multiplied by a GPU count, vendored copies of either function, imports of
+Keras's `multi_gpu_utils`/`training_utils` (gone in TF >= 2.4 and Keras 3) and calls into
+their private helpers, `multi_gpu_model` through a module that cannot be traced.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import List, Optional, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import ClassScope
+
+from kerasmgpu.adapters.keras23 import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
+from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate.engine import Context, Rule
+
+_MGM = "multi_gpu_model"
+_LEGACY = "kerasmgpu.legacy"
+# multi_gpu_model from another module of these packages is theirs (kerasmgpu's, or a
+# framework path not listed), not a vendored copy: no vendored-copy advice.
+_FRAMEWORK_PACKAGES = frozenset({"kerasmgpu", "keras", "tf_keras", *TF_ROOTS})
+_MGM_QUALIFIED = frozenset(f"{module}.{_MGM}" for module in MULTI_GPU_MODEL_MODULES)
+_TF_DEVICE = frozenset(
+    {"tensorflow.device", "tensorflow.compat.v1.device", "tensorflow.compat.v2.device"}
+)
+# "/cpu:0", "cpu:0", "/CPU:0", "/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0".
+_CPU0 = re.compile(r"(?:^|/)(?:device:)?cpu:0$", re.IGNORECASE)
+_MGM_PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
+
+MSG_CPU = (
+    "{scope}: kerasmgpu places the replicas itself; the template no longer needs to live on "
+    "the CPU (build the model outside this device scope)"
+)
+MSG_BATCH = (
+    "{name} is multiplied by the GPU count; batch_size is the global batch in kerasmgpu "
+    "(split across the replicas, as multi_gpu_model did): keep multiplying only if you want "
+    "each GPU to see the old per-GPU batch"
+)
+MSG_PARALLELIZE = (
+    "{old} -> kerasmgpu.parallelize(model, gpus=...): the same Keras 2.3 semantics (compile "
+    "and fit the returned model, save the template: it receives the trained weights; "
+    "batch_size is the global batch){dropped}; gpus=1 returns the model itself instead of "
+    "raising ValueError"
+)
+MSG_SHIM = (
+    "{old} -> kerasmgpu.legacy.multi_gpu_model (the Keras 2.3 signature on any Keras){why}"
+)
+MSG_MP_REPLACED = (
+    "this local make_parallel is no longer used by this file; {new} "
+    "replaces it (it dropped the batch remainder and reduced gradients on one device): delete "
+    "it once nothing imports it"
+)
+MSG_MP_KEPT = (
+    "this local make_parallel is still called here: {why}, so its calls were left alone; "
+    "switch them to {new} by hand (this one "
+    "dropped the batch remainder and reduced gradients on one device)"
+)
+MSG_MGM_VENDORED = (
+    "this local multi_gpu_model looks like a copy of Keras's multi_gpu_model (removed in "
+    "TF 2.4): kerasmgpu.legacy.multi_gpu_model replaces it with the same signature, so "
+    "callers can `from kerasmgpu.legacy import multi_gpu_model` instead; delete this copy "
+    "once nothing imports it"
+)
+MSG_MGM_VENDORED_IMPORT = (
+    "multi_gpu_model imported from {module}, which is not Keras: this looks like a vendored "
+    "copy of Keras's multi_gpu_model (removed in TF 2.4), left alone because it may have been "
+    "modified; if it is a plain copy, switch to `from kerasmgpu.legacy import multi_gpu_model` "
+    "(same signature)"
+)
+MSG_GET_SLICE = (
+    "get_slice is keras-extras' batch splitter for make_parallel; kerasmgpu splits batches "
+    "itself and keeps the remainder, so it can go once make_parallel does"
+)
+MSG_MP_IMPORT = (
+    "make_parallel imported from {module}: if that is keras-extras' make_parallel (it dropped "
+    "the batch remainder and reduced gradients on one device), import it from "
+    "kerasmgpu.legacy instead"
+)
+MSG_MGM_STAR = (
+    "multi_gpu_model is used but only a star import of {module} can provide it, and TF 2.4 "
+    "removed it there: add `from kerasmgpu.legacy import multi_gpu_model` after this line"
+)
+MSG_MP_LOAD = (
+    "{receiver}.load_weights loads into what make_parallel returned: a weight file saved from "
+    "keras-extras' make_parallel holds its wrapper's layout (the template nested as one "
+    "layer), which kerasmgpu does not build (for gpu_count=1 it returns the template "
+    "itself), so the file may not load, and by_name=True silently loads none of it into the "
+    "template; {action}convert it once where the old code runs (load it into the old "
+    "wrapper, save the template's weights) and load that file into the template before "
+    "parallelizing"
+)
+MSG_GONE = (
+    "{module} does not exist in TF >= 2.4 or Keras 3, so this import fails there; "
+    "kerasmgpu.legacy provides multi_gpu_model: drop this import once nothing uses it"
+)
+MSG_GONE_REMOVED = (
+    "import of {module} removed: it does not exist in TF >= 2.4 or Keras 3, and its "
+    "multi_gpu_model calls now go to kerasmgpu"
+)
+MSG_PRIVATE = (
+    "{name} is a private helper of Keras 2.3's {module}, which does not exist in TF >= 2.4 "
+    "or Keras 3: {advice}"
+)
+PRIVATE_ADVICE = {
+    "_get_available_devices": (
+        "list devices with tf.config.list_logical_devices() (names like "
+        "'/device:GPU:0'), or count GPUs with len(tf.config.list_physical_devices('GPU')); "
+        "kerasmgpu.parallelize(model) with gpus=None uses every visible GPU by itself"
+    ),
+    "_normalize_device_name": (
+        "it lower-cased TF 1 device names ('/job:.../device:GPU:0' -> '/gpu:0'); "
+        "kerasmgpu takes GPU ids (gpus=[0, 3]), no names"
+    ),
+    "get_slice": "kerasmgpu splits each batch itself and keeps the remainder: drop it",
+}
+MSG_KERAS23_SHIM = (
+    "{line} removed: kerasmgpu.keras23 patches Keras 2.3.1 to run on Python 3.9+ and raises on "
+    "any other Keras"
+)
+MSG_MGM_UNRESOLVED = (
+    "`{expr}` could not be traced to an import of keras or tensorflow, so it was left alone; "
+    "if it is Keras' multi_gpu_model (removed in TF 2.4), call "
+    "kerasmgpu.parallelize(model, gpus=N) instead"
+)
+
+
+class MultiGpuRule(Rule):
+    NAME = "multi_gpu"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.mentions_parallel = "make_parallel" in ctx.source or _MGM in ctx.source
+        self.import_targets: List[cst.ImportFrom] = []
+        self.references: List[cst.BaseExpression] = []  # every use of Keras's multi_gpu_model
+        self.gone_imports: List[Tuple[cst.CSTNode, str, Optional[str]]] = []
+        self.gpu_names: Set[str] = {"G"}  # G = args["gpus"] is the pyimagesearch idiom
+        self.star_lines: List[Tuple[cst.CSTNode, str]] = []
+        self.binds_mgm = False
+        self.defines_mgm = False
+        self.uses_bare_mgm = False
+        self.get_slices: List[cst.CSTNode] = []
+        self.mp_defs: List[Tuple[cst.FunctionDef, Optional[str], List[cst.Name]]] = []
+        # Code of the targets assigned a make_parallel result (`parallel`, `self.pmodel`),
+        # and every `.load_weights(` call, matched after the visit since a method may load
+        # before the line that assigns comes in the file.
+        self.parallel_results: Set[str] = set()
+        self.weight_loads: List[Tuple[cst.CSTNode, str, bool]] = []
+        self.in_import = 0
+        self.functions: List[str] = []
+
+    # -- imports ------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        self.in_import += 1
+        self.keras23_shim(node, [nodes.dotted(a.name) or "" for a in node.names])
+        for alias in node.names:
+            imported = nodes.dotted(alias.name) or ""
+            if imported in GONE_MODULES:
+                local = nodes.dotted(alias.asname.name) if alias.asname else None
+                self.gone_imports.append((node, imported, local))
+
+    def leave_Import(self, original_node: cst.Import) -> None:
+        self.in_import -= 1
+
+    def keras23_shim(self, node: cst.CSTNode, names: List[str]) -> None:
+        """`import kerasmgpu.keras23`: the Keras 2.3 runtime patches go with Keras 2.3."""
+        if self.ctx.target.modern and "kerasmgpu.keras23" in names and len(names) == 1:
+            self.ctx.edit(node, _remove_statement)
+            self.info(node, MSG_KERAS23_SHIM.format(line=self.ctx.code(node)))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.in_import += 1
+        module_name = nodes.module_of(node)
+        if module_name == "kerasmgpu" and not isinstance(node.names, cst.ImportStar):
+            self.keras23_shim(node, [f"kerasmgpu.{nodes.dotted(a.name)}" for a in node.names])
+        if isinstance(node.names, cst.ImportStar):
+            if module_name in MULTI_GPU_MODEL_MODULES:
+                self.star_lines.append((node, module_name))
+            return
+        for alias in node.names:
+            self.imported_name(node, module_name, alias)
+
+    def imported_name(self, node: cst.ImportFrom, module_name: str,
+                      alias: cst.ImportAlias) -> None:
+        imported = nodes.dotted(alias.name) or ""
+        local = nodes.dotted(alias.asname.name) if alias.asname else imported
+        if module_name in GONE_MODULES and imported != _MGM:
+            self.gone_names(node, module_name, imported)
+        elif f"{module_name}.{imported}" in GONE_MODULES:
+            self.gone_imports.append((node, f"{module_name}.{imported}", local))
+        if imported == _MGM:
+            self.binds_mgm = True
+            if module_name in MULTI_GPU_MODEL_MODULES:
+                if node not in self.import_targets:
+                    self.import_targets.append(node)
+            elif nodes.dotted(node.module) is None or module_name.split(".")[0] not in (
+                    _FRAMEWORK_PACKAGES):
+                self.warn(node, MSG_MGM_VENDORED_IMPORT.format(module=module_name))
+        elif imported == "make_parallel" and module_name != _LEGACY:
+            self.warn(node, MSG_MP_IMPORT.format(module=module_name))
+
+    def gone_names(self, node: cst.ImportFrom, module_name: str, imported: str) -> None:
+        """`from keras.utils.multi_gpu_utils import get_slice`: it outlives the rewrite."""
+        if self.ctx.target.modern:
+            advice = PRIVATE_ADVICE.get(imported, "copy what you need of it into your code")
+            self.error(node, MSG_PRIVATE.format(name=imported, module=module_name,
+                                                advice=advice))
+        else:
+            self.info(node, MSG_GONE.format(module=module_name))
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom) -> None:
+        self.in_import -= 1
+
+    # -- references to multi_gpu_model ----------------------------------------------
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self.in_import or not self.ctx.is_load(node):
+            return  # `keras.utils.multi_gpu_model = ...` patches Keras; not ours to move
+        names = self.ctx.qualified(node)
+        if node.attr.value == _MGM:
+            if names & _MGM_QUALIFIED:
+                self.references.append(node)
+            elif not any(name.startswith(_LEGACY + ".") for name in names):
+                expr = self.ctx.code(node)
+                self.warn(node, MSG_MGM_UNRESOLVED.format(expr=expr))
+            return
+        for name in names:
+            module, _, attr = name.rpartition(".")
+            if module in GONE_MODULES and attr.startswith("_"):
+                self.gone_names_used(node, module, attr)
+
+    def gone_names_used(self, node: cst.CSTNode, module: str, attr: str) -> None:
+        advice = PRIVATE_ADVICE.get(attr, "copy what you need of it into your code")
+        message = MSG_PRIVATE.format(name=attr, module=module, advice=advice)
+        if self.ctx.target.modern:
+            self.error(node, message)
+        else:
+            self.info(node, message)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value != _MGM and not self.ctx.qualified(node) & _MGM_QUALIFIED:
+            return
+        if self.in_import:
+            return
+        parent = self.ctx.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.attr is node:
+            return  # the `.multi_gpu_model` of an attribute: visit_Attribute's business
+        if not self.ctx.is_load(node):
+            return
+        if node.value == _MGM:
+            self.uses_bare_mgm = True
+        if self.ctx.qualified(node) & _MGM_QUALIFIED:
+            self.references.append(node)
+
+    # -- local definitions -----------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        name = node.name.value
+        self.functions.append(name)
+        if name == "get_slice" and self.mentions_parallel and _MGM not in self.functions[:-1]:
+            # Decided after the visit: beside a copy of Keras's multi_gpu_model it is
+            # Keras's splitter, whichever comes first in the file.
+            self.get_slices.append(node.name)
+        if name == _MGM:
+            self.defines_mgm = True
+            if self.ctx.target.modern:
+                self.warn(node.name, MSG_MGM_VENDORED)
+            else:
+                self.info(node.name, MSG_MGM_VENDORED)
+        if name == "make_parallel":
+            why, accesses = self.make_parallel_accesses(node)
+            self.mp_defs.append((node, why, accesses))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.functions.pop()
+
+    def make_parallel_accesses(
+        self, node: cst.FunctionDef
+    ) -> Tuple[Optional[str], List[cst.Name]]:
+        """The names that refer to this def, or why its calls cannot be moved safely."""
+        scope = self.ctx.scopes.get(node)
+        if scope is None or isinstance(scope, ClassScope):
+            return "it is a method", []
+        params = node.params
+        if (
+            len(params.posonly_params) + len(params.params) != 2
+            or isinstance(params.star_arg, cst.Param)
+            or params.kwonly_params
+            or params.star_kwarg is not None
+        ):
+            return "its signature is not (model, gpu_count)", []
+        names: List[cst.Name] = []
+        for assignment in scope.assignments[node.name.value]:
+            if getattr(assignment, "node", None) is not node:
+                continue
+            for access in assignment.references:
+                if not isinstance(access.node, cst.Name):
+                    continue
+                parent = self.ctx.parent(access.node)
+                if isinstance(parent, cst.Call) and parent.func is access.node:
+                    if not _two_plain_arguments(parent):
+                        return "a call does not pass exactly (model, gpu_count)", []
+                names.append(access.node)
+        return None, names
+
+    # -- advice-only patterns ----------------------------------------------------------
+    def visit_With(self, node: cst.With) -> None:
+        if "make_parallel" in self.functions or _MGM in self.functions:
+            return  # their own CPU merge scope: the def itself is advised already
+        for item in node.items:
+            call = item.item
+            if not isinstance(call, cst.Call) or not call.args:
+                continue
+            func_name = nodes.dotted(call.func) or ""
+            is_tf_device = bool(self.ctx.qualified(call.func) & _TF_DEVICE) or (
+                func_name == "tf.device" or func_name.endswith(".tf.device")
+            )
+            devices = _string_choices(call.args[0].value)
+            if is_tf_device and any(_CPU0.search(device.strip()) for device in devices):
+                scope = f"with {self.ctx.code(call)}"
+                self.info(node, MSG_CPU.format(scope=scope))
+
+    def gpuish(self, node: cst.BaseExpression) -> bool:
+        """Whether an expression reads as a GPU count."""
+        if isinstance(node, cst.Name):
+            return "gpu" in node.value.lower() or node.value in self.gpu_names
+        if isinstance(node, cst.Attribute):
+            return "gpu" in node.attr.value.lower()
+        if isinstance(node, cst.Subscript):
+            key = _target_name(node)
+            return key is not None and "gpu" in key.lower()
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.args:
+            if node.func.value == "len":
+                return "gpu" in self.ctx.code(node.args[0].value).lower()
+            if node.func.value == "int":
+                return self.gpuish(node.args[0].value)
+        return False
+
+    def gpu_product(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.args:
+            if node.func.value in ("int", "round"):
+                return self.gpu_product(node.args[0].value)
+        factors = _mul_operands(node)
+        return len(factors) > 1 and any(self.gpuish(factor) for factor in factors)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            if self.gpuish(node.value):  # G = args["gpus"]; n = len(gpu_ids)
+                self.gpu_names.add(node.targets[0].target.value)
+        for target in node.targets:
+            self.check_batch(node, target.target, node.value)
+            if _is_make_parallel_call(node.value):
+                self.parallel_results.add(self.ctx.code(target.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self.check_batch(node, node.target, node.value)
+            if _is_make_parallel_call(node.value):
+                self.parallel_results.add(self.ctx.code(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        name = _target_name(node.target)
+        if (
+            isinstance(node.operator, cst.MultiplyAssign)
+            and name is not None
+            and "batch" in name.lower()
+            and self.gpuish(node.value)
+        ):
+            self.info(node, MSG_BATCH.format(name=name))
+
+    def check_batch(
+        self, node: cst.CSTNode, target: cst.BaseExpression, value: cst.BaseExpression
+    ) -> None:
+        name = _target_name(target)
+        if name is not None and "batch" in name.lower() and self.gpu_product(value):
+            self.info(node, MSG_BATCH.format(name=name))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value == "batch_size":
+            if self.gpu_product(node.value):
+                self.info(node.keyword, MSG_BATCH.format(name="batch_size"))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "load_weights":
+            receiver = self.ctx.code(func.value)
+            self.weight_loads.append((func.attr, receiver, _is_make_parallel_call(func.value)))
+
+    # -- decisions ---------------------------------------------------------------------
+    def finish(self) -> None:
+        loads = [(node, receiver) for node, receiver, direct in self.weight_loads
+                 if direct or receiver in self.parallel_results]
+        self.finish_make_parallel(loads)
+        kept_locals = self.rewrite_references()
+        self.rewrite_imports(kept_locals)
+        self.finish_gone_imports()
+        if not self.defines_mgm or "make_parallel" in self.ctx.source:
+            for node in self.get_slices:
+                self.info(node, MSG_GET_SLICE)
+        if self.uses_bare_mgm and not self.binds_mgm:
+            for node, module in self.star_lines:
+                message = MSG_MGM_STAR.format(module=module)
+                if self.ctx.target.modern:
+                    self.error(node, message)
+                else:
+                    self.info(node, message)
+
+    def finish_make_parallel(self, loads: List[Tuple[cst.CSTNode, str]]) -> None:
+        modern = self.ctx.target.modern
+        new = "kerasmgpu.parallelize(model, gpus=gpu_count)" if modern else (
+            "kerasmgpu.legacy.make_parallel(model, gpu_count)")
+        local_loads = [(n, r) for n, r in loads if self.mp_defs]
+        for node, why, accesses in self.mp_defs:
+            if why is None and local_loads:
+                why = "a weight file is loaded into what it returns"
+            if why is not None:
+                report = self.error if modern else self.warn
+                report(node.name, MSG_MP_KEPT.format(why=why, new=new))
+                continue
+            for name in accesses:
+                self.rewrite_make_parallel(name)
+            self.info(node.name, MSG_MP_REPLACED.format(new=new))
+        action = "it was left unchanged: " if local_loads else ""
+        for node, receiver in loads:
+            self.error(node, MSG_MP_LOAD.format(receiver=receiver, action=action))
+
+    def rewrite_make_parallel(self, name: cst.Name) -> None:
+        parent = self.ctx.parent(name)
+        if self.ctx.target.modern and isinstance(parent, cst.Call) and parent.func is name:
+            self.ctx.edit(parent, _to_parallelize)
+            self.ctx.need_import("import kerasmgpu", name)
+            return
+        self.ctx.replace(name, nodes.attr_chain("kerasmgpu.legacy.make_parallel"))
+        self.ctx.need_import("import kerasmgpu.legacy", name)
+
+    def rewrite_references(self) -> Set[str]:
+        """Rewrite every use of multi_gpu_model; the bare names still needing an import."""
+        kept: Set[str] = set()
+        for node in self.references:
+            parent = self.ctx.parent(node)
+            is_call = isinstance(parent, cst.Call) and parent.func is node
+            if self.ctx.target.modern and is_call and _mgm_call_fits(parent):
+                dropped = _dropped_flags(parent)
+                self.ctx.edit(parent, _to_parallelize)
+                self.ctx.need_import("import kerasmgpu", node)
+                self.info(node, MSG_PARALLELIZE.format(old=self.ctx.code(node), dropped=dropped))
+                continue
+            if isinstance(node, cst.Name):
+                kept.add(node.value)  # the import below provides it
+                continue
+            self.ctx.replace(node, nodes.attr_chain(f"{_LEGACY}.{_MGM}"))
+            self.ctx.need_import(f"import {_LEGACY}", node)
+            why = "" if not self.ctx.target.modern else (
+                ": not a plain call, so kept on the Keras 2.3 signature")
+            self.info(node, MSG_SHIM.format(old=self.ctx.code(node), why=why))
+        return kept
+
+    def rewrite_imports(self, kept_locals: Set[str]) -> None:
+        for node in self.import_targets:
+            assert not isinstance(node.names, cst.ImportStar)  # never picked
+            locals_ = {_local(alias) for alias in node.names
+                       if nodes.dotted(alias.name) == _MGM}
+            if self.ctx.target.modern and not locals_ & kept_locals:
+                self.ctx.edit(node, _drop_mgm)
+            else:
+                parent = self.ctx.parent(node)
+                self.ctx.edit(node, _swap_mgm_module)
+                if isinstance(parent, cst.SimpleStatementLine):
+                    self.ctx.edit(parent, _split_legacy_import)
+                elif isinstance(parent, cst.SimpleStatementSuite):
+                    self.ctx.edit(parent, _split_legacy_suite)
+                if not self.ctx.target.modern:
+                    self.info(node, f"multi_gpu_model now comes from {_LEGACY}")
+
+    def finish_gone_imports(self) -> None:
+        """Imports of multi_gpu_utils / training_utils (gone in TF >= 2.4, Keras 3)."""
+        for node, module, local in self.gone_imports:
+            if not self.ctx.target.modern:
+                self.info(node, MSG_GONE.format(module=module))
+                continue
+            if self.only_rewritten_uses(node, local):
+                self.ctx.edit(node, functools.partial(_drop_gone_import, module=module))
+                self.info(node, MSG_GONE_REMOVED.format(module=module))
+            else:
+                self.error(node, MSG_GONE.format(module=module))
+
+    def only_rewritten_uses(self, node: cst.CSTNode, local: Optional[str]) -> bool:
+        """Whether every use of what `node` binds goes through a rewritten multi_gpu_model."""
+        if local is None:  # `import keras.utils.multi_gpu_utils`: binds `keras`, kept as such
+            return True
+        scope = self.ctx.scopes.get(node)
+        if scope is None:
+            return False
+        rewritten = {id(ref) for ref in self.references if isinstance(ref, cst.Attribute)}
+        for assignment in scope.assignments[local]:
+            if getattr(assignment, "node", None) is not node:
+                continue
+            for access in assignment.references:
+                parent = self.ctx.parent(access.node)
+                if id(parent) not in rewritten:
+                    return False
+        return True
+
+
+RULE = MultiGpuRule
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def _remove_statement(updated: cst.CSTNode) -> cst.RemovalSentinel:
+    return cst.RemovalSentinel.REMOVE
+
+
+def _local(alias: cst.ImportAlias) -> str:
+    return nodes.dotted(alias.asname.name if alias.asname else alias.name) or ""
+
+
+def _mgm_call_fits(call: cst.Call) -> bool:
+    bound = nodes.bind(call, _MGM_PARAMS)
+    return bound is not None and "model" in bound and set(bound) <= set(_MGM_PARAMS)
+
+
+def _dropped_flags(call: cst.Call) -> str:
+    bound = nodes.bind(call, _MGM_PARAMS) or {}
+    dropped = [name for name in ("cpu_merge", "cpu_relocation") if name in bound]
+    if not dropped:
+        return ""
+    verb = "they only steered" if len(dropped) > 1 else "it only steered"
+    return (f"; {' and '.join(dropped)} dropped: {verb} where Keras 2.3 merged the outputs "
+            "and built the template, and kerasmgpu all-reduces gradients instead")
+
+
+def _to_parallelize(updated: cst.CSTNode) -> cst.CSTNode:
+    """`multi_gpu_model(m, gpus=G, ...)` / `make_parallel(m, n)` -> `parallelize(m, gpus=G)`."""
+    assert isinstance(updated, cst.Call)
+    is_mp = nodes.dotted(updated.func) == "make_parallel"
+    params = ("model", "gpu_count") if is_mp else _MGM_PARAMS
+    bound = nodes.bind(updated, params)
+    assert bound is not None  # checked when the rewrite was decided
+    gpus = bound.get("gpu_count" if is_mp else "gpus")
+    args = [bound["model"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)]
+    if gpus is not None:
+        args.append(nodes.as_keyword(gpus, "gpus"))
+    return nodes.with_args(updated, args, func=nodes.attr_chain("kerasmgpu.parallelize"))
+
+
+def _drop_mgm(updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
+    """The import without multi_gpu_model (removed when nothing else is left)."""
+    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
+    names = list(updated.names)
+    kept = [alias for alias in names if nodes.dotted(alias.name) != _MGM]
+    if not kept:
+        return cst.RemovalSentinel.REMOVE
+    if nodes.dotted(names[-1].name) == _MGM:
+        kept[-1] = kept[-1].with_changes(comma=names[-1].comma)
+    return updated.with_changes(names=kept)
+
+
+def _swap_mgm_module(updated: cst.CSTNode) -> cst.CSTNode:
+    """`from keras.utils import multi_gpu_model` -> `from kerasmgpu.legacy import ...`.
+
+    With other names on the line, they stay and `_split_legacy_import` adds the
+    kerasmgpu import after it; the marker is the module left on multi_gpu_model alone.
+    """
+    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
+    names = list(updated.names)
+    if all(nodes.dotted(alias.name) == _MGM for alias in names):
+        return updated.with_changes(module=nodes.attr_chain(_LEGACY))
+    return updated
+
+
+def _split_legacy(small: cst.BaseSmallStatement) -> Tuple[cst.BaseSmallStatement,
+                                                          Optional[cst.ImportFrom]]:
+    if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
+        return small, None
+    if nodes.module_of(small) == _LEGACY:
+        return small, None
+    names = list(small.names)
+    moved = [alias for alias in names if nodes.dotted(alias.name) == _MGM]
+    if not moved:
+        return small, None
+    kept = [alias for alias in names if nodes.dotted(alias.name) != _MGM]
+    if nodes.dotted(names[-1].name) == _MGM:
+        # The last name went away: its comma (absent, or a trailing one before `)`) moves
+        # to the new last name so the layout of a parenthesized import survives.
+        kept[-1] = kept[-1].with_changes(comma=names[-1].comma)
+    added = cst.ImportFrom(
+        module=nodes.attr_chain(_LEGACY),
+        names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in moved],
+    )
+    return small.with_changes(names=kept), added
+
+
+def _split_legacy_import(updated: cst.CSTNode) -> cst.CSTNode | cst.FlattenSentinel:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    body: List[cst.BaseSmallStatement] = []
+    added: List[cst.BaseStatement] = []
+    for small in updated.body:
+        kept, extra = _split_legacy(small)
+        body.append(kept)
+        if extra is not None:
+            added.append(cst.SimpleStatementLine(body=[extra]))
+    if not added:
+        return updated
+    return cst.FlattenSentinel([updated.with_changes(body=body), *added])
+
+
+def _split_legacy_suite(updated: cst.CSTNode) -> cst.CSTNode:
+    # `if x: from keras.utils import a, multi_gpu_model` has no line to add after,
+    # so the new import joins the suite after a semicolon.
+    assert isinstance(updated, cst.SimpleStatementSuite)
+    body: List[cst.BaseSmallStatement] = []
+    added: List[cst.BaseSmallStatement] = []
+    for small in updated.body:
+        kept, extra = _split_legacy(small)
+        body.append(kept)
+        if extra is not None:
+            added.append(extra)
+    return updated.with_changes(body=[*body, *added]) if added else updated
+
+
+def _drop_gone_import(updated: cst.CSTNode, module: str) -> cst.CSTNode | cst.RemovalSentinel:
+    """Remove the alias that imports `module`; `import a.b.gone` becomes `import a`."""
+    if isinstance(updated, cst.Import):
+        kept: List[cst.ImportAlias] = []
+        for alias in updated.names:
+            name = nodes.dotted(alias.name) or ""
+            if name != module:
+                kept.append(alias)
+            elif alias.asname is None:
+                kept.append(alias.with_changes(name=cst.Name(name.split(".")[0])))
+        if not kept:
+            return cst.RemovalSentinel.REMOVE
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(names=kept)
+    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
+    leaf = module.rsplit(".", 1)[1]
+    names = [alias for alias in updated.names if nodes.dotted(alias.name) != leaf]
+    if not names:
+        return cst.RemovalSentinel.REMOVE
+    names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated.with_changes(names=names)
+
+
+def _is_make_parallel_call(node: cst.CSTNode) -> bool:
+    """`make_parallel(...)` or `X.make_parallel(...)`: the old one, a copy, or kerasmgpu's."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, cst.Attribute) else func
+    return isinstance(name, cst.Name) and name.value == "make_parallel"
+
+
+def _two_plain_arguments(call: cst.Call) -> bool:
+    """Whether a call passes exactly (model, gpu_count), positionally or by those keywords."""
+    if len(call.args) != 2:
+        return False
+    for arg in call.args:
+        if arg.star:
+            return False
+        if arg.keyword is not None and arg.keyword.value not in ("model", "gpu_count"):
+            return False
+    return True
+
+
+def _target_name(node: cst.CSTNode) -> Optional[str]:
+    """The name an assignment target ends in: `batch_size`, `args.batch_size`, `cfg["bs"]`."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        if isinstance(index, cst.Index):
+            return nodes.string_value(index.value)
+    return None
+
+
+def _string_choices(node: cst.BaseExpression) -> List[str]:
+    """The string literals an expression can be: itself, or each branch of `a if c else b`.
+
+    `tf.device("/cpu:0" if n > 1 else "/gpu:0")` builds the template on the CPU in the
+    multi-GPU case, the one that matters here.
+    """
+    if isinstance(node, cst.IfExp):
+        return _string_choices(node.body) + _string_choices(node.orelse)
+    value = nodes.string_value(node)
+    return [] if value is None else [value]
+
+
+def _mul_operands(node: cst.BaseExpression) -> List[cst.BaseExpression]:
+    """The factors of `a * b * c` (one factor when `node` is not a product)."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _mul_operands(node.left) + _mul_operands(node.right)
+    return [node]
+

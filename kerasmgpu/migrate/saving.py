@@ -1,0 +1,272 @@
+"""Weight and model files, and callback arguments that were removed.
+
+`--to keras3` (Keras 3.15 refuses these; checked on it):
+
+* `model.save_weights(path)`: the path must end in `.weights.h5`. A `.h5` / `.hdf5` ending
+  written in the call (a string, an f-string, `"%s.h5" % x`, `"{}.h5".format(x)`,
+  `os.path.join(..., "w.h5")`) becomes `.weights.h5` (an INFO that the file name changes);
+  a path the source does not spell is a WARNING. `load_weights` is left alone: Keras 3
+  still reads Keras 2.3's `.h5` weight files.
+* `model.save(path)`: `.h5`, `.hdf5` and `.keras` are fine; a path without an extension
+  (TensorFlow's SavedModel folder) is refused: a WARNING that names `model.export(path)`
+  and `.keras`.
+* `ModelCheckpoint(filepath)`: `.weights.h5` with `save_weights_only=True`, else `.keras`;
+  the ending is rewritten like save_weights' (INFO: the checkpoints change name, and without
+  save_weights_only change format to Keras 3's `.keras`). `period=1` is dropped; `period=N`
+  is dropped with a WARNING: it saves every epoch now (`save_freq` counts batches).
+* `TensorBoard(batch_size=, write_grads=, embeddings_layer_names=, embeddings_data=)`:
+  dropped (Keras 3 raises). `batch_size` did nothing without Keras 2.3's TF1 histograms
+  (INFO); the others change what is written (WARNING).
+
+`--to tf_keras` keeps `.h5` weights and `period` (tf_keras takes both); its TensorBoard
+ignores the same four arguments with a log line, so they are dropped the same way.
+`--to keras23` changes nothing here.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, Dict, List, Optional
+
+import libcst as cst
+
+from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
+from kerasmgpu.migrate.report import Target
+
+H5 = re.compile(r"(?<!\.weights)\.(h5|hdf5)$")
+MSG_WEIGHTS = (
+    "{what}: {old!r} -> {new!r}: Keras 3 saves weights only to a name ending in "
+    ".weights.h5 (the file name changes; load_weights still reads the old .h5 files)"
+)
+MSG_WEIGHTS_UNKNOWN = (
+    "{what}: Keras 3 saves weights only to a path ending in .weights.h5, and this path is "
+    "not spelled in the source: make sure it ends so"
+)
+MSG_CHECKPOINT = (
+    "ModelCheckpoint: {old!r} -> {new!r}: Keras 3 writes {kind} (the checkpoints change name"
+    "{format})"
+)
+MSG_SAVE_DIR = (
+    "model.save({path}): Keras 3 saves to a .keras file (or legacy .h5); a path without "
+    "extension was TensorFlow's SavedModel folder: use model.export({path}) for serving, or "
+    "add .keras"
+)
+MSG_PERIOD = (
+    "ModelCheckpoint(period={value}) dropped: Keras 3 has no period and saves every epoch "
+    "now (save_freq counts batches: save_freq={value} * steps_per_epoch saves every {value} "
+    "epochs)"
+)
+TENSORBOARD_GONE = {
+    "batch_size": ("INFO", "it sized Keras 2.3's TF1 histogram batches only"),
+    "write_grads": ("WARNING", "gradient histograms are no longer written"),
+    "embeddings_layer_names": ("WARNING", "every Embedding layer is visualized now"),
+    "embeddings_data": ("WARNING", "every Embedding variable is visualized now"),
+}
+
+
+class SavingRule(Rule):
+    NAME = "saving"
+    TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.renamed: Dict[str, str] = {}  # a whole literal path saved -> its new name
+        self.loads: List[cst.SimpleString] = []  # literal paths given to load_weights/model
+
+    def callback(self, func: cst.BaseExpression) -> Optional[str]:
+        for name in self.ctx.keras_names(func):
+            if name.startswith("keras.callbacks."):
+                return name.rsplit(".", 1)[1]
+        # `from model import *` where the project's model.py imported ModelCheckpoint from
+        # keras.callbacks (zhixuhao/unet's main.py): an unbound name of a star import.
+        if (isinstance(func, cst.Name) and func.value in ("ModelCheckpoint", "TensorBoard")
+                and self.ctx.is_unbound(func) and _has_project_star(self.ctx.module)):
+            return func.value
+        return None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        name = self.callback(func)
+        if name == "ModelCheckpoint":
+            self.checkpoint(node)
+        elif name == "TensorBoard":
+            self.tensorboard(node)
+        elif isinstance(func, cst.Attribute) and self.ctx.target is Target.KERAS3:
+            if func.attr.value in ("load_weights", "load_model") and node.args and isinstance(
+                    node.args[0].value, cst.SimpleString):
+                self.loads.append(node.args[0].value)
+            if func.attr.value == "save_weights" and node.args:
+                self.suffix(node.args[0].value, ".weights.h5", f"{self.ctx.code(func)}")
+            elif func.attr.value == "save" and node.args and not self.is_not_model(func):
+                path = node.args[0].value
+                literal = _literal_tail(path)
+                if literal is not None and "." not in literal.rsplit("/", 1)[-1]:
+                    self.warn(node, MSG_SAVE_DIR.format(path=self.ctx.code(path)))
+
+    def is_not_model(self, func: cst.Attribute) -> bool:
+        """`np.save`, `img.save`, `json.save`...: a module or an obvious non-model."""
+        owner = nodes.dotted(func.value) or ""
+        return owner.split(".")[0] in self.ctx.bindings or owner in ("np", "numpy", "img",
+                                                                     "image", "fig", "plt")
+
+    def suffix(self, path: cst.BaseExpression, new: str, what: str) -> bool:
+        """Rewrite a `.h5`/`.hdf5` ending spelled in `path` to `new`; False if unknown."""
+        literal = _literal_tail(path)
+        if literal is None:
+            self.warn(path, MSG_WEIGHTS_UNKNOWN.format(what=what))
+            return False
+        if literal.endswith(new):
+            return True
+        if H5.search(literal) is None:
+            return False
+        changed = H5.sub(new, literal)
+        self.ctx.edit(path, functools.partial(_replace_tail, old=literal, new=changed))
+        self.info(path, MSG_WEIGHTS.format(what=what, old=literal, new=changed))
+        if isinstance(path, cst.SimpleString):
+            self.renamed[literal] = changed
+        return True
+
+    def checkpoint(self, node: cst.Call) -> None:
+        bound = nodes.bind(node, ("filepath", "monitor", "verbose", "save_best_only",
+                                  "save_weights_only", "mode", "period"))
+        if bound is None:
+            return
+        period = bound.get("period")
+        if period is not None and period.keyword is None:
+            self.warn(period, "ModelCheckpoint: period passed by position; Keras 3 has no "
+                      "period (it saves every epoch): remove it by hand")
+        elif period is not None and self.ctx.target is Target.KERAS3:
+            value = self.ctx.code(period.value)
+            if value != "1":
+                self.warn(period, MSG_PERIOD.format(value=value))
+            else:
+                self.info(period, "ModelCheckpoint(period=1) dropped: Keras 3 saves every "
+                          "epoch by default")
+            self.ctx.edit(node, functools.partial(_drop_names, names=["period"]))
+        if self.ctx.target is not Target.KERAS3 or "filepath" not in bound:
+            return
+        weights_only = bound.get("save_weights_only")
+        only = weights_only is not None and self.ctx.code(weights_only.value) != "False"
+        path = bound["filepath"].value
+        literal = _literal_tail(path)
+        new = ".weights.h5" if only else ".keras"
+        if literal is None or literal.endswith(new) or H5.search(literal) is None:
+            if literal is None:
+                self.warn(path, f"ModelCheckpoint: Keras 3 needs the path to end in {new}, "
+                          "and this path is not spelled in the source")
+            return
+        changed = H5.sub(new, literal)
+        self.ctx.edit(path, functools.partial(_replace_tail, old=literal, new=changed))
+        if isinstance(path, cst.SimpleString):
+            self.renamed[literal] = changed
+        fmt = "" if only else ", and their format: Keras 3's .keras files, read by " \
+            "keras.models.load_model"
+        self.info(path, MSG_CHECKPOINT.format(old=literal, new=changed, format=fmt,
+                                              kind="weights to .weights.h5" if only else
+                                              "whole models to .keras"))
+
+    def tensorboard(self, node: cst.Call) -> None:
+        gone = [arg for arg in node.args if nodes.keyword(arg) in TENSORBOARD_GONE]
+        for arg in gone:
+            key = nodes.keyword(arg) or ""
+            level, why = TENSORBOARD_GONE[key]
+            report: Callable[[cst.CSTNode, str], None] = (
+                self.warn if level == "WARNING" else self.info)
+            report(arg, f"TensorBoard({key}=...) dropped: modern Keras has no such argument; "
+                   f"{why}")
+        if gone:
+            names = [nodes.keyword(a) for a in gone]
+            self.ctx.edit(node, functools.partial(_drop_names, names=names))
+
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "load_model" and isinstance(self.ctx.parent(node), cst.Call):
+            call = self.ctx.parent(node)
+            assert isinstance(call, cst.Call)
+            if call.args and isinstance(call.args[0].value, cst.SimpleString):
+                self.loads.append(call.args[0].value)
+
+    def finish(self) -> None:
+        """A file this file saves under a new name is loaded under that name too."""
+        for literal in self.loads:
+            old = nodes.string_value(literal) or ""
+            if old in self.renamed:
+                new = self.renamed[old]
+                self.ctx.edit(literal, functools.partial(_replace_tail, old=old, new=new))
+                self.info(literal, f"{old!r} -> {new!r}: the file this module saves under the "
+                          "new name (a file saved by another program keeps its old name: "
+                          "change this back if that is what it loads)")
+
+
+RULE = SavingRule
+
+
+def _literal_tail(node: cst.BaseExpression) -> Optional[str]:
+    """The literal text a path expression ends with, when the source spells it."""
+    if isinstance(node, cst.SimpleString):
+        return nodes.string_value(node)
+    if isinstance(node, cst.FormattedString):
+        last = node.parts[-1] if node.parts else None
+        return last.value if isinstance(last, cst.FormattedStringText) else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Modulo,
+                                                                            cst.Add)):
+        side = node.left if isinstance(node.operator, cst.Modulo) else node.right
+        return _literal_tail(side)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        if node.func.attr.value == "format":
+            return _literal_tail(node.func.value)
+        if nodes.dotted(node.func) in ("os.path.join", "path.join") and node.args:
+            return _literal_tail(node.args[-1].value)
+    return None
+
+
+def _replace_tail(updated: cst.CSTNode, old: str, new: str) -> cst.CSTNode:
+    """`updated` with the literal that ends the path rewritten (the same place as found)."""
+    if isinstance(updated, cst.SimpleString):
+        body = updated.raw_value
+        if body.endswith(_tail_of(old)):
+            body = body[: len(body) - len(_tail_of(old))] + _tail_of(new)
+        return updated.with_changes(value=f"{updated.prefix}{updated.quote}{body}"
+                                    f"{updated.quote}")
+    if isinstance(updated, cst.FormattedString):
+        last = updated.parts[-1]
+        assert isinstance(last, cst.FormattedStringText)
+        value = last.value[: len(last.value) - len(_tail_of(old))] + _tail_of(new)
+        return updated.with_changes(parts=[*updated.parts[:-1], last.with_changes(value=value)])
+    if isinstance(updated, cst.BinaryOperation):
+        if isinstance(updated.operator, cst.Modulo):
+            return updated.with_changes(left=_replace_tail(updated.left, old, new))
+        return updated.with_changes(right=_replace_tail(updated.right, old, new))
+    if isinstance(updated, cst.Call) and isinstance(updated.func, cst.Attribute):
+        if updated.func.attr.value == "format":
+            func = updated.func.with_changes(value=_replace_tail(updated.func.value, old, new))
+            return updated.with_changes(func=func)
+        last = updated.args[-1]
+        args = [*updated.args[:-1], last.with_changes(value=_replace_tail(last.value, old,
+                                                                           new))]
+        return updated.with_changes(args=args)
+    return updated
+
+
+def _tail_of(path: str) -> str:
+    """The extension part that changes: `.h5`, `.hdf5`, `.weights.h5`, `.keras`."""
+    match = re.search(r"(\.weights\.h5|\.h5|\.hdf5|\.keras)$", path)
+    return match.group(1) if match else ""
+
+
+def _drop_names(updated: cst.CSTNode, names: List[Optional[str]]) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    return nodes.drop_args(updated, [n for n in names if n is not None])
+
+
+def _has_project_star(module: cst.Module) -> bool:
+    """Whether the file has `from M import *` of a module that is not Keras's."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if (isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
+                        and canonical_keras_name(nodes.module_of(small) or "") is None):
+                    return True
+    return False

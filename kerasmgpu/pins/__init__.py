@@ -1,0 +1,168 @@
+"""The releases kerasmgpu is tested on, as pin files for a project's own test matrix.
+
+Every env of kerasmgpu's own tox matrix (compat/README.md) installs `<env>.in` - the
+Keras line's top-level packages, e.g. `keras==3.15.1` and `jax[cpu]==0.10.2` - with
+`<env>.txt` as constraints: every package of the env pinned, as CI installed it. Those
+files ship here, identical to compat/constraints/ (tests/test_pins.py keeps them so), so
+that a team moving a Keras 2.3 project can run its own tests on Keras 2.3 and on the
+lines it migrates to, on the same releases kerasmgpu was verified with.
+
+`kerasmgpu pins` (kerasmgpu/cli/pins.py) lists them, prints where one lies, and writes
+them - with the tox.ini lines that use them - into a project.
+
+Written for a project, two things change: the `-r` lines (`_common.in`, kerasmgpu's own
+test tools; `_examples.in`, what Keras's examples import) leave the requirements, and a
+local version label leaves a pin
+(`torch==2.13.0+cpu` becomes `torch==2.13.0`, which the CPU build from PyTorch's index
+and a CUDA build both satisfy; kerasmgpu's CI uses the CPU build).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from kerasmgpu._errors import bad_value
+
+HERE = Path(__file__).resolve().parent
+
+# The newest release of every line: what `kerasmgpu pins --write` writes by default.
+NEWEST = ("keras23", "tf2.15", "tfkeras2.21", "keras3.15-tensorflow", "keras3.15-jax",
+          "keras3.15-torch")
+# What the keras23 env installs over TensorFlow's own keras, without its dependencies.
+KERAS23 = "keras==2.3.1"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+_PIN = re.compile(r"^([A-Za-z0-9_.\[\]-]+)==([^\s;#+]+)(\+[^\s;#]+)?")
+
+
+@dataclass(frozen=True)
+class Pins:
+    """One tested env: its name, the Keras line in words, and its two files."""
+
+    env: str
+    line: str
+    requirements: Tuple[str, ...]
+    constraints: Path
+
+    @property
+    def backend(self) -> Optional[str]:
+        """KERAS_BACKEND for a Keras 3 env, None elsewhere."""
+        return self.env.rsplit("-", 1)[1] if self.env.startswith("keras3.") else None
+
+    @property
+    def legacy_tf_keras(self) -> bool:
+        """Whether the env is tf_keras (TF_USE_LEGACY_KERAS=1)."""
+        return self.env.startswith("tfkeras")
+
+
+def available() -> List[str]:
+    """Every tested env, oldest line first, releases in order within a line."""
+    def order(env: str) -> Tuple[int, Tuple[int, ...], str]:
+        line = ("keras23", "tf2.", "tfkeras", "keras3.")
+        kind = next(i for i, prefix in enumerate(line) if env.startswith(prefix))
+        numbers = tuple(int(n) for n in re.findall(r"\d+", env.split("-")[0])[-2:])
+        return kind, numbers, env
+
+    return sorted((p.stem for p in HERE.glob("*.txt")), key=order)
+
+
+def _versions(constraints: Path) -> Dict[str, str]:
+    versions = {}
+    for raw in constraints.read_text().splitlines():
+        match = _PIN.match(raw.strip())
+        if match:
+            versions[match.group(1).lower()] = match.group(2)
+    return versions
+
+
+def _describe(env: str, versions: Dict[str, str]) -> str:
+    if env == "keras23":
+        return f"Keras 2.3.1 on TensorFlow {versions['tensorflow']}"
+    if env.startswith("tf2."):
+        return f"tf.keras {versions['keras']} on TensorFlow {versions['tensorflow']}"
+    if env.startswith("tfkeras"):
+        return f"tf_keras {versions['tf-keras']} on TensorFlow {versions['tensorflow']}"
+    backend = env.rsplit("-", 1)[1]
+    engine = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}[backend]
+    return f"Keras {versions['keras']} on {engine} {versions[backend]}"
+
+
+def get(env: str) -> Pins:
+    """The pins of one tested env; a name that is not one is a ValueError listing them."""
+    envs = available()
+    if env not in envs:
+        raise bad_value("env", env, "one of " + ", ".join(envs),
+                        "run `kerasmgpu pins` to list them")
+    constraints = HERE / f"{env}.txt"
+    lines = (line.split(" #")[0].strip() for line in (HERE / f"{env}.in").read_text().splitlines())
+    requirements = tuple(line for line in lines if line and not line.startswith(("#", "-r")))
+    return Pins(env, _describe(env, _versions(constraints)), requirements, constraints)
+
+
+def portable(text: str) -> str:
+    """Pin lines without local version labels (`torch==2.13.0+cpu` -> `torch==2.13.0`)."""
+    return "\n".join(re.sub(r"^([^#\s][^=\s]*==[^\s;#+]+)\+[^\s;#]+", r"\1", line)
+                     for line in text.splitlines()) + "\n"
+
+
+def write(directory: Path, envs: Sequence[str], version: str) -> List[Path]:
+    """Write `<env>.in` and `<env>.txt` of each env into `directory`; return the paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for env in envs:
+        pins = get(env)
+        header = (f"# kerasmgpu {version}: {pins.line}, as kerasmgpu's CI tested it. "
+                  f"Written by `kerasmgpu pins --write`.\n")
+        requirements = directory / f"{env}.in"
+        requirements.write_text(header + "\n".join(portable("\n".join(pins.requirements))
+                                                   .splitlines()) + "\n")
+        constraints = directory / f"{env}.txt"
+        constraints.write_text(header + portable(pins.constraints.read_text()))
+        written += [requirements, constraints]
+    return written
+
+
+def tox_snippet(directory: str, envs: Sequence[str]) -> str:
+    """The tox.ini lines that install each env from the files `write` put in `directory`."""
+    chosen = [get(env) for env in envs]
+    folder = "{toxinidir}/" + directory.strip("/")
+    lines = [
+        "[tox]",
+        "env_list =",
+        *[f"    {p.env}" for p in chosen],
+        "",
+        "[testenv]",
+        "# Each env: the Keras line's packages, every package pinned as kerasmgpu tested it.",
+        "deps =",
+        f"    -r {folder}/{{envname}}.in",
+        "    pytest",
+        "set_env =",
+        f"    PIP_CONSTRAINT = {folder}/{{envname}}.txt",
+        f"    UV_CONSTRAINT = {folder}/{{envname}}.txt",
+    ]
+    tf_keras = [p.env for p in chosen if p.legacy_tf_keras]
+    if tf_keras:
+        lines.append(f"    {','.join(tf_keras)}: TF_USE_LEGACY_KERAS = 1")
+    backends = sorted({p.backend for p in chosen if p.backend})
+    lines += [f"    {b}: KERAS_BACKEND = {b}" for b in backends]
+    if "torch" in backends:
+        lines += [
+            "    # torch: the CPU build (drop these two lines where CI has GPUs)",
+            f"    torch: PIP_EXTRA_INDEX_URL = {TORCH_CPU_INDEX}",
+            f"    torch: UV_EXTRA_INDEX_URL = {TORCH_CPU_INDEX}",
+            "    torch: UV_INDEX_STRATEGY = unsafe-best-match",
+        ]
+    if any(p.env == "keras23" for p in chosen):
+        lines += [
+            "# Keras 2.3.1 goes over the keras 2.15 TensorFlow 2.15 brings (your code starts",
+            "# with `import kerasmgpu.keras23`); pip, also under tox-uv:",
+            "uv_seed =",
+            "    keras23: true",
+            "commands_pre =",
+            f"    keras23: python -m pip install --quiet --no-deps {KERAS23}",
+        ]
+    lines.append("commands = pytest {posargs}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,87 @@
+"""`kerasmgpu migrate`, the layers family: classes and defaults that changed after 2.3.1."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import numpy as np
+import pytest
+from helpers import requires
+from migrate_cases import assert_idempotent, migrate, run_keras23, severities
+
+from kerasmgpu.env.versions import KerasLine
+from kerasmgpu.migrate import Severity
+
+
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_gru_keeps_keras23s_reset_after(target: str) -> None:
+    text = "from keras.layers import GRU\nlayer = GRU(32, return_sequences=True)\n"
+    assert migrate(text, target).endswith(
+        "layer = GRU(32, return_sequences=True, reset_after=False)\n")
+    assert migrate("from keras.layers import GRU\nl = GRU(3, reset_after=True)\n",
+                   target).endswith("l = GRU(3, reset_after=True)\n")
+    assert_idempotent(text, target)
+
+
+def test_cudnn_layers_become_the_modern_ones() -> None:
+    text = """
+        from keras.layers import CuDNNLSTM, CuDNNGRU, Dense
+        import keras
+        a = CuDNNLSTM(64, return_sequences=True)
+        b = CuDNNGRU(32)
+        c = keras.layers.CuDNNLSTM(8)
+    """
+    after = migrate(text)
+    assert "from keras.layers import LSTM, GRU, Dense\n" in after
+    assert "a = LSTM(64, return_sequences=True)\n" in after
+    assert "b = GRU(32, reset_after=True)\n" in after  # cuDNN's GRU variant
+    assert "c = keras.layers.LSTM(8)\n" in after
+    assert_idempotent(text)
+
+
+def test_hard_sigmoid_and_convlstm_defaults_warn_on_keras3_only() -> None:
+    text = ("from keras.layers import ConvLSTM2D, LSTM\n"
+            "a = ConvLSTM2D(8, (3, 3))\nb = LSTM(4, recurrent_activation='hard_sigmoid')\n")
+    assert severities(text, "'hard_sigmoid' is relu6") == [Severity.WARNING]
+    assert severities(text, "ConvLSTM2D's default recurrent_activation") == [Severity.WARNING]
+    assert severities(text, "hard_sigmoid", "tf_keras") == []
+
+
+SOURCE = '''
+import numpy as np
+from keras.layers import GRU, Input
+from keras.models import Model
+
+inputs = Input((5, 3))
+model = Model(inputs, GRU(4, kernel_initializer="ones", recurrent_initializer="ones",
+                          bias_initializer="ones")(inputs))
+x = np.linspace(-1, 1, 30, dtype="float32").reshape(2, 5, 3)
+result = model.predict(x).ravel().tolist()
+'''
+# Keras 2.3.1's GRU (reset_after=False), recorded on the keras23 env.
+KERAS23_GRU = [0.063914135, 0.063914135, 0.063914135, 0.063914135,
+               0.27489492, 0.27489492, 0.27489492, 0.27489492]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+@pytest.mark.core
+def test_migrated_gru_computes_what_keras23s_computed() -> None:
+    ran: Dict[str, Any] = run_keras23(SOURCE, "gru.py")
+    np.testing.assert_allclose(ran["result"], KERAS23_GRU, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_argument_goes_to_set_weights_after_add() -> None:
+    text = """
+        from keras.layers import Conv2D, Dense, Embedding
+        model.add(Conv2D(64, 3, padding='same', weights=new_weights))
+        x = Dense(3, weights=[w, b])(x)
+        e = Embedding(10, 3, weights=[m])
+    """
+    after = migrate(text)
+    assert ("model.add(Conv2D(64, 3, padding='same'))\n"
+            "model.layers[-1].set_weights(new_weights)\n") in after
+    assert "x = Dense(3, weights=[w, b])(x)" in after
+    assert "e = Embedding(10, 3, weights=[m])" in after
+    assert severities(text, "take no weights= argument") == [Severity.ERROR]
+    assert migrate(text, "tf_keras").count("weights=") == 3  # tf_keras takes weights=
+    assert_idempotent(text)
