@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -174,9 +175,21 @@ def resolve(reference: str) -> Any:
 def keras_module(entry: Entry) -> Any:
     """The entry's Keras module: its first reference whose module is installed."""
     for reference in entry.keras[:-1]:
-        if importlib.util.find_spec(reference.partition(":")[0]) is not None:
+        if _installed(reference.partition(":")[0]):
             return resolve(reference)
     return resolve(entry.keras[-1])  # the last one raises ImportError when missing
+
+
+def _installed(module_name: str) -> bool:
+    """Whether `module_name` can be imported. An imported module counts as it is in
+    `sys.modules` (None there: blocked), since `find_spec` raises ValueError for a module
+    whose `__spec__` is None (one made at run time, as tests and some tools do)."""
+    if module_name in sys.modules:
+        return sys.modules[module_name] is not None
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # --- Verified releases ---------------------------------------------------------------------
