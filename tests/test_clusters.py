@@ -437,7 +437,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     from kerasmgpu.env.versions import backend_for, detect_keras_line
 
     line, _ = detect_keras_line()
-    family = adapters.load(line, backend_for(line))
+    adapter = adapters.load(line, backend_for(line))
     tf.random.set_seed(None)  # an earlier test's global seed would seed every shuffle
     x = np.arange(20, dtype="float32").reshape(10, 2)
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
@@ -450,14 +450,14 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     kind = registry.lookup(line).feed
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
-        feeds.build(family, kind, two, unseeded)
-    feeds.build(family, kind, two, data.shuffle(10, seed=1).batch(4))
+        feeds.build(adapter, kind, two, unseeded)
+    feeds.build(adapter, kind, two, data.shuffle(10, seed=1).batch(4))
     # One process: nothing to agree on.
-    feeds.build(family, kind, batching.Planner(replicas=2), unseeded)
+    feeds.build(adapter, kind, batching.Planner(replicas=2), unseeded)
     # A global seed seeds every shuffle built after it.
     tf.random.set_seed(5)
     try:
-        feeds.build(family, kind, two, data.shuffle(10).batch(4))
+        feeds.build(adapter, kind, two, data.shuffle(10).batch(4))
     finally:
         tf.random.set_seed(None)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_type, bad_value
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.data.bundle import bundle, order_key
 from kerasmgpu.registry import FeedKind
 
@@ -240,12 +240,12 @@ def _gather(structure: Any, rows: np.ndarray) -> Any:
 
 
 def pad_batch(
-    family: Family, x: Any, y: Any, sample_weight: Any, class_weight: Any,
+    adapter: Adapter, x: Any, y: Any, sample_weight: Any, class_weight: Any,
     planner: batching.Planner,
 ) -> Tuple[Any, Any]:
     """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
-    weigh = family.class_weigher(class_weight, "batch")
+    weigh = adapter.class_weigher(class_weight, "batch")
     weights = _user_weights(y, sample_weight, weigh)
     share = planner.plan(_num_rows({"x": x, "y": y, "sample_weight": weights}))
     take = share.source_rows()
@@ -305,12 +305,12 @@ class _ArraySource:
         return (x, bundle(share.packed(), _gather(self.y, take), _gather(self.weights, take)))
 
 
-def _array_python_feed(family: Family, source: _ArraySource, predict: bool) -> Feed:
-    base = family.python_dataset_type()
+def _array_python_feed(adapter: Adapter, source: _ArraySource, predict: bool) -> Feed:
+    base = adapter.python_dataset_type()
 
     class ArrayBatches(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            if family.keras3:
+            if adapter.keras3:
                 super().__init__(workers=1, use_multiprocessing=False)
 
         def __len__(self) -> int:
@@ -456,17 +456,17 @@ def _pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict:
 
 
 def _python_feed(
-    family: Family, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool
+    adapter: Adapter, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool
 ) -> Feed:
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
-        base = family.python_dataset_type()
+        base = adapter.python_dataset_type()
         if len(source) == 0:
             raise bad_value("x", f"a {type(source).__name__} of length 0", "at least one batch",
                             "check its __len__ (the data it reads may be empty)", raw=True)
 
         class PaddedBatches(base):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:
-                if family.keras3:
+                if adapter.keras3:
                     super().__init__(
                         workers=getattr(source, "workers", 1),
                         use_multiprocessing=getattr(source, "use_multiprocessing", False),
@@ -543,7 +543,7 @@ class _Replay:
 
 
 def _generator_tf_feed(
-    family: Family, source: Iterator[Any], weigh: Weigh, planner: batching.Planner, predict: bool
+    adapter: Adapter, source: Iterator[Any], weigh: Weigh, planner: batching.Planner, predict: bool
 ) -> Feed:
     import tensorflow as tf
 
@@ -595,10 +595,10 @@ class _SeededOrder:
 
 
 def _same_order_everywhere(
-    family: Family, source: Any, seed: int, weigh: Weigh, planner: batching.Planner,
+    adapter: Adapter, source: Any, seed: int, weigh: Weigh, planner: batching.Planner,
     predict: bool,
 ) -> Feed:
-    feed = _python_feed(family, _SeededOrder(source, seed), weigh, planner, predict)
+    feed = _python_feed(adapter, _SeededOrder(source, seed), weigh, planner, predict)
     return dataclasses.replace(feed, keras_shuffles=False)
 
 
@@ -624,11 +624,11 @@ def _refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
 # --- entry point -------------------------------------------------------------------------------
 
 
-def _dataset_feed(family: Family, dataset: Any, class_weight: Any,
+def _dataset_feed(adapter: Adapter, dataset: Any, class_weight: Any,
                   planner: batching.Planner, predict: bool) -> Feed:
     if planner.process_count > 1:
         _refuse_unseeded_shuffle(dataset, planner.process_count)
-    map_fn = None if predict else family.class_weight_map_fn(class_weight)
+    map_fn = None if predict else adapter.class_weight_map_fn(class_weight)
     if map_fn is not None:
         # What Keras's fit does to a dataset for class_weight, before we pad it.
         dataset = dataset.map(map_fn)
@@ -638,7 +638,7 @@ def _dataset_feed(family: Family, dataset: Any, class_weight: Any,
 
 
 def build(
-    family: Family,
+    adapter: Adapter,
     kind: FeedKind,
     planner: batching.Planner,
     x: Any,
@@ -673,15 +673,15 @@ def build(
                 "yield the weights with each batch",
             )
         if _is_dataset(x):
-            return _dataset_feed(family, x, class_weight, planner, predict)
+            return _dataset_feed(adapter, x, class_weight, planner, predict)
         if kind is FeedKind.TF and not hasattr(x, "__getitem__"):
-            weigh = family.class_weigher(class_weight, "generator")
-            return _generator_tf_feed(family, iter(x), weigh, planner, predict)
-        weigh = family.class_weigher(
+            weigh = adapter.class_weigher(class_weight, "generator")
+            return _generator_tf_feed(adapter, iter(x), weigh, planner, predict)
+        weigh = adapter.class_weigher(
             class_weight, "pydataset" if hasattr(x, "__getitem__") else "generator")
         if shuffle and seed is not None and planner.process_count > 1 and hasattr(x, "__len__"):
-            return _same_order_everywhere(family, x, seed, weigh, planner, predict)
-        return _python_feed(family, x, weigh, planner, predict)
+            return _same_order_everywhere(adapter, x, seed, weigh, planner, predict)
+        return _python_feed(adapter, x, weigh, planner, predict)
     if not _is_array_like(x):
         raise bad_type(
             "x", f"an object of type {type(x).__qualname__}",
@@ -693,7 +693,7 @@ def build(
     x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
     if predict:
         y = sample_weight = None
-    weigh = None if predict else family.class_weigher(class_weight, "arrays")
+    weigh = None if predict else adapter.class_weigher(class_weight, "arrays")
     weights = None if predict else _user_weights(y, sample_weight, weigh)
     check_inputs(x, inputs)
     size = 32 if batch_size is None else batch_size
@@ -701,7 +701,7 @@ def build(
     source = _ArraySource(x, y, weights, size, shuffle_rows, planner, seed)
     if kind is FeedKind.TF:
         return _array_tf_feed(source, predict, seed)
-    return _array_python_feed(family, source, predict)
+    return _array_python_feed(adapter, source, predict)
 
 
 def split_validation(
