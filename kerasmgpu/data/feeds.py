@@ -24,6 +24,14 @@ from kerasmgpu import batching
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data.bundle import bundle, order_key
+from kerasmgpu.data.structure import (
+    as_tuples,
+    is_array_like,
+    leaves,
+    map_structure,
+    to_numpy,
+    unpack,
+)
 from kerasmgpu.registry import FeedKind
 
 
@@ -50,70 +58,14 @@ class Feed:
     per_epoch_iterators: bool = False
 
 
-# --- structure helpers -------------------------------------------------------------------
-
-
-def _leaves(structure: Any) -> List[Any]:
-    if structure is None:
-        return []
-    if isinstance(structure, Mapping):
-        return [leaf for key in structure for leaf in _leaves(structure[key])]
-    if isinstance(structure, (list, tuple)):
-        return [leaf for item in structure for leaf in _leaves(item)]
-    return [structure]
-
-
-def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
-    if structure is None:
-        return None
-    if isinstance(structure, Mapping):
-        return {k: _map(fn, v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_map(fn, v) for v in structure)
-    return fn(structure)
-
-
-def _tuples(structure: Any) -> Any:
-    """tf.data holds tuples and dicts, not lists: multi-output targets become tuples."""
-    if isinstance(structure, Mapping):
-        return {k: _tuples(v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return tuple(_tuples(v) for v in structure)
-    return structure
-
-
-def _is_array_like(obj: Any) -> bool:
-    if obj is None:
-        return False
-    leaves = _leaves(obj)
-    return bool(leaves) and all(
-        hasattr(leaf, "shape") and hasattr(leaf, "__len__") or isinstance(leaf, (list,))
-        for leaf in leaves
-    )
-
-
-def _to_numpy(obj: Any) -> Any:
-    def convert(leaf: Any) -> Any:
-        if hasattr(leaf, "numpy") and not isinstance(leaf, np.ndarray):
-            try:
-                return leaf.numpy()
-            except Exception:
-                pass
-        if hasattr(leaf, "to_numpy"):  # pandas
-            return leaf.to_numpy()
-        return np.asarray(leaf)
-
-    return _map(convert, obj)
-
-
 def _num_rows(named: Mapping[str, Any]) -> int:
     """The common row count of named array structures, or an error naming each count."""
     counts: List[Tuple[str, int]] = []
     for name, structure in named.items():
         if structure is None:
             continue
-        leaves = _leaves(structure)
-        for position, leaf in enumerate(leaves):
+        found = leaves(structure)
+        for position, leaf in enumerate(found):
             shape = getattr(leaf, "shape", None)
             if shape is None or len(shape) == 0:
                 raise bad_value(
@@ -121,7 +73,7 @@ def _num_rows(named: Mapping[str, Any]) -> int:
                     "arrays whose first axis is the samples",
                     f"pass {name} as an array with one row per sample",
                 )
-            label = name if len(leaves) == 1 else f"{name}[{position}]"
+            label = name if len(found) == 1 else f"{name}[{position}]"
             counts.append((label, int(shape[0])))
     sizes = {count for _, count in counts}
     if len(sizes) > 1:
@@ -155,11 +107,11 @@ def check_inputs(x: Any, expected: Optional[List[Tuple[str, Tuple[Optional[int],
         by_name = dict(expected)
         pairs = [(f"x[{key!r}]", x[key], key, by_name.get(key)) for key in x if key in by_name]
     else:
-        leaves = _leaves(x)
-        if len(leaves) != len(expected):
+        found = leaves(x)
+        if len(found) != len(expected):
             return  # Keras explains structure mismatches itself
-        pairs = [(f"x[{i}]" if len(leaves) > 1 else "x", leaf, name, shape)
-                 for i, (leaf, (name, shape)) in enumerate(zip(leaves, expected))]
+        pairs = [(f"x[{i}]" if len(found) > 1 else "x", leaf, name, shape)
+                 for i, (leaf, (name, shape)) in enumerate(zip(found, expected))]
     for label, leaf, name, shape in pairs:
         got = tuple(int(d) for d in getattr(leaf, "shape", ()) or ())
         if shape is None or len(got) != len(shape):
@@ -182,28 +134,8 @@ def _is_dataset(obj: Any) -> bool:
 def _is_python_source(obj: Any) -> bool:
     return (
         inspect.isgenerator(obj)
-        or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not _is_array_like(obj))
+        or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not is_array_like(obj))
         or (hasattr(obj, "__next__") and hasattr(obj, "__iter__"))
-    )
-
-
-def _unpack(data: Any) -> Tuple[Any, Any, Any]:
-    """Keras's rule for one element: x, (x,), (x, y) or (x, y, sample_weight)."""
-    if isinstance(data, list):
-        data = tuple(data)
-    if not isinstance(data, tuple):
-        return data, None, None
-    if len(data) == 1:
-        return data[0], None, None
-    if len(data) == 2:
-        return data[0], data[1], None
-    if len(data) == 3:
-        return data
-    raise bad_value(
-        "data",
-        f"a tuple of {len(data)} elements",
-        "x, (x,), (x, y) or (x, y, sample_weight)",
-        "yield batches in one of those forms",
     )
 
 
@@ -229,11 +161,11 @@ def _float(weights: Any) -> Any:
         w = np.asarray(w)
         return w if np.issubdtype(w.dtype, np.floating) else w.astype(np.float32)
 
-    return _map(one, weights)
+    return map_structure(one, weights, skip_none=True)
 
 
 def _gather(structure: Any, rows: np.ndarray) -> Any:
-    return None if structure is None else _map(lambda a: np.asarray(a)[rows], structure)
+    return map_structure(lambda a: np.asarray(a)[rows], structure, skip_none=True)
 
 
 # --- arrays: one batch ---------------------------------------------------------------------
@@ -244,7 +176,7 @@ def pad_batch(
     planner: batching.Planner,
 ) -> Tuple[Any, Any]:
     """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
-    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    x, y, sample_weight = to_numpy(x), to_numpy(y), to_numpy(sample_weight)
     weigh = adapter.class_weigher(class_weight, "batch")
     weights = _user_weights(y, sample_weight, weigh)
     share = planner.plan(_num_rows({"x": x, "y": y, "sample_weight": weights}))
@@ -344,10 +276,12 @@ def _tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any]:
 def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> Feed:
     import tensorflow as tf
 
-    x = _map(tf.convert_to_tensor, _tuples(source.x))
-    y = None if predict or source.y is None else _map(tf.convert_to_tensor, _tuples(source.y))
-    weights = None if predict or source.weights is None else _map(
-        tf.convert_to_tensor, _tuples(source.weights))
+    def tensors(structure: Any) -> Any:
+        return map_structure(tf.convert_to_tensor, as_tuples(structure), skip_none=True)
+
+    x = tensors(source.x)
+    y = None if predict else tensors(source.y)
+    weights = None if predict else tensors(source.weights)
     planner = source.planner
     indices = tf.data.Dataset.range(source.rows)
     if source.shuffle:
@@ -359,7 +293,7 @@ def _array_tf_feed(source: _ArraySource, predict: bool, seed: Optional[int]) -> 
         take = tf.gather(ids, rows)
 
         def gather(structure: Any) -> Any:
-            return None if structure is None else _map(lambda t: tf.gather(t, take), structure)
+            return map_structure(lambda t: tf.gather(t, take), structure, skip_none=True)
 
         if predict:
             return gather(x), bundle(packed, order=_tf_order(tf, number, rows))
@@ -409,8 +343,8 @@ def _dataset_tf_feed(dataset: Any, planner: batching.Planner, predict: bool) -> 
     import tensorflow as tf
 
     def pad(number: Any, data: Any) -> Any:
-        x, y, sw = _unpack(data)
-        real = tf.shape(_leaves(x)[0])[0]
+        x, y, sw = unpack(data)
+        real = tf.shape(leaves(x)[0])[0]
         rows, packed = _tf_pad(tf, real, planner)
 
         def gather(structure: Any) -> Any:
@@ -444,8 +378,8 @@ def _empty_dataset() -> ValueError:
 
 def _pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
                  number: int = 0) -> Any:
-    x, y, sw = _unpack(element)
-    x, y, sw = _to_numpy(x), _to_numpy(y), _to_numpy(sw)
+    x, y, sw = unpack(element)
+    x, y, sw = to_numpy(x), to_numpy(y), to_numpy(sw)
     weights = None if predict else _user_weights(y, sw, weigh)
     share = planner.plan(_num_rows({"x": x, "y": None if predict else y,
                                     "sample_weight": weights}))
@@ -549,7 +483,7 @@ def _generator_tf_feed(
 
     def padded() -> Iterator[Any]:
         for number, element in enumerate(source):
-            yield _tuples(_pad_element(element, weigh, planner, predict, number))
+            yield as_tuples(_pad_element(element, weigh, planner, predict, number))
 
     replay = _Replay(padded())
     first = replay.peek()
@@ -682,7 +616,7 @@ def build(
         if shuffle and seed is not None and planner.process_count > 1 and hasattr(x, "__len__"):
             return _same_order_everywhere(adapter, x, seed, weigh, planner, predict)
         return _python_feed(adapter, x, weigh, planner, predict)
-    if not _is_array_like(x):
+    if not is_array_like(x):
         raise bad_type(
             "x", f"an object of type {type(x).__qualname__}",
             "numpy-like arrays (or lists/dicts of them), a tf.data.Dataset, a "
@@ -690,7 +624,7 @@ def build(
             "convert the inputs to numpy arrays",
             raw=True,
         )
-    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    x, y, sample_weight = to_numpy(x), to_numpy(y), to_numpy(sample_weight)
     if predict:
         y = sample_weight = None
     weigh = None if predict else adapter.class_weigher(class_weight, "arrays")
@@ -708,20 +642,20 @@ def split_validation(
     x: Any, y: Any, sample_weight: Any, validation_split: float
 ) -> Tuple[Tuple[Any, Any, Any], Tuple[Any, Any, Any]]:
     """Keras's validation_split on arrays: the last fraction of rows validates."""
-    if not _is_array_like(x):
+    if not is_array_like(x):
         raise bad_value(
             "validation_split", validation_split,
             "validation_split only with array inputs",
             "pass `validation_data` instead when x is a dataset or generator",
         )
-    x, y, sample_weight = _to_numpy(x), _to_numpy(y), _to_numpy(sample_weight)
+    x, y, sample_weight = to_numpy(x), to_numpy(y), to_numpy(sample_weight)
     rows = _num_rows({"x": x, "y": y, "sample_weight": sample_weight})
     at = batching.validation_split_at(rows, validation_split)
 
     def head(s: Any) -> Any:
-        return _map(lambda a: a[:at], s)
+        return map_structure(lambda a: a[:at], s, skip_none=True)
 
     def tail(s: Any) -> Any:
-        return _map(lambda a: a[at:], s)
+        return map_structure(lambda a: a[at:], s, skip_none=True)
 
     return (head(x), head(y), head(sample_weight)), (tail(x), tail(y), tail(sample_weight))

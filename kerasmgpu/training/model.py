@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Optional
 
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.data import feeds
+from kerasmgpu.data import feeds, structure
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import sync
 from kerasmgpu.training.ops import EngineOps
@@ -138,7 +138,7 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
         if state.template is not replica:
             for key in ("metrics", "weighted_metrics"):
                 if args.get(key) is not None:
-                    compiled[key] = step_hooks.map_structure(adapter.fresh_metric, args[key])
+                    compiled[key] = structure.map_structure(adapter.fresh_metric, args[key])
         compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
         state.originals["compile"](replica, **compiled)
     install_hooks(replica, args.get("loss"), scaled)
@@ -258,7 +258,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         steps_per_epoch = train_feed.steps
     val_data = None
     if validation_data is not None:
-        vx, vy, vsw = feeds._unpack(validation_data)
+        vx, vy, vsw = structure.unpack(validation_data)
         val_feed = state.feed(
             vx, kind="test", model=self, y=vy, sample_weight=vsw,
             batch_size=validation_batch_size or batch_size, training=False,
@@ -383,14 +383,14 @@ def _placeholder(x: Any) -> Any:
     has no attribute 'shape' when distributing the batch)."""
     import numpy as np
 
-    rows = int(feeds._leaves(x)[0].shape[0])
+    rows = int(structure.leaves(x)[0].shape[0])
     return np.ones((rows,), np.float32)
 
 
 def _predict_on_batch(self: Any, x: Any) -> Any:
     # One batch: predict() with a batch size that covers it keeps the padding logic
     # in one place.
-    rows = max(int(leaf.shape[0]) for leaf in feeds._leaves(feeds._to_numpy(x)))
+    rows = max(int(leaf.shape[0]) for leaf in structure.leaves(structure.to_numpy(x)))
     return _predict(self, x, batch_size=max(rows, 1), verbose=0)
 
 
@@ -411,7 +411,7 @@ def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
         own["optimizer"] = _template_optimizer(state, user_args.get("optimizer"), previous)
         for key in ("metrics", "weighted_metrics"):
             if own.get(key) is not None:
-                own[key] = step_hooks.map_structure(adapter.fresh_metric, own[key])
+                own[key] = structure.map_structure(adapter.fresh_metric, own[key])
         own = {k: v for k, v in own.items() if v is not None or k == "loss"}
         type(template).compile(template, **own)
     sync.relink(state.mirror)
