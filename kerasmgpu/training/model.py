@@ -132,16 +132,27 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
     adapter = state.adapter
     args = {k: v for k, v in args.items() if v is not None or k == "loss"}
     scaled = _loss_scaling(adapter, args.get("loss"))
-    compiled = dict(args)
     with state.engine.scope():
-        compiled["optimizer"] = _replica_optimizer(state, replica, args.get("optimizer"))
-        if state.template is not replica:
-            for key in ("metrics", "weighted_metrics"):
-                if args.get(key) is not None:
-                    compiled[key] = structure.map_structure(adapter.fresh_metric, args[key])
-        compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
+        optimizer = _replica_optimizer(state, replica, args.get("optimizer"))
+        compiled = _compile_arguments(adapter, args, optimizer,
+                                      fresh_metrics=state.template is not replica)
         state.originals["compile"](replica, **compiled)
     install_hooks(replica, args.get("loss"), scaled)
+
+
+def _compile_arguments(adapter: Adapter, args: Dict[str, Any], optimizer: Any, *,
+                       fresh_metrics: bool) -> Dict[str, Any]:
+    """One model's compile arguments: the user's `args` with `optimizer`, fresh metric
+    objects when `fresh_metrics` (a metric object belongs to one model: the replica and
+    the template each get their own), and Nones other than `loss` left out, so that
+    Keras applies its own defaults."""
+    compiled = dict(args)
+    compiled["optimizer"] = optimizer
+    if fresh_metrics:
+        for key in ("metrics", "weighted_metrics"):
+            if compiled.get(key) is not None:
+                compiled[key] = structure.map_structure(adapter.fresh_metric, compiled[key])
+    return {k: v for k, v in compiled.items() if v is not None or k == "loss"}
 
 
 def _in_scope(state: ParallelState, replica: Any, optimizer: Any) -> bool:
@@ -406,13 +417,8 @@ def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
     if template is not self:
         # The template is compiled too, with its own metric objects, so that
         # `template.save()` records the compile configuration like a one-device model.
-        adapter = state.adapter
-        own = dict(user_args)
-        own["optimizer"] = _template_optimizer(state, user_args.get("optimizer"), previous)
-        for key in ("metrics", "weighted_metrics"):
-            if own.get(key) is not None:
-                own[key] = structure.map_structure(adapter.fresh_metric, own[key])
-        own = {k: v for k, v in own.items() if v is not None or k == "loss"}
+        optimizer = _template_optimizer(state, user_args.get("optimizer"), previous)
+        own = _compile_arguments(state.adapter, user_args, optimizer, fresh_metrics=True)
         type(template).compile(template, **own)
     sync.relink(state.mirror)
 
