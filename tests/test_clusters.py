@@ -401,7 +401,7 @@ def test_set_random_seed_makes_shuffled_fit_reproducible() -> None:
 
 
 def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
-    from kerasmgpu.data.feeds import _SeededOrder
+    from kerasmgpu.data.python import SeededOrder
 
     class Source:
         epochs = 0
@@ -416,14 +416,14 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
             self.epochs += 1
 
     one, two = Source(), Source()
-    a, b = _SeededOrder(one, 11), _SeededOrder(two, 11)
+    a, b = SeededOrder(one, 11), SeededOrder(two, 11)
     for _ in range(3):
         order = [a[i] for i in range(len(a))]
         assert order == [b[i] for i in range(len(b))] and sorted(order) == list(range(10))
         a.on_epoch_end()
         b.on_epoch_end()
     assert one.epochs == 3
-    assert order != [_SeededOrder(Source(), 12)[i] for i in range(10)]
+    assert order != [SeededOrder(Source(), 12)[i] for i in range(10)]
 
 
 @requires(tf_data=True)
