@@ -16,11 +16,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def keras_module() -> Any:
     """The active Keras namespace, as kerasmgpu itself loads it."""
-    from kerasmgpu import adapters as family
+    from kerasmgpu import adapters as adapter
     from kerasmgpu.env import versions as detection
 
     line, _ = detection.detect_keras_line()
-    return family.load(line, detection.backend_for(line)).keras
+    return adapter.load(line, detection.backend_for(line)).keras
 
 
 def mlp(keras: Any, features: int = 64, width: int = 256, classes: int = 10,

@@ -237,12 +237,12 @@ def monitor_run(epochs: int, steps: int) -> int:
     """Child mode: fit on every device with DeviceMonitor(interval=0.2); print JSON."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import kerasmgpu
-    from kerasmgpu import adapters as family
+    from kerasmgpu import adapters as adapter
     from kerasmgpu.callbacks import DeviceMonitor
     from kerasmgpu.cli import bench
 
     env = kerasmgpu.environment()
-    keras = family.load(env.keras_line, env.backend).keras
+    keras = adapter.load(env.keras_line, env.backend).keras
     model = bench.build_model(keras, "cnn")
     pmodel = kerasmgpu.parallelize(model)
     description = kerasmgpu.describe(model=pmodel) if pmodel is not model else {"replicas": "1"}

@@ -21,8 +21,8 @@ from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route, check_route_fits, parse_route
 
 if TYPE_CHECKING:
-    from kerasmgpu.adapters import Family
-    from kerasmgpu.engines.base import BaseRoute
+    from kerasmgpu.adapters import Adapter
+    from kerasmgpu.engines.base import Engine
 
 ModelT = TypeVar("ModelT")
 
@@ -33,18 +33,18 @@ _lock = threading.Lock()
 # so a model built in one `with kerasmgpu.scope():` block can be recompiled in another,
 # or parallelized, and trained (TF refuses to mix the variables of two strategies, JAX
 # to mix two layouts' arrays); each new strategy would also take its own collective keys.
-_engines: Dict[Tuple[Any, ...], BaseRoute] = {}
+_engines: Dict[Tuple[Any, ...], Engine] = {}
 
 
-def _engine(cls: type[BaseRoute], fam: Family, devices: Tuple[Device, ...],
-            environment: cluster.ClusterEnvironment) -> BaseRoute:
+def _engine(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...],
+            environment: cluster.ClusterEnvironment) -> Engine:
     """The engine of this route over these devices, made once (a process's cluster
     environment does not change while it runs)."""
-    key = (cls, fam.line, fam.backend, devices)
+    key = (cls, adapter.line, adapter.backend, devices)
     with _lock:
         engine = _engines.get(key)
     if engine is None:
-        engine = cls(fam, devices, environment=environment)
+        engine = cls(adapter, devices, environment=environment)
         with _lock:
             engine = _engines.setdefault(key, engine)
     return engine
@@ -67,7 +67,7 @@ def _warn_single_device(devices: Tuple[Device, ...]) -> None:
 
 def _prepare(
     gpus: devices_module.GpusArg, route: Union[str, Route, None], model: Any = None
-) -> Tuple[Family, type[BaseRoute], Tuple[Device, ...], cluster.ClusterEnvironment]:
+) -> Tuple[Adapter, type[Engine], Tuple[Device, ...], cluster.ClusterEnvironment]:
     """Detect, validate every argument, and choose the devices - touching nothing.
 
     The choices made once here - the registry entry of the active Keras and backend, and
@@ -86,9 +86,9 @@ def _prepare(
     entry = registry.lookup(line, backend)
     if chosen is not None:
         check_route_fits(chosen, line, backend)
-    fam = family_module.load(line, backend, version)
+    adapter = family_module.load(line, backend, version)
     if model is not None:
-        family_module.check_model(model, fam)
+        family_module.check_model(model, adapter)
         if parallel_model.is_parallel(model):
             raise bad_value(
                 "model", "a model already returned by parallelize()",
@@ -96,8 +96,8 @@ def _prepare(
                 "call parallelize() once, on the model you built",
             )
     cls = engines.load(entry)
-    selected = devices_module.resolve_gpus(gpus, cls.available_devices(fam, environment))
-    return fam, cls, selected, environment
+    selected = devices_module.resolve_gpus(gpus, cls.available_devices(adapter, environment))
+    return adapter, cls, selected, environment
 
 
 def parallelize(
@@ -120,8 +120,8 @@ def parallelize(
         from kerasmgpu._errors import bad_type
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
-    fam, cls, selected, environment = _prepare(gpus, route, model)
-    scoped = _engines.get((cls, fam.line, fam.backend, selected))
+    adapter, cls, selected, environment = _prepare(gpus, route, model)
+    scoped = _engines.get((cls, adapter.line, adapter.backend, selected))
     if scoped is not None and scoped.owns(model):
         # Built in `kerasmgpu.scope()` over these devices (even after the `with`
         # block): adopted as it is, also on one device.
@@ -129,18 +129,18 @@ def parallelize(
         _chief_writes_the_template(model, adopted, scoped)
         return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
-            fam, environment):
+            adapter, environment):
         # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    engine = _engine(cls, fam, selected, environment)
+    engine = _engine(cls, adapter, selected, environment)
     parallel: ModelT = engine.parallelize(model)
     _chief_writes_the_template(model, parallel, engine)
     return parallel
 
 
-def _chief_writes_the_template(model: Any, parallel: Any, route: BaseRoute) -> None:
+def _chief_writes_the_template(model: Any, parallel: Any, route: Engine) -> None:
     """The saving policy of a job of several processes: only the chief (process 0)
     writes the template's files. Every process holds the same weights, and N processes
     writing one file would corrupt it, so on the others `save()` / `save_weights()`
@@ -191,14 +191,14 @@ def _tell_save_skipped(environment: cluster.ClusterEnvironment, name: str, targe
 @contextlib.contextmanager
 def scope(
     gpus: devices_module.GpusArg = None, *, route: Union[str, Route, None] = None
-) -> Iterator[BaseRoute]:
+) -> Iterator[Engine]:
     """Build (and compile) a model in here to place it on every device with no copy.
 
     ``with kerasmgpu.scope(): model = build(); model.compile(...)`` then
     ``kerasmgpu.parallelize(model)`` adopts that model as it is.
     """
-    fam, cls, selected, environment = _prepare(gpus, route)
-    active = _engine(cls, fam, selected, environment)
+    adapter, cls, selected, environment = _prepare(gpus, route)
+    active = _engine(cls, adapter, selected, environment)
     with active.scope():
         yield active
 
@@ -218,7 +218,7 @@ def route_for(model: Any) -> Optional[Route]:
     from kerasmgpu.training import model as parallel_model
 
     state = parallel_model.state_of(model)
-    return state.route.route if state is not None else None
+    return state.engine.route if state is not None else None
 
 
 def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[str, str]:
@@ -232,13 +232,13 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
 
     state = parallel_model.state_of(model) if model is not None else None
     if state is not None:
-        return dict(state.route.describe())
+        return dict(state.engine.describe())
     try:
-        fam, cls, selected, environment = _prepare(gpus, None)
+        adapter, cls, selected, environment = _prepare(gpus, None)
         if devices_module.default_device_only(selected) and cls.single_device_passthrough(
-                fam, environment):
+                adapter, environment):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return dict(_engine(cls, fam, selected, environment).describe())
+        return dict(_engine(cls, adapter, selected, environment).describe())
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}

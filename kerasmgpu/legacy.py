@@ -63,8 +63,8 @@ def _available(line: detection.KerasLine,
     from kerasmgpu import engines
 
     entry = registry.lookup(line, detection.backend_for(line))
-    fam = family_module.load(line, entry.backend)
-    return engines.load(entry).available_devices(fam, environment or cluster.current())
+    adapter = family_module.load(line, entry.backend)
+    return engines.load(entry).available_devices(adapter, environment or cluster.current())
 
 
 def _check_flag(name: str, value: Any) -> None:
@@ -133,9 +133,9 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     line, _ = detection.detect_keras_line()
     entry = registry.lookup(line, detection.backend_for(line))
     environment = cluster.current()
-    fam = family_module.load(line, entry.backend)
+    adapter = family_module.load(line, entry.backend)
     try:
-        family_module.check_model(model, fam)
+        family_module.check_model(model, adapter)
     except ValueError as exc:
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
@@ -144,10 +144,10 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
     if entry.route is registry.Route.MULTI_GPU_MODEL:
-        from kerasmgpu.engines.multi_gpu_model import MultiGpuModelRoute
+        from kerasmgpu.engines.multi_gpu_model import MultiGpuModelEngine
 
-        assert isinstance(fam, keras23.Keras23)
-        route = MultiGpuModelRoute(fam, [available[i] for i in ids], cpu_merge=cpu_merge,
+        assert isinstance(adapter, keras23.Keras23)
+        route = MultiGpuModelEngine(adapter, [available[i] for i in ids], cpu_merge=cpu_merge,
                                    cpu_relocation=cpu_relocation,
                                    environment=environment)
         return route.parallelize(model)

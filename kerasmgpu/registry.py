@@ -63,7 +63,7 @@ class Entry:
     backend: str  # the framework that runs it; also the module a start-up hook waits for
     route: Route
     adapter: str  # "module:Class", an `adapters.Adapter` subclass
-    engine: str  # "module:Class", an `engines.base.BaseRoute` subclass
+    engine: str  # "module:Class", an `engines.base.Engine` subclass
     devices: str  # "module:function(n)", the lister of `env/devices.py`
     feed: FeedKind
     verified: Tuple[Version, Version]  # [min, below) the tox matrix runs
@@ -82,13 +82,13 @@ _ENGINES = "kerasmgpu.engines"
 _DEVICES = "kerasmgpu.env.devices"
 _STARTUP = "kerasmgpu.engines.startup"
 
-_MIRRORED = f"{_ENGINES}.mirrored:MirroredRoute"
+_MIRRORED = f"{_ENGINES}.mirrored:MirroredEngine"
 _TF_KERAS_2 = f"{_ADAPTERS}.tfkeras2:TfKeras2"
 
 ENTRIES: Tuple[Entry, ...] = (
     Entry(KerasLine.LEGACY, "tensorflow", Route.MULTI_GPU_MODEL,
           adapter=f"{_ADAPTERS}.keras23:Keras23",
-          engine=f"{_ENGINES}.multi_gpu_model:MultiGpuModelRoute",
+          engine=f"{_ENGINES}.multi_gpu_model:MultiGpuModelEngine",
           devices=f"{_DEVICES}:tf_devices", feed=FeedKind.PYTHON,
           verified=(v.LEGACY_KERAS_MIN, v.LEGACY_KERAS_VERIFIED_BELOW),
           # Standalone Keras 2.3, or tf.keras itself on TF < 2.4 (no `keras` package).
@@ -114,7 +114,7 @@ ENTRIES: Tuple[Entry, ...] = (
           keras=("keras",), dist="keras"),
     Entry(KerasLine.KERAS_3, "jax", Route.KERAS_DISTRIBUTION,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
-          engine=f"{_ENGINES}.keras_distribution:KerasDistributionRoute",
+          engine=f"{_ENGINES}.keras_distribution:KerasDistributionEngine",
           devices=f"{_DEVICES}:jax_devices", feed=FeedKind.PYTHON,
           verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
@@ -122,7 +122,7 @@ ENTRIES: Tuple[Entry, ...] = (
           multi_process_floor=v.KERAS3_JAX_MULTI_PROCESS_MIN),
     Entry(KerasLine.KERAS_3, "torch", Route.TORCH_DDP,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
-          engine=f"{_ENGINES}.torch_ddp:TorchDDPRoute",
+          engine=f"{_ENGINES}.torch_ddp:TorchDDPEngine",
           devices=f"{_DEVICES}:torch_devices", feed=FeedKind.PYTHON,
           verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",

@@ -133,7 +133,7 @@ def assert_history_close(a: Any, b: Any, rtol: float = 1e-5) -> None:
 def engine_replicas(pmodel: Any) -> int:
     """The replica count the framework itself reports, not ours."""
     state = pmodel.__dict__["_kerasmgpu"]
-    route = state.route
+    route = state.engine
     if hasattr(route, "strategy"):
         return int(route.strategy.num_replicas_in_sync)
     if hasattr(route, "distribution"):

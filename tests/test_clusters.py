@@ -401,7 +401,7 @@ def test_set_random_seed_makes_shuffled_fit_reproducible() -> None:
 
 
 def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
-    from kerasmgpu.data.feeds import _SeededOrder
+    from kerasmgpu.data.python import SeededOrder
 
     class Source:
         epochs = 0
@@ -416,14 +416,14 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
             self.epochs += 1
 
     one, two = Source(), Source()
-    a, b = _SeededOrder(one, 11), _SeededOrder(two, 11)
+    a, b = SeededOrder(one, 11), SeededOrder(two, 11)
     for _ in range(3):
         order = [a[i] for i in range(len(a))]
         assert order == [b[i] for i in range(len(b))] and sorted(order) == list(range(10))
         a.on_epoch_end()
         b.on_epoch_end()
     assert one.epochs == 3
-    assert order != [_SeededOrder(Source(), 12)[i] for i in range(10)]
+    assert order != [SeededOrder(Source(), 12)[i] for i in range(10)]
 
 
 @requires(tf_data=True)
@@ -437,7 +437,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     from kerasmgpu.env.versions import backend_for, detect_keras_line
 
     line, _ = detect_keras_line()
-    family = adapters.load(line, backend_for(line))
+    adapter = adapters.load(line, backend_for(line))
     tf.random.set_seed(None)  # an earlier test's global seed would seed every shuffle
     x = np.arange(20, dtype="float32").reshape(10, 2)
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
@@ -450,14 +450,14 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     kind = registry.lookup(line).feed
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
-        feeds.build(family, kind, two, unseeded)
-    feeds.build(family, kind, two, data.shuffle(10, seed=1).batch(4))
+        feeds.build(adapter, kind, two, unseeded)
+    feeds.build(adapter, kind, two, data.shuffle(10, seed=1).batch(4))
     # One process: nothing to agree on.
-    feeds.build(family, kind, batching.Planner(replicas=2), unseeded)
+    feeds.build(adapter, kind, batching.Planner(replicas=2), unseeded)
     # A global seed seeds every shuffle built after it.
     tf.random.set_seed(5)
     try:
-        feeds.build(family, kind, two, data.shuffle(10).batch(4))
+        feeds.build(adapter, kind, two, data.shuffle(10).batch(4))
     finally:
         tf.random.set_seed(None)
 

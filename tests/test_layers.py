@@ -7,7 +7,7 @@ no cycle, no long function.
 * Every import between kerasmgpu modules (function-level ones included, type-checking
   ones excluded) goes from a higher layer to a lower one.
 * No two modules import each other, even through others, counting function-level and
-  type-checking imports too (`KNOWN_CYCLES` names the one left to remove).
+  type-checking imports too (`KNOWN_CYCLES`, for an allowance, is empty).
 * No function in `kerasmgpu/` is over `MAX_FUNCTION_LINES` lines (`KNOWN_LONG` aside), and
   none in the tools (`TOOLS`) over `MAX_TOOL_FUNCTION_LINES`.
 """
@@ -219,11 +219,7 @@ def test_low_layers_import_no_engine(module: str) -> None:
 
 # Cycles still to remove, each with why it is allowed for now. An entry that no longer
 # is a cycle fails the test too, so that the allowance goes with the cycle.
-KNOWN_CYCLES: Dict[FrozenSet[str], str] = {
-    frozenset({"kerasmgpu.engines.base", "kerasmgpu.training.model"}):
-        "training's type-only view of BaseRoute; issue 17 part B gives training its "
-        "own EngineOps Protocol",
-}
+KNOWN_CYCLES: Dict[FrozenSet[str], str] = {}
 MAX_FUNCTION_LINES = 100
 # Where the stricter limit of STYLE.md already holds (issue 17, part A).
 MAX_TOOL_FUNCTION_LINES = 80

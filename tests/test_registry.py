@@ -129,14 +129,14 @@ def test_each_entry_names_what_its_modules_define(entry: Entry) -> None:
 
 def test_the_active_entry_imports_its_names() -> None:
     from kerasmgpu.adapters import Adapter
-    from kerasmgpu.engines.base import BaseRoute
+    from kerasmgpu.engines.base import Engine
 
     entry = registry.find(LINE, BACKEND)
     if entry is None:
         pytest.skip(f"no Keras line to run here: {LINE.value}")
     assert issubclass(registry.resolve(entry.adapter), Adapter)
     engine = engines.load(entry)
-    assert issubclass(engine, BaseRoute) and engine.route is entry.route
+    assert issubclass(engine, Engine) and engine.route is entry.route
     assert engines.load_route(entry.route) is engine
     assert callable(registry.resolve(entry.devices))
     if entry.startup:

@@ -484,7 +484,7 @@ def test_one_engine_per_device_set() -> None:
     with kerasmgpu.scope(gpus=N) as second:
         pass
     pmodel = kerasmgpu.parallelize(mlp(keras), gpus=N)
-    assert first is second is parallel_model.state_of(pmodel).route  # type: ignore[union-attr]
+    assert first is second is parallel_model.state_of(pmodel).engine  # type: ignore[union-attr]
     if ON_JAX:
         assert first.distribution is second.distribution
 

@@ -19,11 +19,7 @@ from kerasmgpu.adapters.base import Adapter, InternalsChanged
 from kerasmgpu.env import versions
 from kerasmgpu.env.versions import KerasLine
 
-__all__ = ["Adapter", "InternalsChanged", "load", "check_model", "model_origin", "Family"]
-
-# The adapter used to be called the "family" of a Keras line; the name stays for the
-# callers that type against it.
-Family = Adapter
+__all__ = ["Adapter", "InternalsChanged", "load", "check_model", "model_origin"]
 
 
 def load(line: KerasLine, backend: str, version: Optional[Any] = None) -> Adapter:
@@ -99,12 +95,12 @@ def model_origin(model: Any) -> Optional[str]:
     return None
 
 
-def check_model(model: Any, family: Adapter) -> None:
+def check_model(model: Any, adapter: Adapter) -> None:
     """Raise before anything is touched if `model` is not a model of the active Keras."""
-    if family.is_model(model):
+    if adapter.is_model(model):
         return
     origin = model_origin(model)
-    active = f"{family.line.value} ({getattr(family.keras, '__version__', '?')})"
+    active = f"{adapter.line.value} ({getattr(adapter.keras, '__version__', '?')})"
     if origin is None:
         raise bad_type(
             "model",

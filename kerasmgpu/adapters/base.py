@@ -72,24 +72,6 @@ def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
     return bad_value("class_weight", class_weight, allowed, fix)
 
 
-def _map(fn: Callable[[Any], Any], structure: Any) -> Any:
-    if isinstance(structure, dict):
-        return {k: _map(fn, v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(_map(fn, v) for v in structure)
-    return fn(structure)
-
-
-def _leaves(structure: Any) -> List[Any]:
-    if structure is None:
-        return []
-    if isinstance(structure, dict):
-        return [leaf for key in sorted(structure) for leaf in _leaves(structure[key])]
-    if isinstance(structure, (list, tuple)):
-        return [leaf for item in structure for leaf in _leaves(item)]
-    return [structure]
-
-
 class Adapter:
     """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
 

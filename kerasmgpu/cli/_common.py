@@ -251,10 +251,10 @@ def start(env: Environment, wanted: Optional[int], verbose: bool = False,
 
 def keras_module(env: Environment) -> Any:
     """The active Keras namespace (`keras`, `tf.keras`, `tf_keras`); imports it."""
-    from kerasmgpu import adapters as family
+    from kerasmgpu import adapters as adapter
 
     with _virtual_request_quiet():
-        return family.load(env.keras_line, env.backend).keras
+        return adapter.load(env.keras_line, env.backend).keras
 
 
 def has_gpu(devices: Sequence[Device]) -> bool:

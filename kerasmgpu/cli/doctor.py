@@ -727,7 +727,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
 
 def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
     """List devices, import Keras and describe the route, each failure kept as a fact."""
-    from kerasmgpu import adapters as family
+    from kerasmgpu import adapters as adapter
     from kerasmgpu import api
     from kerasmgpu.env import devices as devices_module
 
@@ -741,7 +741,7 @@ def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
         values["devices_error_is_import"] = isinstance(exc, ImportError)
         return values
     try:
-        family.load(line, backend)
+        adapter.load(line, backend)
     except Exception as exc:
         values["keras_import_error"] = f"{type(exc).__name__}: {exc}"
         return values

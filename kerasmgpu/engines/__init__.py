@@ -1,4 +1,4 @@
-"""The engines: one module per route, all with the surface of `engines.base.BaseRoute`.
+"""The engines: one module per route, all with the surface of `engines.base.Engine`.
 
 | route                | module                 | engine                                   |
 |----------------------|------------------------|------------------------------------------|
@@ -19,16 +19,16 @@ from kerasmgpu import registry
 from kerasmgpu.registry import Entry, Route
 
 if TYPE_CHECKING:
-    from kerasmgpu.engines.base import BaseRoute
+    from kerasmgpu.engines.base import Engine
 
 
-def load(entry: Entry) -> Type[BaseRoute]:
+def load(entry: Entry) -> Type[Engine]:
     """The engine class of a registry entry (imports its module, not yet its framework)."""
-    engine: Type[BaseRoute] = registry.resolve(entry.engine)
+    engine: Type[Engine] = registry.resolve(entry.engine)
     return engine
 
 
-def load_route(route: Route) -> Type[BaseRoute]:
+def load_route(route: Route) -> Type[Engine]:
     """The engine class of a route (every entry of a route names the same engine)."""
     return load(registry.entries_of(route)[0])
 

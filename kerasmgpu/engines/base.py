@@ -24,7 +24,7 @@ from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
 import numpy as np
 
 from kerasmgpu import registry
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.env import devices as devices_module
@@ -33,15 +33,15 @@ from kerasmgpu.env.devices import Device
 from kerasmgpu.registry import FeedKind, Route
 
 
-class BaseRoute(abc.ABC):
+class Engine(abc.ABC):
     route: ClassVar[Route]
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
 
-    def __init__(self, family: Family, devices: Sequence[Device], *,
+    def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
-        self.family = family
+        self.adapter = adapter
         self.devices = tuple(devices)
         # The job this process belongs to, detected once by the caller (`kerasmgpu.api`):
         # engines read the cluster from it, never from environment variables.
@@ -50,13 +50,13 @@ class BaseRoute(abc.ABC):
     @property
     def feed_kind(self) -> FeedKind:
         """How fit() input reaches this engine (the Keras line and backend's entry)."""
-        return registry.lookup(self.family.line, self.family.backend).feed
+        return registry.lookup(self.adapter.line, self.adapter.backend).feed
 
     @classmethod
-    def available_devices(cls, family: Family, environment: ClusterEnvironment
+    def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
                           ) -> List[Device]:
         """Devices this route could place replicas on: its backend's, as listed there."""
-        return devices_module.list_devices(family.line, family.backend)
+        return devices_module.list_devices(adapter.line, adapter.backend)
 
     @property
     @abc.abstractmethod
@@ -72,7 +72,7 @@ class BaseRoute(abc.ABC):
         """Whether `model` was built in this route's scope (then no copy is needed)."""
 
     @classmethod
-    def single_device_passthrough(cls, family: Family, environment: ClusterEnvironment
+    def single_device_passthrough(cls, adapter: Adapter, environment: ClusterEnvironment
                                   ) -> bool:
         """Whether one local device means "return the model unchanged".
 
@@ -143,7 +143,7 @@ class BaseRoute(abc.ABC):
             if kind == "ModelCheckpoint":
                 continue
             if kind == "BackupAndRestore":
-                kept.append(_restore_only(self.family, callback))
+                kept.append(_restore_only(self.adapter, callback))
                 continue
             kept.append(callback)
         return kept
@@ -152,20 +152,20 @@ class BaseRoute(abc.ABC):
         from kerasmgpu.training import model as parallel_model
 
         if self.owns(model):
-            return parallel_model.adopt(self, self.family, model)
+            return parallel_model.adopt(self, self.adapter, model)
         if self.environment.multi_process() and model.weights:
             # Each process built its own template, with its own random initial weights
             # unless the script seeded them alike: all start from rank 0's.
             model.set_weights(self.broadcast_arrays(model.get_weights()))
-        return parallel_model.parallel_copy(self, self.family, model)
+        return parallel_model.parallel_copy(self, self.adapter, model)
 
     def describe(self) -> Dict[str, str]:
         return {"route": self.route.value, "replicas": str(self.replicas)}
 
 
-def _restore_only(family: Family, backup: Any) -> Any:
+def _restore_only(adapter: Adapter, backup: Any) -> Any:
     """A non-chief worker's BackupAndRestore: restores at train begin, writes nothing."""
-    base = family.keras.callbacks.Callback
+    base = adapter.keras.callbacks.Callback
 
     class RestoreOnly(base):  # type: ignore[misc, valid-type]
         def set_model(self, model: Any) -> None:

@@ -10,22 +10,22 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.engines.base import Engine
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
 
 
-def _same_seed_everywhere(family: Family, environment: ClusterEnvironment) -> None:
+def _same_seed_everywhere(adapter: Adapter, environment: ClusterEnvironment) -> None:
     """Variables created under a multi-process layout must start equal everywhere.
 
     `keras.distribution.initialize()` agrees on a seed across processes unless one was
     set; we start JAX ourselves (before Keras is imported), so we do the same here.
     """
-    if family.random_seed() is None:  # type: ignore[attr-defined]
-        family.keras.utils.set_random_seed(environment.shared_seed() % (2**31))
+    if adapter.random_seed() is None:  # type: ignore[attr-defined]
+        adapter.keras.utils.set_random_seed(environment.shared_seed() % (2**31))
 
 
 @contextlib.contextmanager
@@ -52,21 +52,21 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
         setattr(callback, name, local)
 
 
-class KerasDistributionRoute(BaseRoute):
+class KerasDistributionEngine(Engine):
     route = Route.KERAS_DISTRIBUTION
 
-    def __init__(self, family: Family, devices: Sequence[Device], *,
+    def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
-        super().__init__(family, devices, environment=environment)
+        super().__init__(adapter, devices, environment=environment)
         import jax
 
-        keras = family.keras
+        keras = adapter.keras
         if environment.multi_process():
             # Every process's devices, in process order: process p feeds the p-th
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
             startup.ensure_jax(environment)
             self.jax_devices = list(jax.devices())
-            _same_seed_everywhere(family, environment)
+            _same_seed_everywhere(adapter, environment)
         else:
             gpus = [d for d in jax.devices() if d.platform == "gpu"]
             pool = gpus if gpus else jax.devices("cpu")
@@ -90,7 +90,7 @@ class KerasDistributionRoute(BaseRoute):
         return self._placed_here(getattr(model, "weights", []))
 
     def owns_optimizer(self, optimizer: Any) -> bool:
-        return self._placed_here(self.family.optimizer_variables(optimizer))
+        return self._placed_here(self.adapter.optimizer_variables(optimizer))
 
     def _placed_here(self, variables: List[Any]) -> bool:
         """Whether every variable lies on exactly this route's devices."""
@@ -124,7 +124,7 @@ class KerasDistributionRoute(BaseRoute):
         if self.environment.multi_process():
             for callback in callbacks:
                 if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
-                    _save_outside_the_layout(self.family.keras, callback)
+                    _save_outside_the_layout(self.adapter.keras, callback)
         return callbacks
 
     def describe(self) -> Dict[str, str]:

@@ -12,11 +12,11 @@ import contextlib
 from typing import Any, Dict, Iterator, List, Sequence
 
 from kerasmgpu._errors import NotYetSupportedError
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.engines.base import Engine
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
@@ -48,16 +48,16 @@ def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
     return dataset.flat_map(split)
 
 
-class MirroredRoute(BaseRoute):
+class MirroredEngine(Engine):
     route = Route.MIRRORED
 
-    def __init__(self, family: Family, devices: Sequence[Device], *,
+    def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
-        super().__init__(family, devices, environment=environment)
+        super().__init__(adapter, devices, environment=environment)
 
         self.multi_worker = environment.multi_process()
         if self.multi_worker:
-            if family.keras3:
+            if adapter.keras3:
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)
             self.strategy = startup.tf_strategy()
         else:
@@ -78,13 +78,13 @@ class MirroredRoute(BaseRoute):
             yield strategy
 
     def owns(self, model: Any) -> bool:
-        return self.family.distribution_strategy_of(model) is self.strategy
+        return self.adapter.distribution_strategy_of(model) is self.strategy
 
     def owns_optimizer(self, optimizer: Any) -> bool:
-        return self.family.optimizer_strategy(optimizer) is self.strategy
+        return self.adapter.optimizer_strategy(optimizer) is self.strategy
 
     def equalize(self, replica: Any) -> None:
-        self.family.equalize_replica_state(replica, self.strategy)
+        self.adapter.equalize_replica_state(replica, self.strategy)
 
     def any_process(self, flag: bool) -> bool:
         if not self.multi_worker:
@@ -139,12 +139,12 @@ class MirroredRoute(BaseRoute):
     def prepare_replica(self, replica: Any) -> None:
         # Keras 3 reads a batch through an iterator of its own before fit/evaluate
         # under a strategy; one device does not (a reshuffle would be drawn by it).
-        self.family.build_without_peeking(replica)
+        self.adapter.build_without_peeking(replica)
 
     def prepare_compiled(self, replica: Any) -> None:
         # Keras 3 clips a replica's own gradient; one device clips the batch's.
-        for optimizer in self.family.optimizers_of(replica):
-            self.family.reduce_gradients_first(optimizer)
+        for optimizer in self.adapter.optimizers_of(replica):
+            self.adapter.reduce_gradients_first(optimizer)
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief

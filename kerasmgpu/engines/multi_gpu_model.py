@@ -26,21 +26,22 @@ from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 from kerasmgpu._errors import not_compiled
 from kerasmgpu.adapters.keras23 import Keras23
-from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.engines.base import Engine
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.routes import Route
+from kerasmgpu.training import model as parallel_model
 from kerasmgpu.training import sync
 
 
-class MultiGpuModelRoute(BaseRoute):
+class MultiGpuModelEngine(Engine):
     route = Route.MULTI_GPU_MODEL
-    family: Keras23
+    adapter: Keras23
 
-    def __init__(self, family: Keras23, devices: Sequence[Device],
+    def __init__(self, adapter: Keras23, devices: Sequence[Device],
                  cpu_merge: bool = True, cpu_relocation: bool = False, *,
                  environment: ClusterEnvironment) -> None:
-        super().__init__(family, devices, environment=environment)
+        super().__init__(adapter, devices, environment=environment)
         self.cpu_merge = cpu_merge
         self.cpu_relocation = cpu_relocation
 
@@ -58,17 +59,15 @@ class MultiGpuModelRoute(BaseRoute):
     def _gpu_names_for_virtual_devices(self) -> ContextManager[Any]:
         if all(d.kind == "gpu" for d in self.devices):
             return contextlib.nullcontext()
-        count = len(self.available_devices(self.family, self.environment))
-        return self.family.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
+        count = len(self.available_devices(self.adapter, self.environment))
+        return self.adapter.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
 
     def parallelize(self, model: Any) -> Any:
-        from kerasmgpu.training.model import STATE_ATTR, ParallelState
-
         if len(self.devices) == 1:
             return self._on_one_device(model)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
-        keras_multi_gpu_model = self.family.keras_multi_gpu_model()
+        keras_multi_gpu_model = self.adapter.keras_multi_gpu_model()
         inner = model
         if self.cpu_relocation:
             # Keras's own relocation clones the template with fresh weights and trains
@@ -77,20 +76,19 @@ class MultiGpuModelRoute(BaseRoute):
             import tensorflow as tf
 
             with tf.device("/cpu:0"):
-                inner = self.family.keras.models.clone_model(model)
+                inner = self.adapter.keras.models.clone_model(model)
             inner.set_weights(model.get_weights())
         with self._gpu_names_for_virtual_devices():
             parallel = keras_multi_gpu_model(
                 inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
             )
-        if self.family.is_compiled(model):
-            parallel.compile(**self.family.compile_args(model))
-        parallel.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
-                                                      family=self.family)
+        if self.adapter.is_compiled(model):
+            parallel.compile(**self.adapter.compile_args(model))
+        parallel_model.hold(parallel, model, self, self.adapter)
         if inner is not model:
-            _keep_equal(parallel, sync.link(model, inner, self.family, self,
+            _keep_equal(parallel, sync.link(model, inner, self.adapter, self,
                                             with_optimizer=False))
-        _compile_first(parallel, self.family)
+        _compile_first(parallel, self.adapter)
         return parallel
 
     def _on_one_device(self, model: Any) -> Any:
@@ -101,19 +99,16 @@ class MultiGpuModelRoute(BaseRoute):
         are kept equal both ways (see the module doc)."""
         import tensorflow as tf
 
-        from kerasmgpu.training.model import STATE_ATTR, ParallelState
-
         device = self.devices[0].name
         with tf.device(device):
-            replica = self.family.keras.models.clone_model(model)
+            replica = self.adapter.keras.models.clone_model(model)
             replica.set_weights(model.get_weights())
-            if self.family.is_compiled(model):
-                replica.compile(**self.family.compile_args(model))
-        replica.__dict__[STATE_ATTR] = ParallelState(template=model, route=self,
-                                                     family=self.family)
-        _keep_equal(replica, sync.link(model, replica, self.family, self,
+            if self.adapter.is_compiled(model):
+                replica.compile(**self.adapter.compile_args(model))
+        parallel_model.hold(replica, model, self, self.adapter)
+        _keep_equal(replica, sync.link(model, replica, self.adapter, self,
                                        with_optimizer=False), device)
-        _compile_first(replica, self.family)
+        _compile_first(replica, self.adapter)
         return replica
 
     def describe(self) -> Dict[str, str]:
@@ -140,7 +135,7 @@ class MultiGpuModelRoute(BaseRoute):
         }
 
 
-def _compile_first(model: Any, family: Keras23) -> None:
+def _compile_first(model: Any, adapter: Keras23) -> None:
     """Training and evaluation calls of an uncompiled parallel model raise our error
     (what to compile, and where) instead of Keras's bare one; predict is left alone, as
     Keras allows it uncompiled. Checked at each call: compiling later is fine."""
@@ -150,7 +145,7 @@ def _compile_first(model: Any, family: Keras23) -> None:
             continue
 
         def checked(*args: Any, _call: Any = current, _name: str = name, **kwargs: Any) -> Any:
-            if not family.is_compiled(model):
+            if not adapter.is_compiled(model):
                 raise not_compiled(model, _name)
             return _call(*args, **kwargs)
 

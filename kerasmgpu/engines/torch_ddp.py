@@ -30,9 +30,9 @@ import types
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu._errors import explain
-from kerasmgpu.adapters import Family
+from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.engines.base import Engine
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import TIMEOUT_ENV, ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -77,13 +77,13 @@ def _one_device_hint(device: Device) -> str:
     )
 
 
-class TorchDDPRoute(BaseRoute):
+class TorchDDPEngine(Engine):
     route = Route.TORCH_DDP
     saves_locally = True
 
-    def __init__(self, family: Family, devices: Sequence[Device], *,
+    def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
-        super().__init__(family, devices, environment=environment)
+        super().__init__(adapter, devices, environment=environment)
         if not environment.multi_process():
             if len(devices) == 1:
                 raise ValueError(_one_device_hint(devices[0]))
@@ -93,10 +93,10 @@ class TorchDDPRoute(BaseRoute):
         self.world = int(self.dist.get_world_size())
 
     @classmethod
-    def available_devices(cls, family: Family, environment: ClusterEnvironment
+    def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
                           ) -> List[Device]:
         if not environment.multi_process():
-            return devices_module.list_devices(family.line, "torch")
+            return devices_module.list_devices(adapter.line, "torch")
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count():

@@ -22,16 +22,14 @@ from __future__ import annotations
 import inspect
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.data import feeds
+from kerasmgpu.data import feeds, structure
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import sync
-
-if TYPE_CHECKING:  # the engine's surface, seen from here: scope(), planner, hooks
-    from kerasmgpu.engines.base import BaseRoute
+from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"
 
@@ -41,8 +39,8 @@ _STEP_KINDS = {"train_step": "train", "test_step": "test"}
 @dataclass
 class ParallelState:
     template: Any
-    route: BaseRoute
-    family: Adapter
+    engine: EngineOps
+    adapter: Adapter
     # None on the multi_gpu_model route, where Keras's own multi_gpu_model feeds itself.
     report: Optional[step_hooks.StepReport] = None
     has_compiled_loss: bool = False
@@ -60,9 +58,9 @@ class ParallelState:
         after epoch by fit()."""
         if kwargs.get("shuffle"):
             # Every process must shuffle alike, or their shares would overlap.
-            kwargs.setdefault("seed", self.route.shuffle_seed())
-        inputs = self.family.model_inputs(model) if model is not None else None
-        feed = feeds.build(self.family, self.route.feed_kind, self.route.planner, x,
+            kwargs.setdefault("seed", self.engine.shuffle_seed())
+        inputs = self.adapter.model_inputs(model) if model is not None else None
+        feed = feeds.build(self.adapter, self.engine.feed_kind, self.engine.planner, x,
                            inputs=inputs, predict=kind == "predict", **kwargs)
         if kind != "predict" and self.report is not None:
             self.report.feeding(kind, feed.pads, feed.padding_example)
@@ -73,11 +71,20 @@ class ParallelState:
             # pipelines back to back. A user's tf.data pipeline is read as Keras reads
             # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
-        return self.route.distribute_feed(feed)
+        return self.engine.distribute_feed(feed)
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
     return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def hold(parallel: Any, template: Any, engine: EngineOps, adapter: Adapter) -> ParallelState:
+    """Mark `parallel` as the parallel model of `template` on `engine`, for a model
+    whose steps are Keras's own (Keras 2.3's multi_gpu_model feeds itself, so no step
+    report and no hooks): `state_of`, `describe()` and `route_for()` then see it."""
+    state = ParallelState(template=template, engine=engine, adapter=adapter)
+    parallel.__dict__[STATE_ATTR] = state
+    return state
 
 
 def is_parallel(model: Any) -> bool:
@@ -91,7 +98,7 @@ def hook_metrics(replica: Any) -> None:
     """Wrap the replica's loss trackers and metrics (idempotent; new ones as they come)."""
     state = state_of(replica)
     assert state is not None
-    adapter = state.family
+    adapter = state.adapter
     trackers = adapter.loss_trackers(replica)
     for position, tracker in enumerate(trackers):  # the model's total loss comes first
         adapter.wrap_update_state(tracker, step_hooks.tracker_update(adapter, position == 0))
@@ -106,7 +113,7 @@ def _on_compiled_metric(replica: Any) -> Callable[[Any], None]:
         state = state_of(replica)
         if state is None:
             return
-        adapter = state.family
+        adapter = state.adapter
         trackers = adapter.loss_trackers(replica)
         if any(metric is t for t in trackers):
             adapter.wrap_update_state(
@@ -122,25 +129,36 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
     metrics. Nothing of kerasmgpu is compiled in: what the model saves is the user's."""
     state = state_of(replica)
     assert state is not None
-    adapter = state.family
+    adapter = state.adapter
     args = {k: v for k, v in args.items() if v is not None or k == "loss"}
     scaled = _loss_scaling(adapter, args.get("loss"))
-    compiled = dict(args)
-    with state.route.scope():
-        compiled["optimizer"] = _replica_optimizer(state, replica, args.get("optimizer"))
-        if state.template is not replica:
-            for key in ("metrics", "weighted_metrics"):
-                if args.get(key) is not None:
-                    compiled[key] = step_hooks.map_structure(adapter.fresh_metric, args[key])
-        compiled = {k: v for k, v in compiled.items() if v is not None or k == "loss"}
+    with state.engine.scope():
+        optimizer = _replica_optimizer(state, replica, args.get("optimizer"))
+        compiled = _compile_arguments(adapter, args, optimizer,
+                                      fresh_metrics=state.template is not replica)
         state.originals["compile"](replica, **compiled)
     install_hooks(replica, args.get("loss"), scaled)
+
+
+def _compile_arguments(adapter: Adapter, args: Dict[str, Any], optimizer: Any, *,
+                       fresh_metrics: bool) -> Dict[str, Any]:
+    """One model's compile arguments: the user's `args` with `optimizer`, fresh metric
+    objects when `fresh_metrics` (a metric object belongs to one model: the replica and
+    the template each get their own), and Nones other than `loss` left out, so that
+    Keras applies its own defaults."""
+    compiled = dict(args)
+    compiled["optimizer"] = optimizer
+    if fresh_metrics:
+        for key in ("metrics", "weighted_metrics"):
+            if compiled.get(key) is not None:
+                compiled[key] = structure.map_structure(adapter.fresh_metric, compiled[key])
+    return {k: v for k, v in compiled.items() if v is not None or k == "loss"}
 
 
 def _in_scope(state: ParallelState, replica: Any, optimizer: Any) -> bool:
     """Whether an optimizer lives where the replica trains: the replica's own, or made
     in the engine's scope."""
-    return optimizer is getattr(replica, "optimizer", None) or state.route.owns_optimizer(
+    return optimizer is getattr(replica, "optimizer", None) or state.engine.owns_optimizer(
         optimizer)
 
 
@@ -150,7 +168,7 @@ def _replica_optimizer(state: ParallelState, replica: Any, given: Any) -> Any:
     state, as in Keras - else a fresh copy made there (an optimizer's variables belong
     to the devices it was created for: TF refuses to mix strategies, JAX devices)."""
     if given is None or isinstance(given, str) or not _in_scope(state, replica, given):
-        return state.family.fresh_optimizer(given)
+        return state.adapter.fresh_optimizer(given)
     return given
 
 
@@ -163,8 +181,8 @@ def _template_optimizer(state: ParallelState, given: Any, previous: Any) -> Any:
         return given
     if given is previous and getattr(template, "optimizer", None) is not None:
         return template.optimizer
-    if given is previous or state.route.owns_optimizer(given):
-        return state.family.fresh_optimizer(given)
+    if given is previous or state.engine.owns_optimizer(given):
+        return state.adapter.fresh_optimizer(given)
     return given
 
 
@@ -184,7 +202,7 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     """Hook a compiled replica's loss, metrics and loss trackers (no recompile)."""
     state = state_of(replica)
     assert state is not None
-    adapter = state.family
+    adapter = state.adapter
     if scaled is None:
         scaled = _loss_scaling(adapter, loss)
     state.has_compiled_loss = loss is not None
@@ -193,7 +211,7 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     adapter.install_loss_hook(
         replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
     adapter.install_metrics_hook(replica, _on_compiled_metric(replica))
-    state.route.prepare_compiled(replica)
+    state.engine.prepare_compiled(replica)
 
 
 def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any, **kw: Any
@@ -222,7 +240,7 @@ def _compiled_for(model: Any, call: str) -> None:
     """Keras trains and evaluates only a compiled model: say so in our words, before
     anything is copied or fed (predict needs no compile, as in Keras)."""
     state = state_of(model)
-    if state is not None and not state.family.is_compiled(model):
+    if state is not None and not state.adapter.is_compiled(model):
         raise not_compiled(model, call)
 
 
@@ -251,7 +269,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         steps_per_epoch = train_feed.steps
     val_data = None
     if validation_data is not None:
-        vx, vy, vsw = feeds._unpack(validation_data)
+        vx, vy, vsw = structure.unpack(validation_data)
         val_feed = state.feed(
             vx, kind="test", model=self, y=vy, sample_weight=vsw,
             batch_size=validation_batch_size or batch_size, training=False,
@@ -260,9 +278,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
     callbacks = ([_logs_callback(state, self), _to_template(state, self)]
-                 + state.route.worker_callbacks(list(callbacks or []))
+                 + state.engine.worker_callbacks(list(callbacks or []))
                  + [_from_template(state)])
-    with state.route.scope():
+    with state.engine.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,
@@ -294,7 +312,7 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
         steps = feed.steps
-    with state.route.scope():
+    with state.engine.scope():
         results = state.originals["evaluate"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks,
             return_dict=return_dict or "test" in state.custom_steps, **kwargs,
@@ -332,7 +350,7 @@ def _fixed_results(state: ParallelState, model: Any, results: Any, return_dict: 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
     held = state_of(self)
-    if held is not None and held.route.environment.multi_process():
+    if held is not None and held.engine.environment.multi_process():
         # Each worker would only see its own rows; every worker holds all the weights,
         # so each predicts everything on its own (on the template, one device, as it
         # is: a change made on one process alone reaches the others at the next call
@@ -342,7 +360,7 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
                                       steps=steps, callbacks=callbacks, **kwargs)
     state = _state(self, training=False, collective=False)
     feed = state.feed(x, kind="predict", model=self, batch_size=batch_size, training=False)
-    with state.route.scope():
+    with state.engine.scope():
         outputs = state.originals["predict"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks, **kwargs
         )
@@ -353,9 +371,9 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     _compiled_for(self, "train_on_batch")
     state = _state(self, training=True)
-    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, class_weight,
-                                 state.route.planner)
-    with state.route.scope():
+    xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight,
+                                 state.engine.planner)
+    with state.engine.scope():
         logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
     _trained(state)
     return logs
@@ -365,8 +383,8 @@ def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     _compiled_for(self, "test_on_batch")
     state = _state(self, training=False)
-    xb, packed = feeds.pad_batch(state.family, x, y, sample_weight, None, state.route.planner)
-    with state.route.scope():
+    xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, None, state.engine.planner)
+    with state.engine.scope():
         return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
 
 
@@ -376,14 +394,14 @@ def _placeholder(x: Any) -> Any:
     has no attribute 'shape' when distributing the batch)."""
     import numpy as np
 
-    rows = int(feeds._leaves(x)[0].shape[0])
+    rows = int(structure.leaves(x)[0].shape[0])
     return np.ones((rows,), np.float32)
 
 
 def _predict_on_batch(self: Any, x: Any) -> Any:
     # One batch: predict() with a batch size that covers it keeps the padding logic
     # in one place.
-    rows = max(int(leaf.shape[0]) for leaf in feeds._leaves(feeds._to_numpy(x)))
+    rows = max(int(leaf.shape[0]) for leaf in structure.leaves(structure.to_numpy(x)))
     return _predict(self, x, batch_size=max(rows, 1), verbose=0)
 
 
@@ -399,13 +417,8 @@ def _compile(self: Any, *args: Any, **kwargs: Any) -> None:
     if template is not self:
         # The template is compiled too, with its own metric objects, so that
         # `template.save()` records the compile configuration like a one-device model.
-        fam = state.family
-        own = dict(user_args)
-        own["optimizer"] = _template_optimizer(state, user_args.get("optimizer"), previous)
-        for key in ("metrics", "weighted_metrics"):
-            if own.get(key) is not None:
-                own[key] = step_hooks.map_structure(fam.fresh_metric, own[key])
-        own = {k: v for k, v in own.items() if v is not None or k == "loss"}
+        optimizer = _template_optimizer(state, user_args.get("optimizer"), previous)
+        own = _compile_arguments(state.adapter, user_args, optimizer, fresh_metrics=True)
         type(template).compile(template, **own)
     sync.relink(state.mirror)
 
@@ -433,7 +446,7 @@ def _logs_callback(state: ParallelState, replica: Any) -> Any:
     averages those over the replicas, which is the one-device figure only when every
     replica saw as many real rows. The metrics' results read across replicas are.
     """
-    base = state.family.keras.callbacks.Callback
+    base = state.adapter.keras.callbacks.Callback
 
     class OneDeviceLogs(base):  # type: ignore[misc, valid-type]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
@@ -451,11 +464,11 @@ def _to_template(state: ParallelState, replica: Any) -> Any:
     """Second of the callbacks: at every epoch end, before the user's callbacks run,
     the template receives the epoch's training state (a callback that saves the
     template - the Keras 2.3 pattern - saves this epoch's weights)."""
-    base = state.family.keras.callbacks.Callback
+    base = state.adapter.keras.callbacks.Callback
 
     class StateToTemplate(base):  # type: ignore[misc, valid-type]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            state.route.epoch_end(replica)
+            state.engine.epoch_end(replica)
             _trained(state)
 
     return StateToTemplate()
@@ -464,7 +477,7 @@ def _to_template(state: ParallelState, replica: Any) -> Any:
 def _from_template(state: ParallelState) -> Any:
     """Last of the callbacks: what the user's callbacks changed in the template at an
     epoch end reaches the replica before the next epoch."""
-    base = state.family.keras.callbacks.Callback
+    base = state.adapter.keras.callbacks.Callback
 
     class StateFromTemplate(base):  # type: ignore[misc, valid-type]
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
@@ -487,16 +500,16 @@ _REPLACED: Dict[str, Callable[..., Any]] = {
 }
 
 
-def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
-    """Make `replica` the parallel model for `template` on `route`; returns `replica`."""
+def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> Any:
+    """Make `replica` the parallel model for `template` on `engine`; returns `replica`."""
     if is_parallel(replica):
         raise bad_value(
             "model", "a model already returned by parallelize()",
             "the original (template) model", "call parallelize() once, on the template",
         )
     klass = type(replica)
-    report = step_hooks.StepReport(fam, route.planner.replicas, type(template).__name__)
-    state = ParallelState(template=template, route=route, family=fam, report=report)
+    report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__)
+    state = ParallelState(template=template, engine=engine, adapter=adapter, report=report)
     names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
                                "compute_metrics"]
     for name in names:
@@ -512,7 +525,7 @@ def attach(replica: Any, template: Any, route: BaseRoute, fam: Adapter) -> Any:
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
     _install_steps(replica)
-    route.prepare_replica(replica)
+    engine.prepare_replica(replica)
     return replica
 
 
@@ -524,7 +537,7 @@ def _install_steps(replica: Any) -> None:
     """
     state = state_of(replica)
     assert state is not None
-    fam, report = state.family, state.report
+    adapter, report = state.adapter, state.report
     assert report is not None
 
     def after(kind: str, frame: step_hooks.Frame, model: Any) -> None:
@@ -532,9 +545,9 @@ def _install_steps(replica: Any) -> None:
 
     for name, kind in _STEP_KINDS.items():
         replica.__dict__[name] = types.MethodType(
-            step_hooks.make_step(fam, state.originals[name], kind, hook_metrics, after), replica)
+            step_hooks.make_step(adapter, state.originals[name], kind, hook_metrics, after), replica)
     replica.__dict__["predict_step"] = types.MethodType(
-        step_hooks.make_predict_step(fam, state.originals["predict_step"], hook_metrics), replica)
+        step_hooks.make_predict_step(adapter, state.originals["predict_step"], hook_metrics), replica)
     for name in ("compute_loss", "compute_metrics"):
         if name in state.originals:
             replica.__dict__[name] = types.MethodType(
@@ -546,26 +559,26 @@ def _is_keras_own(function: Any) -> bool:
     return module.split(".")[0] in ("keras", "tf_keras", "tensorflow")
 
 
-def parallel_copy(route: BaseRoute, fam: Adapter, template: Any) -> Any:
-    """Copy `template` into the route's scope, copy its state, compile like it."""
-    with route.scope():
-        replica = fam.clone_model(template)
+def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any) -> Any:
+    """Copy `template` into the engine's scope, copy its state, compile like it."""
+    with engine.scope():
+        replica = adapter.clone_model(template)
         if template.weights:
             replica.set_weights(template.get_weights())
-    attach(replica, template, route, fam)
-    if fam.is_compiled(template):
-        compile_replica(replica, fam.compile_args(template))
+    attach(replica, template, engine, adapter)
+    if adapter.is_compiled(template):
+        compile_replica(replica, adapter.compile_args(template))
     _link(replica)
     return replica
 
 
-def adopt(route: BaseRoute, fam: Adapter, model: Any) -> Any:
-    """A model built in the route's scope trains as it is: no copy, weights shared."""
-    attach(model, model, route, fam)
-    if fam.is_compiled(model):
+def adopt(engine: EngineOps, adapter: Adapter, model: Any) -> Any:
+    """A model built in the engine's scope trains as it is: no copy, weights shared."""
+    attach(model, model, engine, adapter)
+    if adapter.is_compiled(model):
         # Compiled in scope by the user (maybe through its own compile signature, as a
         # GAN's): hook what is there, recompile nothing.
-        install_hooks(model, fam.compile_args(model).get("loss"))
+        install_hooks(model, adapter.compile_args(model).get("loss"))
     _link(model)
     return model
 
@@ -574,6 +587,6 @@ def _link(replica: Any) -> None:
     state = state_of(replica)
     assert state is not None
     state.mirror = sync.link(
-        state.template, replica, state.family, state.route,
-        job=state.route.environment.multi_process(),
+        state.template, replica, state.adapter, state.engine,
+        job=state.engine.environment.multi_process(),
         recompile=lambda args: compile_replica(replica, args))

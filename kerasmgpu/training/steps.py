@@ -43,6 +43,7 @@ from kerasmgpu.data.bundle import (
     is_bundle,
     split,
 )
+from kerasmgpu.data.structure import map_structure, nested, same_structure, zip_map
 
 PRED_KEY = "kerasmgpu_outputs"
 MASK_KEY = "kerasmgpu_mask"
@@ -90,19 +91,6 @@ def active(packed: Any) -> Iterator[Frame]:
 # --- losses ---------------------------------------------------------------------------------
 
 
-def _nested(value: Any) -> bool:
-    return isinstance(value, (dict, list, tuple))
-
-
-def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
-    """`fn` applied to the leaves of nested lists, tuples and dicts."""
-    if isinstance(structure, dict):
-        return {k: map_structure(fn, v) for k, v in structure.items()}
-    if isinstance(structure, (list, tuple)):
-        return type(structure)(map_structure(fn, v) for v in structure)
-    return fn(structure)
-
-
 def _times(adapter: Adapter, weight: Any, sample_weight: Any) -> Any:
     """`sample_weight * weight`, broadcast over the sample weight's extra axes."""
     if sample_weight is None:
@@ -130,7 +118,7 @@ def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
         mask = adapter.column(frame.packed, MASK)
         weight = adapter.multiply(mask, adapter.column(frame.packed, SCALE)) if scaled else mask
         if not adapter.weights_follow_output_rank:
-            if _nested(sample_weight):
+            if nested(sample_weight):
                 return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
             return _times(adapter, weight, sample_weight)
         return _per_output(adapter, weight, sample_weight, y_pred)
@@ -146,31 +134,15 @@ def _per_output(adapter: Adapter, weight: Any, sample_weight: Any, y_pred: Any) 
         return adapter.expand_to_rank(combined, max(adapter.rank(output) or 1,
                                                     adapter.rank(combined) or 1))
 
-    if _nested(y_pred):
-        if _nested(sample_weight) and _same_structure(sample_weight, y_pred):
-            return _zip_map(one, sample_weight, y_pred)
-        if _nested(sample_weight):
+    if nested(y_pred):
+        if nested(sample_weight) and same_structure(sample_weight, y_pred):
+            return zip_map(one, sample_weight, y_pred)
+        if nested(sample_weight):
             return map_structure(lambda w: _times(adapter, weight, w), sample_weight)
         return map_structure(lambda output: one(sample_weight, output), y_pred)
-    if _nested(sample_weight):
+    if nested(sample_weight):
         return map_structure(lambda w: one(w, y_pred), sample_weight)
     return one(sample_weight, y_pred)
-
-
-def _same_structure(a: Any, b: Any) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return set(a) == set(b) and all(_same_structure(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_structure(x, y) for x, y in zip(a, b))
-    return not _nested(a) and not _nested(b)
-
-
-def _zip_map(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    if isinstance(a, dict):
-        return {k: _zip_map(fn, a[k], b[k]) for k in a}
-    if isinstance(a, (list, tuple)):
-        return type(a)(_zip_map(fn, x, y) for x, y in zip(a, b))
-    return fn(a, b)
 
 
 def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters.base import StateReader
+from kerasmgpu.training.ops import EngineOps
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Mirror:
     replica: Any
     adapter: Adapter
     # The engine: scope(), equalize(replica), any_process(flag), broadcast_arrays(arrays).
-    route: Any
+    engine: EngineOps
     # Compiles the replica with the template's compile arguments (None: never needed).
     recompile: Optional[Callable[[Dict[str, Any]], None]] = None
     # Whether the optimizer state is mirrored (Keras 2.3's own multi_gpu_model keeps the
@@ -81,10 +82,11 @@ class Mirror:
         return [p for p in parts if p is not None]
 
 
-def link(template: Any, replica: Any, adapter: Adapter, route: Any, **options: Any) -> Mirror:
+def link(template: Any, replica: Any, adapter: Adapter, engine: EngineOps, **options: Any
+         ) -> Mirror:
     """A mirror of a template and its replica whose weights already agree: the
     template's optimizer state goes to the replica, and both sides are recorded."""
-    mirror = Mirror(template, replica, adapter, route, **options)
+    mirror = Mirror(template, replica, adapter, engine, **options)
     relink(mirror)
     return mirror
 
@@ -124,7 +126,7 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool) -> None:
         _copy_flags(mirror)
     changes = _changes(mirror, training)
     if exchange:
-        if mirror.route.any_process(bool(changes)):
+        if mirror.engine.any_process(bool(changes)):
             _take_the_chiefs(mirror, training)
         return
     for part, indexes, tokens in changes:
@@ -146,16 +148,16 @@ def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List
 def _follow_the_chief(mirror: Mirror, training: bool) -> None:
     """The parallel model is the template (torch, or built in scope): when any process
     changed its own, every process takes rank 0's."""
-    if mirror.route.any_process(bool(_changes(mirror, training))):
+    if mirror.engine.any_process(bool(_changes(mirror, training))):
         _take_the_chiefs(mirror, training)
 
 
 def _take_the_chiefs(mirror: Mirror, training: bool) -> None:
     adapter = mirror.adapter
     for part in mirror.parts(training):
-        values = mirror.route.broadcast_arrays(adapter.read_values(part.template))
+        values = mirror.engine.broadcast_arrays(adapter.read_values(part.template))
         if mirror.shared:
-            with mirror.route.scope():
+            with mirror.engine.scope():
                 adapter.write_values(part.template, values)
         else:
             adapter.write_values(part.template, values)
@@ -215,7 +217,7 @@ def after_training(mirror: Mirror) -> None:
     """The replica's whole training state into the template (epoch ends, after calls)."""
     # Every replica's copy of the BatchNorm statistics becomes their mean, also when
     # the parallel model is the template.
-    mirror.route.equalize(mirror.replica)
+    mirror.engine.equalize(mirror.replica)
     if mirror.idle:
         return
     if mirror.shared:
@@ -239,7 +241,7 @@ def _copy(mirror: Mirror, part: Part, *, to_replica: bool,
     target = part.replica if to_replica else part.template
     values = adapter.read_values([source[i] for i in chosen])
     if to_replica:
-        with mirror.route.scope():
+        with mirror.engine.scope():
             adapter.write_values([target[i] for i in chosen], values)
     else:
         adapter.write_values([target[i] for i in chosen], values)
@@ -286,7 +288,7 @@ def _optimizer_part(mirror: Mirror) -> Optional[Part]:
         return _part(mirror.optimizer, template, template, adapter)
     replica = adapter.optimizer_state(theirs)
     if len(replica) < len(template):
-        with mirror.route.scope():  # the replica's slots, created where it trains
+        with mirror.engine.scope():  # the replica's slots, created where it trains
             adapter.build_optimizer(theirs, mirror.replica.trainable_variables)
         replica = adapter.optimizer_state(theirs)
     if len(replica) != len(template) or any(

@@ -1,0 +1,175 @@
+"""In-memory arrays (numpy-like, and lists/dicts of them): an index plan over the rows.
+
+On the TensorFlow routes the arrays go through a `tf.data` index pipeline (the padding
+plan comes from `kerasmgpu.batching` through `tf.numpy_function`), elsewhere through a
+`PyDataset`; both read batches of the same plan (`ArrayPlan`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from kerasmgpu import batching
+from kerasmgpu._errors import bad_type
+from kerasmgpu.adapters import Adapter
+from kerasmgpu.data.base import (
+    Feed,
+    Input,
+    Request,
+    check_inputs,
+    gather,
+    no_autoshard,
+    num_rows,
+    tf_order,
+    tf_pad,
+    user_weights,
+)
+from kerasmgpu.data.bundle import bundle, order_key
+from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
+
+
+def pad_batch(
+    adapter: Adapter, x: Any, y: Any, sample_weight: Any, class_weight: Any,
+    planner: batching.Planner,
+) -> Tuple[Any, Any]:
+    """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
+    x, y, sample_weight = to_numpy(x), to_numpy(y), to_numpy(sample_weight)
+    weigh = adapter.class_weigher(class_weight, "batch")
+    weights = user_weights(y, sample_weight, weigh)
+    share = planner.plan(num_rows({"x": x, "y": y, "sample_weight": weights}))
+    take = share.source_rows()
+    return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take))
+
+
+class ArrayPlan:
+    """Index plan over in-memory arrays; shared by the tf.data and PyDataset feeds."""
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        weights: Any,
+        batch_size: int,
+        shuffle: bool,
+        planner: batching.Planner,
+        seed: Optional[int] = None,
+    ) -> None:
+        self.x, self.y, self.weights = x, y, weights
+        self.rows = num_rows({"x": x, "y": y, "sample_weight": weights})
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.planner = planner
+        self.rng = np.random.default_rng(seed)
+        self.order = np.arange(self.rows)
+        self.sizes = batching.batch_sizes(self.rows, batch_size)
+        if shuffle:
+            self.rng.shuffle(self.order)
+
+    def padding(self) -> Tuple[bool, Optional[str]]:
+        """Whether some batch gets padding rows, and which, in words."""
+        replicas = self.planner.replicas
+        uneven = [size for size in self.sizes if size % replicas]
+        if not uneven:
+            return False, None
+        if len(self.sizes) > 1 and uneven == [self.sizes[-1]]:
+            return True, (f"the last batch of each pass over the {self.rows} samples "
+                          f"({self.sizes[-1]} rows)")
+        return True, f"every batch of {uneven[0]} rows"
+
+    def reshuffle(self) -> None:
+        if self.shuffle:
+            self.rng.shuffle(self.order)
+
+    def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
+        start = index * self.batch_size
+        ids = self.order[start : start + self.batch_size]
+        share = self.planner.plan(len(ids))
+        take = ids[share.source_rows()]
+        x = gather(self.x, take)
+        if predict:
+            return (x, bundle(share.packed(), order=order_key(index, len(take))))
+        return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
+
+
+class Arrays(Input):
+    """Numpy-like arrays (and lists/dicts of them), with targets and weights beside."""
+
+    def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
+        super().__init__(adapter, planner, request)
+        if not is_array_like(request.x):
+            raise bad_type(
+                "x", f"an object of type {type(request.x).__qualname__}",
+                "numpy-like arrays (or lists/dicts of them), a tf.data.Dataset, a "
+                "keras.utils.PyDataset/Sequence, or a generator",
+                "convert the inputs to numpy arrays",
+                raw=True,
+            )
+        predict = self.predict
+        x, y, sample_weight = (to_numpy(request.x), to_numpy(request.y),
+                               to_numpy(request.sample_weight))
+        if predict:
+            y = sample_weight = None
+        weigh = None if predict else adapter.class_weigher(request.class_weight, "arrays")
+        weights = None if predict else user_weights(y, sample_weight, weigh)
+        check_inputs(x, request.inputs)
+        size = 32 if request.batch_size is None else request.batch_size
+        shuffle_rows = bool(request.shuffle) and not predict
+        self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, planner, request.seed)
+
+    def python_feed(self) -> Feed:
+        plan, predict = self.plan, self.predict
+        base = self.adapter.python_dataset_type()
+        keras3 = self.adapter.keras3
+
+        class ArrayBatches(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                if keras3:
+                    super().__init__(workers=1, use_multiprocessing=False)
+
+            def __len__(self) -> int:
+                return len(plan.sizes)
+
+            def __getitem__(self, index: int) -> Any:
+                return plan.batch(index, predict)
+
+            def on_epoch_end(self) -> None:
+                plan.reshuffle()
+
+        pads, example = plan.padding()
+        return Feed(ArrayBatches(), steps=len(plan.sizes), pads=pads, padding_example=example)
+
+    def tf_feed(self) -> Feed:
+        import tensorflow as tf
+
+        plan, predict = self.plan, self.predict
+
+        def tensors(structure: Any) -> Any:
+            return map_structure(tf.convert_to_tensor, as_tuples(structure), skip_none=True)
+
+        x = tensors(plan.x)
+        y = None if predict else tensors(plan.y)
+        weights = None if predict else tensors(plan.weights)
+        planner = plan.planner
+        indices = tf.data.Dataset.range(plan.rows)
+        if plan.shuffle:
+            indices = indices.shuffle(plan.rows, seed=self.request.seed,
+                                      reshuffle_each_iteration=True)
+        indices = indices.batch(plan.batch_size).enumerate()
+
+        def fetch(number: Any, ids: Any) -> Any:
+            rows, packed = tf_pad(tf, tf.size(ids), planner)
+            take = tf.gather(ids, rows)
+
+            def pick(structure: Any) -> Any:
+                return map_structure(lambda t: tf.gather(t, take), structure, skip_none=True)
+
+            if predict:
+                return pick(x), bundle(packed, order=tf_order(tf, number, rows))
+            return pick(x), bundle(packed, pick(y), pick(weights))
+
+        data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        pads, example = plan.padding()
+        return Feed(no_autoshard(tf, data), steps=len(plan.sizes), pads=pads,
+                    padding_example=example)

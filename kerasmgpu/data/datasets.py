@@ -1,0 +1,92 @@
+"""The user's `tf.data.Dataset`: padded by a `tf.data` map on every route.
+
+A tf.data pipeline stays one on every backend (Keras 3 on JAX and PyTorch take it
+too), so that Keras iterates it as it iterates the user's pipeline on one device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerasmgpu import batching
+from kerasmgpu._errors import bad_value
+from kerasmgpu.adapters import Adapter
+from kerasmgpu.data.base import (
+    Feed,
+    Input,
+    Request,
+    no_autoshard,
+    tf_float_weights,
+    tf_order,
+    tf_pad,
+)
+from kerasmgpu.data.bundle import bundle
+from kerasmgpu.data.structure import leaves, unpack
+
+
+class Dataset(Input):
+    """A `tf.data.Dataset` of batches: x, (x, y) or (x, y, sample_weight)."""
+
+    def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
+        super().__init__(adapter, planner, request)
+        dataset = request.x
+        if planner.process_count > 1:
+            refuse_unseeded_shuffle(dataset, planner.process_count)
+        map_fn = None if self.predict else adapter.class_weight_map_fn(request.class_weight)
+        if map_fn is not None:
+            # What Keras's fit does to a dataset for class_weight, before we pad it.
+            dataset = dataset.map(map_fn)
+        self.dataset = dataset
+
+    def python_feed(self) -> Feed:
+        return self.tf_feed()
+
+    def tf_feed(self) -> Feed:
+        import tensorflow as tf
+
+        planner, predict, dataset = self.planner, self.predict, self.dataset
+
+        def pad(number: Any, data: Any) -> Any:
+            x, y, sw = unpack(data)
+            real = tf.shape(leaves(x)[0])[0]
+            rows, packed = tf_pad(tf, real, planner)
+
+            def gather(structure: Any) -> Any:
+                return None if structure is None else tf.nest.map_structure(
+                    lambda t: tf.gather(t, rows), structure)
+
+            if predict:
+                return gather(x), bundle(packed, order=tf_order(tf, number, rows))
+            return gather(x), bundle(packed, gather(y), gather(tf_float_weights(tf, sw)))
+
+        data = dataset.enumerate().map(pad, num_parallel_calls=tf.data.AUTOTUNE,
+                                       deterministic=True)
+        steps = None
+        cardinality = int(dataset.cardinality())
+        if cardinality == 0:
+            raise bad_value("x", "an empty tf.data.Dataset (0 batches)", "at least one batch",
+                            "check the pipeline (a filter, take() or "
+                            "batch(drop_remainder=True) may have left nothing)", raw=True)
+        if cardinality >= 0:
+            steps = cardinality
+        return Feed(no_autoshard(tf, data.prefetch(tf.data.AUTOTUNE)), steps=steps,
+                    per_epoch_iterators=True)
+
+
+def refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
+    """Every process reads the whole pipeline and trains its share of each batch: an
+    unseeded shuffle would give each process other batches (samples twice or never)."""
+    from kerasmgpu.adapters import tf_data
+
+    unseeded = tf_data.unseeded_shuffles(dataset)
+    if unseeded:
+        raise bad_value(
+            "x", f"a tf.data.Dataset with {unseeded} unseeded shuffle(s), in a job of "
+            f"{processes} processes",
+            "a pipeline that shuffles alike in every process: each process reads it "
+            "whole and trains its own share of every batch",
+            "pass a seed, the same in every process: `dataset.shuffle(buffer, seed=S)`, "
+            "or call `keras.utils.set_random_seed(S)` before building the pipeline; or "
+            "pass arrays with fit(shuffle=True)",
+            raw=True,
+        )

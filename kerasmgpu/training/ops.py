@@ -1,0 +1,54 @@
+"""What training needs from an engine, owned by training: the parallel model, its feeds
+and the template link call only these members. Every engine (`kerasmgpu.engines.base.
+Engine` and its subclasses) has them; training never imports the engines, so the
+engines sit above training with no import cycle, and an engine hands a model to training
+(`training.model.attach` / `adopt` / `hold`) instead of writing its state."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, ContextManager, Dict, List, Protocol
+
+from kerasmgpu.batching import Planner
+from kerasmgpu.data.feeds import Feed
+from kerasmgpu.env.cluster import ClusterEnvironment
+from kerasmgpu.registry import FeedKind, Route
+
+
+class EngineOps(Protocol):
+    """An engine as training sees it (see `kerasmgpu.engines.base.Engine` for each)."""
+
+    route: ClassVar[Route]
+    environment: ClusterEnvironment
+
+    @property
+    def feed_kind(self) -> FeedKind: ...
+
+    @property
+    def planner(self) -> Planner: ...
+
+    def scope(self) -> ContextManager[Any]: ...
+
+    def distribute_feed(self, feed: Feed) -> Feed: ...
+
+    def prepare_replica(self, replica: Any) -> None: ...
+
+    def prepare_compiled(self, replica: Any) -> None: ...
+
+    def epoch_end(self, replica: Any) -> None: ...
+
+    def equalize(self, replica: Any) -> None: ...
+
+    def any_process(self, flag: bool) -> bool: ...
+
+    def broadcast_arrays(self, arrays: List[Any]) -> List[Any]: ...
+
+    def owns_optimizer(self, optimizer: Any) -> bool: ...
+
+    def shuffle_seed(self) -> int: ...
+
+    def worker_callbacks(self, callbacks: List[Any]) -> List[Any]: ...
+
+    def describe(self) -> Dict[str, str]: ...
+
+
+__all__ = ["EngineOps"]
