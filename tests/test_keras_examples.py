@@ -84,19 +84,23 @@ def _run_env() -> Tuple[Optional[str], str, bool]:
     return target, package, False
 
 
+def _target() -> Optional[str]:
+    return _run_env()[0] if (ON_LEGACY or LINE in TARGETS) else None
+
+
 def _chosen() -> List[examples.Example]:
-    return [e for e in examples.runnable() if examples.in_ci(e, BACKEND)]
+    return [e for e in examples.runnable() if examples.in_ci(e, _target(), BACKEND)]
 
 
 def _cases() -> List[Any]:
     cases = []
-    target = _run_env()[0] if (ON_LEGACY or LINE in TARGETS) else None
+    target = _target()
     for example in examples.runnable():
         marks = []
-        if not examples.in_ci(example, BACKEND):
+        if not examples.in_ci(example, target, BACKEND):
             marks.append(pytest.mark.skip(
-                reason=f"too slow on {BACKEND} for CI (examples.SLOW_IN_CI); "
-                "KERASMGPU_EXAMPLES=all runs it"))
+                reason=f"not run by default on {target or 'keras23'} with {BACKEND} "
+                "(examples.CI_RUNS, examples.SLOW_IN_CI); KERASMGPU_EXAMPLES=all runs it"))
         why = examples.still_failing(target or "keras23", BACKEND, example.name)
         if why:
             # Strict: an example that runs again fails the test, and its entry must go.
