@@ -124,7 +124,7 @@ class TorchDDPEngine(Engine):
         value = torch.tensor([int(flag)], dtype=torch.int32)
         if self.dist.get_backend() == "nccl":
             value = value.cuda()
-        _collective(self.dist.all_reduce, value, op=self.dist.ReduceOp.MAX)
+        _collective(self.timeout, self.dist.all_reduce, value, op=self.dist.ReduceOp.MAX)
         return bool(value.item())
 
     # --- the DDP pieces ---------------------------------------------------------------
