@@ -149,7 +149,7 @@ class Context:
     def keras_names(self, node: cst.CSTNode) -> Set[str]:
         """The Keras 2 API names `node` refers to, spelled from `keras.`.
 
-        `tf.keras.layers.Dense`, `tensorflow.python.keras.layers.Dense`, `tf_keras...` and
+        `tf.keras.layers.Dense`, TensorFlow's internal tf.keras path, `tf_keras...` and
         `keras.layers.Dense` are all `keras.layers.Dense`: one table serves every spelling.
         """
         found: Set[str] = set()

@@ -15,7 +15,7 @@
   Their uses in the file are renamed with them.
 * The package: `--to tf_keras` writes `import tf_keras as keras`, `from tf_keras.layers
   import ...`, `tf_keras.layers.Dense` for `tf.keras.layers.Dense`; `--to keras3` writes
-  `keras` for every spelling (`tensorflow.keras`, `tensorflow.python.keras`...). Why
+  `keras` for every spelling (`tensorflow.keras`, TensorFlow's internal path...). Why
   explicit imports rather than TF_USE_LEGACY_KERAS=1: the variable must be set before
   TensorFlow is first imported, in every process (tests, notebooks, workers), and it does
   not touch `import keras`, which stays Keras 3; an import says what it means wherever the
