@@ -400,21 +400,25 @@ def test_targets_keyed_by_output_names(replicas: int, inputs: str, outputs: str,
 
 @pytest.mark.core
 def test_per_output_sample_weights_keyed_by_output_names() -> None:
-    """tf.keras maps a dict of sample weights onto list outputs by name; Keras 3 does
-    not (KeyError on one device): the parallel model does the same."""
+    """A dict of sample weights keyed by output name, for list outputs: tf.keras maps it by
+    name; Keras 3.10 and 3.15 raise KeyError on one device, Keras 3.3 accepts it. Whatever one device
+    does, the parallel model does the same (the same error before a weight moves, or the
+    same weights and History)."""
     replicas = REPLICAS[-1]
     y = {"priority": PRIORITY, "department": DEPARTMENT}
     weights = {"priority": np.linspace(0.5, 1.5, ROWS).astype("float32"),
                "department": np.linspace(1.5, 0.5, ROWS).astype("float32")}
     single, template = _guide_model(), _guide_model()
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)
-    if KERAS3:
-        with pytest.raises(KeyError):
-            _guide_fit(single, "arrays", y, sample_weight=weights)
-        with pytest.raises(KeyError):
+    try:
+        h1 = _guide_fit(single, "arrays", y, sample_weight=weights)
+    except Exception as error:  # whichever error Keras raises is the expected one
+        before = template.get_weights()
+        with pytest.raises(type(error)):
             _guide_fit(pmodel, "arrays", y, sample_weight=weights)
+        for a, b in zip(before, template.get_weights()):
+            np.testing.assert_array_equal(a, b)
         return
-    h1 = _guide_fit(single, "arrays", y, sample_weight=weights)
     h2 = _guide_fit(pmodel, "arrays", y, sample_weight=weights)
     assert_weights_close(single, template)
     assert_history_close(h1, h2)

@@ -47,3 +47,27 @@ def test_virtual_device_request_imports_no_framework() -> None:
     result = _run(CODE, KERASMGPU_VIRTUAL_DEVICES="2")
     assert result["imported"] == []
     assert set(result["third_party"]) <= {"packaging"}, result["third_party"]
+
+
+MIGRATE_CODE = f"""
+import json, sys
+before = set(sys.modules)
+from kerasmgpu.migrate import migrate_source
+text = "from keras.utils import multi_gpu_model\\nm = multi_gpu_model(m, gpus=2)\\n"
+for target in ("keras3", "tf_keras", "keras23"):
+    migrate_source(text, "f.py", target)
+new = {{m.split(".")[0] for m in set(sys.modules) - before}}
+imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
+third_party = sorted(new - set(sys.stdlib_module_names) - {{"kerasmgpu", "_distutils_hack"}})
+print(json.dumps(dict(imported=imported, third_party=third_party)))
+"""
+
+
+def test_migrate_imports_no_framework_and_no_numpy() -> None:
+    """`kerasmgpu migrate` is a codemod: it runs where only libcst is installed (a
+    project's lint or CI env). It once imported numpy through an adapter."""
+    pytest.importorskip("libcst")
+    result = _run(MIGRATE_CODE)
+    assert result["imported"] == []
+    assert set(result["third_party"]) <= {"packaging", "libcst", "yaml", "typing_extensions"}, \
+        result["third_party"]

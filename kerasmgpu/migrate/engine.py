@@ -41,7 +41,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from kerasmgpu.adapters.keras23 import KERAS_PACKAGE_ALIASES
+from kerasmgpu.adapters.keras23_names import KERAS_PACKAGE_ALIASES
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.report import (
     Finding,

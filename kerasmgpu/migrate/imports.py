@@ -38,7 +38,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from kerasmgpu.adapters.keras23 import KERAS_PACKAGE_ALIASES
+from kerasmgpu.adapters.keras23_names import KERAS_PACKAGE_ALIASES
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
 from kerasmgpu.migrate.report import Target

@@ -37,7 +37,7 @@ from typing import List, Optional, Set, Tuple
 import libcst as cst
 from libcst.metadata import ClassScope
 
-from kerasmgpu.adapters.keras23 import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
+from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
 
