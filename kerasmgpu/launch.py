@@ -9,6 +9,17 @@ The launcher imports no ML framework: it only starts processes, gives each one t
 environment below, prefixes their output with `[rank R] `, and stops all of them when
 one fails, when `--timeout` passes, or when the launcher itself gets SIGINT/SIGTERM.
 
+Restarts and preemption:
+
+    --max-restarts K   when a worker fails, stop every worker, then start the whole job
+                       again (fresh ports unless --coordinator), at most K times; the
+                       last failure's status ends the launcher. A job that ends 0, times
+                       out or is interrupted is never restarted. One machine only.
+    SIGTERM, and the signal of --preempt-signal (e.g. USR1): send SIGTERM to every
+                       worker, SIGKILL what is left after --grace s, exit 143 ("requeue":
+                       128+SIGTERM, what SLURM and Kubernetes record for a job a SIGTERM
+                       ended); never restarted, as the machine is going away.
+
 Environment contract (every value is a string; W = nproc * nnodes, N = nproc,
 global rank = node_rank * N + local_rank, P = the coordinator port):
 
@@ -18,6 +29,10 @@ global rank = node_rank * N + local_rank, P = the coordinator port):
     KERASMGPU_LOCAL_PROCESS_COUNT  N
     KERASMGPU_COORDINATOR          "host:P" (127.0.0.1 and a free port unless --coordinator)
     KERASMGPU_LAUNCHED             "1"
+    KERASMGPU_RESTART_COUNT        restarts before this run: "0" first, then 1 .. K
+    KERASMGPU_MAX_RESTARTS         K of --max-restarts ("0" by default)
+    TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS   the same two, as torchrun
+                                   names them, for scripts written for torchrun
     PYTHONUNBUFFERED               "1" (so lines reach the launcher as they are printed)
 
   PyTorch (torch.distributed "env://"):
@@ -79,6 +94,9 @@ from kerasmgpu.process import status
 
 __all__ = [
     "DEFAULT_GRACE",
+    "MAX_RESTARTS_ENV",
+    "PREEMPT_SIGNALS",
+    "RESTART_COUNT_ENV",
     "LaunchError",
     "LaunchResult",
     "launch",
@@ -90,6 +108,11 @@ __all__ = [
 PROG = "kerasmgpu launch"
 DEFAULT_GRACE = 5.0
 BACKENDS = ("auto", "tensorflow", "jax", "torch")
+RESTART_COUNT_ENV = "KERASMGPU_RESTART_COUNT"
+MAX_RESTARTS_ENV = "KERASMGPU_MAX_RESTARTS"
+# Signals a scheduler sends ahead of a preemption or a time limit (SLURM --signal, spot
+# notices) that a handler can catch; SIGTERM always counts as one.
+PREEMPT_SIGNALS = ("TERM", "USR1", "USR2", "HUP", "INT", "QUIT")
 # Poll period of the supervising loop: short enough that a failure is noticed at once,
 # long enough to cost nothing on a busy machine.
 _POLL = 0.05
@@ -107,9 +130,12 @@ class LaunchResult:
     """How a launch ended.
 
     returncode: 0 when every worker exited 0; the failed worker's code (1 when it died
-    from a signal); 124 on timeout; 128+signal when the launcher was interrupted.
+    from a signal); 124 on timeout; 143 (requeue) after SIGTERM or the preemption
+    signal; 128+signal for another signal (SIGINT: 130).
     failed_rank: global rank of the first worker seen failing, else None.
     durations: seconds from start to exit, by global rank.
+    restarts: how many times the job was started again; the other fields describe the
+    last run.
     """
 
     returncode: int
@@ -120,6 +146,8 @@ class LaunchResult:
     pids: dict[int, int] = field(default_factory=dict)
     interrupted_by: Optional[str] = None
     message: Optional[str] = None
+    restarts: int = 0
+    preempted: bool = False
 
 
 # --- arguments --------------------------------------------------------------------------
@@ -143,7 +171,7 @@ def parse_coordinator(text: str) -> tuple[str, int]:
 def _validate(
     nproc: int, nnodes: int, node_rank: int, coordinator: Optional[str],
     worker_hosts: Optional[Sequence[str]], gpus_per_proc: Optional[int], backend: str,
-    timeout: Optional[float], grace: float,
+    timeout: Optional[float],
 ) -> None:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise _error("--nproc", nproc, "an integer >= 1",
@@ -180,9 +208,39 @@ def _validate(
     if timeout is not None and not timeout > 0:
         raise _error("--timeout", timeout, "a number of seconds > 0",
                      "leave it out for no limit")
-    if not grace >= 0:
-        raise _error("--grace", grace, "a number of seconds >= 0",
-                     f"leave it out for the default {DEFAULT_GRACE:g} s")
+
+
+def _validate_recovery(grace: float, max_restarts: int, nnodes: int,
+                       preempt_signal: Union[str, int, None]) -> Optional[int]:
+    """Check the stopping and restarting options; the preemption signal's number."""
+    # 0 would SIGKILL at once: a worker could never write its backup after SIGTERM.
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace > 0:
+        raise _error("--grace", grace, "a number of seconds > 0",
+                     "give the workers time to save after SIGTERM; leave it out for the "
+                     f"default {DEFAULT_GRACE:g} s")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise _error("--max-restarts", max_restarts, "an integer >= 0 (0: never restart)",
+                     "pass how many times the job may be started again after a failure")
+    if max_restarts > 0 and nnodes > 1:
+        # Each node's launcher would restart its own workers with no rendezvous telling
+        # the other nodes, which then wait for peers of another attempt.
+        raise _error("--max-restarts", max_restarts,
+                     "0 with --nnodes > 1 (the nodes have no rendezvous to restart together)",
+                     "let the scheduler restart the whole job (SLURM --requeue, a "
+                     "Kubernetes Job's backoffLimit), or use torchrun's --max-restarts")
+    return None if preempt_signal is None else _signal_number(preempt_signal)
+
+
+def _signal_number(name: Union[str, int]) -> int:
+    """The number of a preemption signal given as "USR1", "SIGUSR1" or a Signals value."""
+    text = name.name if isinstance(name, signal.Signals) else str(name)
+    short = text.upper()[3:] if text.upper().startswith("SIG") else text.upper()
+    if short not in PREEMPT_SIGNALS or not hasattr(signal, "SIG" + short):
+        raise _error("--preempt-signal", name, " | ".join(PREEMPT_SIGNALS) +
+                     " (with or without SIG; SIGTERM always counts)",
+                     "pass the signal your scheduler sends before it stops the job, e.g. "
+                     "USR1 for SLURM's --signal=USR1@60")
+    return int(getattr(signal, "SIG" + short))
 
 
 # --- environment ------------------------------------------------------------------------
@@ -226,6 +284,8 @@ def worker_environments(
     gpus_per_proc: Optional[int] = None,
     backend: str = "auto",
     base_env: Optional[Mapping[str, str]] = None,
+    restart_count: int = 0,
+    max_restarts: int = 0,
 ) -> tuple[list[dict[str, str]], list[str]]:
     """The full environment of each local worker (index = local rank), and notes to print.
 
@@ -249,6 +309,7 @@ def worker_environments(
         if slices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(own_gpus)
         env.update(_contract(rank, local, nproc, world, host, port, own_gpus))
+        env.update(_restart_variables(restart_count, max_restarts))
         if tf_cluster is not None:
             env["TF_CONFIG"] = json.dumps(
                 {"cluster": {"worker": tf_cluster}, "task": {"type": "worker", "index": rank}}
@@ -320,6 +381,17 @@ def _contract(rank: int, local: int, nproc: int, world: int, host: str, port: in
         "JAX_COORDINATOR_ADDRESS": coordinator,
         "JAX_NUM_PROCESSES": str(world),
         "JAX_PROCESS_ID": str(rank),
+    }
+
+
+def _restart_variables(restart_count: int, max_restarts: int) -> dict[str, str]:
+    """Which run of the job this is, under kerasmgpu's names and torchrun's (a script
+    written for torchrun reads TORCHELASTIC_RESTART_COUNT to decide to resume)."""
+    return {
+        RESTART_COUNT_ENV: str(restart_count),
+        MAX_RESTARTS_ENV: str(max_restarts),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     }
 
 
@@ -496,12 +568,12 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _install_handlers(handler: _Interrupt) -> dict[int, Any]:
+def _install_handlers(handler: _Interrupt, preempt: Optional[int]) -> dict[int, Any]:
     # signal.signal works only in the main thread; elsewhere the caller handles signals.
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in {signal.SIGINT, signal.SIGTERM, *(() if preempt is None else (preempt,))}:
         previous[sig] = signal.signal(sig, handler)
     return previous
 
@@ -524,6 +596,8 @@ def launch(
     backend: str = "auto",
     timeout: Optional[float] = None,
     grace: float = DEFAULT_GRACE,
+    max_restarts: int = 0,
+    preempt_signal: Union[str, int, None] = None,
     env: Optional[Mapping[str, str]] = None,
     cwd: Optional[str] = None,
     stdout: Optional[TextIO] = None,
@@ -537,34 +611,88 @@ def launch(
     of each line) prefixed with `[rank R] `; the launcher's notes and final line go to
     `stderr`. Raises LaunchError for invalid arguments and OSError when `cmd` cannot start.
 
-    With `handle_signals` (and when called from the main thread) SIGINT/SIGTERM to this
-    process are caught while the workers run, the workers are stopped, and the result's
-    returncode is 130/143; the previous handlers are restored before returning.
+    When a worker fails, every worker is stopped and, up to `max_restarts` times, the
+    whole job starts again (on fresh ports unless `coordinator` is given) with
+    KERASMGPU_RESTART_COUNT raised by one; `timeout` bounds all runs together.
+
+    With `handle_signals` (and when called from the main thread) SIGINT, SIGTERM and
+    `preempt_signal` (e.g. "USR1") to this process are caught while the workers run, the
+    workers get SIGTERM, then SIGKILL after `grace` s, nothing restarts, and the
+    result's returncode is 143 (requeue) for SIGTERM and `preempt_signal`, 130 for
+    SIGINT; the previous handlers are restored before returning.
     """
     cmd = list(cmd)
     if not cmd:
         raise _error("cmd", cmd, "a non-empty command", "pass e.g. [sys.executable, 'train.py']")
     _validate(nproc, nnodes, node_rank, coordinator, worker_hosts, gpus_per_proc, backend,
-              timeout, grace)
-    if coordinator is None:
-        # Loopback only: a single-node run must not open ports to the network.
-        coordinator = join_address("127.0.0.1", free_port_block(2 + nproc * nnodes))
-    envs, notes = worker_environments(
-        nproc, coordinator, nnodes=nnodes, node_rank=node_rank, worker_hosts=worker_hosts,
+              timeout)
+    preempt = _validate_recovery(grace, max_restarts, nnodes, preempt_signal)
+    layout = _Layout(nproc, coordinator, dict(
+        nnodes=nnodes, node_rank=node_rank, worker_hosts=worker_hosts,
         gpus_per_proc=gpus_per_proc, backend=backend, base_env=env,
-    )
+        max_restarts=max_restarts,
+    ))
+    envs, notes = layout.environments(0)  # every LaunchError comes before any start
     output = _Output(stdout, stderr)
     for note in notes:
         output.say(note)
-    job = _Job(cmd, envs, first_rank=node_rank * nproc, cwd=cwd, timeout=timeout, grace=grace)
+    job = _Job(cmd, envs, first_rank=node_rank * nproc, cwd=cwd, timeout=timeout,
+               grace=grace, preempt=preempt,
+               deadline=None if timeout is None else time.monotonic() + timeout)
     interrupt = _Interrupt()
-    previous = _install_handlers(interrupt) if handle_signals else {}
+    previous = _install_handlers(interrupt, preempt) if handle_signals else {}
     try:
-        workers, result = _run(job, output, interrupt)
+        return _attempts(job, layout, max_restarts, output, interrupt)
     finally:
         _restore_handlers(previous)
-    _report(workers, result, output)
-    return result
+
+
+@dataclass
+class _Layout:
+    """Where the workers of each run find each other: the same ranks every run, fresh
+    loopback ports for each run unless a coordinator was given."""
+
+    nproc: int
+    coordinator: Optional[str]
+    options: dict[str, Any]
+
+    def environments(self, restart: int) -> tuple[list[dict[str, str]], list[str]]:
+        # A new port block per run: the last run's sockets may linger in TIME_WAIT, and
+        # a worker of it killed mid-start must not be joined by the next run's.
+        address = self.coordinator or join_address(
+            "127.0.0.1", free_port_block(2 + self.nproc * self.options["nnodes"]))
+        return worker_environments(self.nproc, address, restart_count=restart,
+                                   **self.options)
+
+
+def _attempts(job: _Job, layout: _Layout, max_restarts: int, output: _Output,
+              interrupt: _Interrupt) -> LaunchResult:
+    """Run the job, and again after each failure while restarts are left."""
+    restart = 0
+    while True:
+        workers, result = _run(job, output, interrupt)
+        result.restarts = restart
+        failed = result.failed_rank is not None
+        if failed and restart < max_restarts and interrupt.signum is not None:
+            # A SIGTERM that came while the failure was being stopped: the machine is
+            # going away, so the job ends as preempted rather than starting again.
+            code, result.preempted = _signal_status(interrupt.signum, job.preempt)
+            result.returncode, result.interrupted_by = code, _signal_name(interrupt.signum)
+            result.message = (f"{result.message}; received {result.interrupted_by}, "
+                              f"not restarting; exit {code}")
+        if max_restarts and result.message:
+            result.message = result.message.replace(
+                f"{PROG}: ", f"{PROG}: run {restart + 1} of at most {max_restarts + 1}: ", 1)
+        _report(workers, result, output)
+        if not failed or restart >= max_restarts or result.interrupted_by is not None:
+            if failed and max_restarts and result.interrupted_by is None:
+                output.say(f"{PROG}: no restart left (--max-restarts {max_restarts}); "
+                           f"exit {result.returncode}")
+            return result
+        restart += 1
+        output.say(f"{PROG}: restarting the whole job, restart {restart} of {max_restarts} "
+                   f"({RESTART_COUNT_ENV}={restart})")
+        job.envs = layout.environments(restart)[0]
 
 
 @dataclass
@@ -577,6 +705,8 @@ class _Job:
     cwd: Optional[str]
     timeout: Optional[float]
     grace: float
+    preempt: Optional[int]  # the preemption signal besides SIGTERM
+    deadline: Optional[float]  # time.monotonic() when `timeout` ends every run
 
 
 class _Output:
@@ -618,7 +748,7 @@ def _run(job: _Job, output: _Output,
     start = time.monotonic()
     try:
         _spawn(job, output, workers)
-        outcome = _wait(workers, job.timeout, interrupt, start)
+        outcome = _wait(workers, job.deadline, interrupt)
         return workers, _conclude(workers, outcome, job, interrupt)
     except BaseException:
         # A start that failed half-way, or KeyboardInterrupt when handle_signals=False:
@@ -653,10 +783,9 @@ def _spawn(job: _Job, output: _Output, workers: list[_Worker]) -> None:
             worker.threads.append(thread)
 
 
-def _wait(workers: list[_Worker], timeout: Optional[float], interrupt: _Interrupt,
-          start: float) -> _Outcome:
+def _wait(workers: list[_Worker], deadline: Optional[float],
+          interrupt: _Interrupt) -> _Outcome:
     """Poll until a worker fails, all exit 0, the timeout passes or a signal comes."""
-    deadline = None if timeout is None else start + timeout
     outcome = _Outcome()
     while True:
         _reap(workers)
@@ -694,7 +823,7 @@ def _conclude(workers: list[_Worker], outcome: _Outcome, job: _Job,
                        f"{', '.join(map(str, ranks))} after they exited")
     if still_running or _live_groups(pgids):
         _stop(workers, job.grace, interrupt)
-    returncode, verdict = _verdict(outcome, len(still_running), job.timeout)
+    returncode, verdict = _verdict(outcome, len(still_running), job)
     return LaunchResult(
         returncode=returncode,
         failed_rank=None if outcome.failed is None else outcome.failed.rank,
@@ -705,15 +834,27 @@ def _conclude(workers: list[_Worker], outcome: _Outcome, job: _Job,
         pids={w.rank: w.proc.pid for w in workers},
         interrupted_by=None if outcome.signum is None else _signal_name(outcome.signum),
         message=verdict or message,
+        preempted=outcome.signum is not None and _signal_status(outcome.signum, job.preempt)[1],
     )
 
 
-def _verdict(outcome: _Outcome, stopped: int,
-             timeout: Optional[float]) -> tuple[int, Optional[str]]:
+def _signal_status(signum: int, preempt: Optional[int]) -> tuple[int, bool]:
+    """The launcher's status after signal `signum`, and whether it means preemption."""
+    if signum in (signal.SIGTERM, preempt):
+        return status.REQUEUE, True
+    return status.by_signal(signum), False
+
+
+def _verdict(outcome: _Outcome, stopped: int, job: _Job) -> tuple[int, Optional[str]]:
     """The launcher's exit status and its last line (see LaunchResult.returncode)."""
     if outcome.signum is not None:
-        return status.by_signal(outcome.signum), (
-            f"{PROG}: received {_signal_name(outcome.signum)}; stopped {stopped} worker(s)")
+        code, preempted = _signal_status(outcome.signum, job.preempt)
+        line = f"{PROG}: received {_signal_name(outcome.signum)}; stopped {stopped} worker(s)"
+        if preempted:
+            line += (f" (SIGTERM, SIGKILL after {job.grace:g} s); exit {code}: preempted, "
+                     "not restarted - run the same command again to resume from the last "
+                     "backup")
+        return code, line
     if outcome.failed is not None:
         code = outcome.failed.proc.returncode
         if code < 0:
@@ -723,8 +864,9 @@ def _verdict(outcome: _Outcome, stopped: int,
         return returncode, (f"{PROG}: rank {outcome.failed.rank} {how}; "
                             f"stopped the other {stopped} worker(s)")
     if outcome.timed_out:
-        assert timeout is not None
-        return status.TIMEOUT, f"{PROG}: timed out after {timeout:g} s; stopped {stopped} worker(s)"
+        assert job.timeout is not None
+        return status.TIMEOUT, (f"{PROG}: timed out after {job.timeout:g} s; "
+                                f"stopped {stopped} worker(s)")
     return status.SUCCESS, None
 
 
@@ -743,7 +885,7 @@ def _report(workers: list[_Worker], result: LaunchResult, output: _Output) -> No
 
 _VALUE_OPTIONS = {
     "--nproc", "--nnodes", "--node-rank", "--coordinator", "--timeout", "--grace",
-    "--backend", "--gpus-per-proc", "--worker-hosts",
+    "--backend", "--gpus-per-proc", "--worker-hosts", "--max-restarts", "--preempt-signal",
 }
 
 
@@ -775,7 +917,14 @@ def _parser() -> argparse.ArgumentParser:
                                "several nodes")
     add("--timeout", help="stop everything after this many seconds (exit 124)")
     add("--grace", default=str(DEFAULT_GRACE),
-        help=f"seconds between SIGTERM and SIGKILL when stopping (default {DEFAULT_GRACE:g})")
+        help=f"seconds between SIGTERM and SIGKILL when stopping: the workers' time to "
+             f"save a backup (default {DEFAULT_GRACE:g})")
+    add("--max-restarts", default="0",
+        help="start the whole job again after a worker fails, at most this many times "
+             "(default 0; the run's number is in $KERASMGPU_RESTART_COUNT)")
+    add("--preempt-signal",
+        help=f"a signal that means preemption like SIGTERM does: {', '.join(PREEMPT_SIGNALS)} "
+             "(workers get SIGTERM, the launcher exits 143 and does not restart)")
     add("--backend", default="auto", help="auto | tensorflow | jax | torch; other than auto "
                                           "sets KERAS_BACKEND (default auto)")
     add("--gpus-per-proc", help="give each worker its own K GPUs via CUDA_VISIBLE_DEVICES")
@@ -849,20 +998,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         gpus = _number("--gpus-per-proc", ns.gpus_per_proc, int, "an integer >= 1", intfix)
         timeout = _number("--timeout", ns.timeout, float, "a number of seconds > 0",
                           "pass seconds, e.g. --timeout 3600")
-        grace = _number("--grace", ns.grace, float, "a number of seconds >= 0",
-                        "pass seconds, e.g. --grace 5")
+        grace = _number("--grace", ns.grace, float, "a number of seconds > 0",
+                        "pass seconds, e.g. --grace 30")
+        restarts = _number("--max-restarts", ns.max_restarts, int, "an integer >= 0", intfix)
         hosts = None if ns.worker_hosts is None else [
             h.strip() for h in ns.worker_hosts.split(",")
         ]
         if ns.coordinator is not None:
             parse_coordinator(ns.coordinator)
         _validate(nproc, nnodes, node_rank, ns.coordinator, hosts, gpus, ns.backend,
-                  timeout, grace)
+                  timeout)
+        _validate_recovery(grace, restarts, nnodes, ns.preempt_signal)
         cmd = _command(target)
         result = launch(
             cmd, nproc, nnodes=nnodes, node_rank=node_rank, coordinator=ns.coordinator,
             worker_hosts=hosts, gpus_per_proc=gpus, backend=ns.backend, timeout=timeout,
-            grace=grace,
+            grace=grace, max_restarts=restarts, preempt_signal=ns.preempt_signal,
         )
     except LaunchError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr, flush=True)

@@ -403,6 +403,13 @@ def _argument_cases(script: str) -> List[List[str]]:
         ["--nproc", "2", "--backend", "mxnet", script],
         ["--nproc", "2", "--timeout", "0", script],
         ["--nproc", "2", "--grace", "-1", script],
+        ["--nproc", "2", "--grace", "0", script],              # no time to save a backup
+        ["--nproc", "2", "--max-restarts", "-1", script],
+        ["--nproc", "2", "--max-restarts", "x", script],
+        ["--nproc", "2", "--max-restarts", "1.5", script],
+        ["--nproc", "2", "--nnodes", "2", *coord, "--max-restarts", "1", script],
+        ["--nproc", "2", "--preempt-signal", "KILL", script],
+        ["--nproc", "2", "--preempt-signal", "SIGFOO", script],
         ["--nproc", "2", "--gpus-per-proc", "0", script],
         ["--nproc", "2", "--unknown", script],
     ]
@@ -421,6 +428,10 @@ def test_argument_errors_exit_2(tracked: Tracked, capsys: pytest.CaptureFixture[
         launch([], 1)
     with pytest.raises(LaunchError, match="--nproc"):
         launch([sys.executable, script], 0)
+    for bad in ({"max_restarts": -1}, {"max_restarts": True}, {"grace": 0},
+                {"preempt_signal": "STOP"}):
+        with pytest.raises(LaunchError, match="Received.*Allowed.*Fix"):
+            launch([sys.executable, script], 1, **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.multiprocess
@@ -529,3 +540,122 @@ def test_help_and_unstartable_command(tracked: Tracked,
     missing = str(tracked.tmp_path / "no-such-program")
     with pytest.raises(OSError):
         launch([missing], 2, env=tracked.env, stdout=io.StringIO(), stderr=io.StringIO())
+
+
+# --- restarts and preemption -------------------------------------------------------------
+
+# Rank 1 of the first run fails in the way given by argv[1] while rank 0 sleeps until it is
+# stopped; every later run prints what it sees and ends 0. argv[2] == "always": every run
+# fails (rank 1 exits 3).
+RESTARTING = """\
+RESTART = int(os.environ["KERASMGPU_RESTART_COUNT"])
+print(json.dumps({k: os.environ.get(k) for k in (
+    "KERASMGPU_RESTART_COUNT", "KERASMGPU_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "KERASMGPU_COORDINATOR")}), flush=True)
+if RESTART == 0 or sys.argv[2:] == ["always"]:
+    if RANK == 0:
+        ready(f"sleeping{RESTART}")
+        time.sleep(600)
+    wait_for(f"sleeping{RESTART}")
+    how = sys.argv[1]
+    if how == "exception":
+        raise RuntimeError("worker failed")
+    if how == "exit":
+        sys.exit(3)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _runs(out: str) -> Dict[int, List[dict]]:
+    """What each rank printed at the start of each run, in order."""
+    return {rank: [json.loads(x) for x in lines if x.startswith("{")]
+            for rank, lines in by_rank(out).items()}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how, code", [("exception", 1), ("exit", 3), ("sigkill", 1)])
+def test_failed_run_restarts_with_the_restart_count(tracked: Tracked, how: str,
+                                                    code: int) -> None:
+    script = tracked.script(RESTARTING)
+    out, err = io.StringIO(), io.StringIO()
+    result = launch([sys.executable, script, how], 2, max_restarts=1, env=tracked.env,
+                    stdout=out, stderr=err)
+    assert (result.returncode, result.restarts) == (0, 1), err.getvalue()
+    runs = _runs(out.getvalue())
+    assert set(runs) == {0, 1}
+    for seen in runs.values():
+        assert [(r["KERASMGPU_RESTART_COUNT"], r["TORCHELASTIC_RESTART_COUNT"]) for r in seen] \
+            == [("0", "0"), ("1", "1")]
+        assert {r["KERASMGPU_MAX_RESTARTS"] for r in seen} == {"1"}
+        assert {r["TORCHELASTIC_MAX_RESTARTS"] for r in seen} == {"1"}
+    # Each run on its own ports: the first run's sockets must not meet the second's.
+    assert runs[0][0]["KERASMGPU_COORDINATOR"] != runs[0][1]["KERASMGPU_COORDINATOR"]
+    why = "was killed by signal SIGKILL" if how == "sigkill" else f"exited with code {code}"
+    text = err.getvalue()
+    assert f"kerasmgpu launch: run 1 of at most 2: rank 1 {why}; stopped the other 1" in text
+    assert "restarting the whole job, restart 1 of 1 (KERASMGPU_RESTART_COUNT=1)" in text
+    assert_gone(*pids_in(out.getvalue()))
+    # Without restarts the same failure ends the job, as before.
+    out, err = io.StringIO(), io.StringIO()
+    result = launch([sys.executable, script, how], 2, env=tracked.env, stdout=out, stderr=err)
+    assert (result.returncode, result.failed_rank, result.restarts) == (code, 1, 0)
+    assert not [x for x in err.getvalue().splitlines() if "restart" in x and "[rank" not in x]
+    assert f"kerasmgpu launch: rank 1 {why}; stopped the other 1 worker(s)" in err.getvalue()
+    assert_gone(*pids_in(out.getvalue()))
+
+
+@pytest.mark.multiprocess
+def test_restarts_exhausted_end_with_the_last_failure(
+    tracked: Tracked, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tracked.script(RESTARTING)
+    code = main(["--nproc", "2", "--max-restarts", "2", script, "exit", "always"])
+    out, err = capsys.readouterr()
+    assert code == 3, err
+    assert [r["KERASMGPU_RESTART_COUNT"] for r in _runs(out)[1]] == ["0", "1", "2"]
+    for run in (1, 2, 3):
+        assert f"run {run} of at most 3: rank 1 exited with code 3" in err
+    assert "restart 2 of 2" in err and "restart 3" not in err
+    assert "no restart left (--max-restarts 2); exit 3" in err
+    assert_gone(*pids_in(out))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_stops_workers_and_asks_for_requeue(tracked: Tracked,
+                                                              sig: int) -> None:
+    # Each worker writes a "backup" when it gets SIGTERM, as a training script would.
+    script = tracked.script("""\
+        def backup(signum, frame):
+            ready(f"backup{RANK}-{os.environ['KERASMGPU_RESTART_COUNT']}")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, backup)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerasmgpu.launch", "--nproc", "2", "--max-restarts", "2",
+         "--preempt-signal", "usr1", script],
+        env=tracked.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines: List[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
+        while sum(line.endswith("] ready") for line in lines) < 2:
+            line = proc.stdout.readline()
+            assert line, f"launcher ended early: {proc.wait()} {proc.stderr.read()}"
+            lines.append(line.rstrip("\n"))
+        proc.send_signal(sig)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    # Both workers got SIGTERM (whichever signal the launcher got) and nothing restarted.
+    assert sorted(p.name for p in tracked.tmp_path.glob("backup*")) == ["backup0-0", "backup1-0"]
+    assert "ready" not in rest and "restarting" not in err
+    name = signal.Signals(sig).name
+    assert f"received {name}; stopped 2 worker(s)" in err
+    assert "exit 143: preempted, not restarted" in err
+    assert_gone(*pids_in("\n".join(lines)))

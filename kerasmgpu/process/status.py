@@ -10,6 +10,13 @@ SUCCESS = 0
 FAILURE = 1
 # What coreutils `timeout` returns, so shell scripts read `launch --timeout` the same way.
 TIMEOUT = 124
+# The launcher's status after a preemption signal (SIGTERM, or `--preempt-signal`): it
+# stopped the workers and the job should be run again, not counted as done or as a bug.
+# 143 = 128+SIGTERM is what SLURM and Kubernetes record for a job a SIGTERM ended, so a
+# scheduler's rule for an evicted process (a Kubernetes podFailurePolicy on exit code
+# 143, a SLURM script testing `$? -eq 143` before `scontrol requeue`) reads it the same.
+# A worker's own failure never gives 143 from the launcher unless the worker exits 143.
+REQUEUE = 143
 
 
 def by_signal(signum: int) -> int:
