@@ -745,7 +745,6 @@ def _run(job: _Job, output: _Output,
          interrupt: _Interrupt) -> tuple[list[_Worker], LaunchResult]:
     """One run of the job's workers: start them, wait, stop whatever is left."""
     workers: list[_Worker] = []
-    start = time.monotonic()
     try:
         _spawn(job, output, workers)
         outcome = _wait(workers, job.deadline, interrupt)
