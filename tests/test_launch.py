@@ -659,3 +659,58 @@ def test_preemption_signal_stops_workers_and_asks_for_requeue(tracked: Tracked,
     assert f"received {name}; stopped 2 worker(s)" in err
     assert "exit 143: preempted, not restarted" in err
     assert_gone(*pids_in("\n".join(lines)))
+
+
+def _readme_sbatch() -> str:
+    """The README's SLURM batch script for preemption, as users copy it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```bash\n")[1:]]
+    (script,) = [b for b in blocks if "--preempt-signal USR1" in b]
+    return script
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_readme_sbatch_script_requeues_on_preemption(tracked: Tracked, sig: int) -> None:
+    # The script runs as SLURM runs a batch script (bash, in the submit directory), with
+    # a stand-in scontrol that records its arguments; the signal goes to bash, as with
+    # --signal=B:USR1@120 or a preemption.
+    script = _readme_sbatch().replace("--nproc 4", "--nproc 2")
+    (tracked.tmp_path / "job.sbatch").write_text(script)
+    tracked.script("""\
+        def backup(signum, frame):
+            ready(f"backup{RANK}")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, backup)
+        print("ready", flush=True)
+        time.sleep(600)
+    """, name="train.py")
+    bin_dir = tracked.tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tracked.tmp_path}/requeued\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable),
+                            os.environ.get("PATH", "")])
+    proc = subprocess.Popen(
+        ["bash", "job.sbatch"], cwd=tracked.tmp_path, text=True,
+        env={**tracked.env, "PATH": path, "SLURM_JOB_ID": "42"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        lines: List[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
+        while sum(line.endswith("] ready") for line in lines) < 2:
+            line = proc.stdout.readline()
+            assert line, f"job ended early: {proc.wait()} {proc.stderr.read()}"
+            lines.append(line.rstrip("\n"))
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert (tracked.tmp_path / "requeued").read_text() == "requeue 42\n"
+    assert sorted(p.name for p in tracked.tmp_path.glob("backup*")) == ["backup0", "backup1"]
+    assert "exit 143: preempted, not restarted" in err
+    assert_gone(*pids_in("\n".join(lines)))
