@@ -6,9 +6,10 @@
   ends the process at once instead of waiting in the framework's shutdown for processes
   that may never come; a normal end shuts down as usual, every wait bounded.
 
-Signals a worker handles itself (SIGTERM: save a backup, then exit with a status that
-asks the launcher to start the job again) belong here too, beside `ending`, and their
-status in `status`.
+Signals a worker handles itself (SIGTERM: save a backup, then exit) belong here too,
+beside `ending`, and their status in `status`. The launcher's own answer to a
+preemption signal - stop the workers, do not restart, exit `status.REQUEUE` - is in
+`kerasmgpu.launch`.
 
 Nothing here imports a framework. Starting the frameworks' multi-process runtimes stays
 with the engines (`kerasmgpu.engines.startup`): what each one needs (a
