@@ -674,25 +674,35 @@ def _attempts(job: _Job, layout: _Layout, max_restarts: int, output: _Output,
         result.restarts = restart
         failed = result.failed_rank is not None
         if failed and restart < max_restarts and interrupt.signum is not None:
-            # A SIGTERM that came while the failure was being stopped: the machine is
-            # going away, so the job ends as preempted rather than starting again.
-            code, result.preempted = _signal_status(interrupt.signum, job.preempt)
-            result.returncode, result.interrupted_by = code, _signal_name(interrupt.signum)
-            result.message = (f"{result.message}; received {result.interrupted_by}, "
-                              f"not restarting; exit {code}")
+            _signalled_while_stopping(result, interrupt.signum, job)
         if max_restarts and result.message:
             result.message = result.message.replace(
                 f"{PROG}: ", f"{PROG}: run {restart + 1} of at most {max_restarts + 1}: ", 1)
         _report(workers, result, output)
-        if not failed or restart >= max_restarts or result.interrupted_by is not None:
-            if failed and max_restarts and result.interrupted_by is None:
-                output.say(f"{PROG}: no restart left (--max-restarts {max_restarts}); "
-                           f"exit {result.returncode}")
+        if not failed or not max_restarts or result.interrupted_by is not None:
+            return result
+        if restart >= max_restarts:
+            output.say(f"{PROG}: no restart left (--max-restarts {max_restarts}); "
+                       f"exit {result.returncode}")
+            return result
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            output.say(f"{PROG}: no restart: --timeout {job.timeout:g} s has passed; "
+                       f"exit {result.returncode}")
             return result
         restart += 1
         output.say(f"{PROG}: restarting the whole job, restart {restart} of {max_restarts} "
                    f"({RESTART_COUNT_ENV}={restart})")
         job.envs = layout.environments(restart)[0]
+
+
+def _signalled_while_stopping(result: LaunchResult, signum: int, job: _Job) -> None:
+    """A signal that came while a failure was being stopped: the launcher was asked to
+    end (a preemption: the machine is going away), so it ends as the signal says
+    instead of starting the job again."""
+    code, result.preempted = _signal_status(signum, job.preempt)
+    result.returncode, result.interrupted_by = code, _signal_name(signum)
+    result.message = f"{result.message}; received {result.interrupted_by}, not restarting; " \
+                     f"exit {code}"
 
 
 @dataclass

@@ -714,3 +714,37 @@ def test_readme_sbatch_script_requeues_on_preemption(tracked: Tracked, sig: int)
     assert sorted(p.name for p in tracked.tmp_path.glob("backup*")) == ["backup0", "backup1"]
     assert "exit 143: preempted, not restarted" in err
     assert_gone(*pids_in("\n".join(lines)))
+
+
+@pytest.mark.multiprocess
+def test_sigterm_while_a_failure_is_stopped_does_not_restart(tracked: Tracked) -> None:
+    # Rank 0 ignores SIGTERM, so after rank 1 fails the launcher waits out --grace; a
+    # SIGTERM to the launcher then means the machine is going away: no restart, 143.
+    script = tracked.script("""\
+        if RANK == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            ready("ignoring")
+            time.sleep(600)
+        wait_for("ignoring")
+        ready("failing")
+        sys.exit(3)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerasmgpu.launch", "--nproc", "2", "--max-restarts", "1",
+         "--grace", "20", script],
+        env=tracked.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert wait_until(lambda: (tracked.tmp_path / "failing").exists())
+        time.sleep(1.0)  # the launcher sees the failure within 0.05 s, then waits the grace
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "rank 1 exited with code 3" in err and "received SIGTERM, not restarting" in err
+    assert "restarting the whole job" not in err
+    assert len(pids_in(out)) == 2  # one run only
+    assert_gone(*pids_in(out))
