@@ -195,6 +195,16 @@ class Adapter:
         (tf.keras 2.x and tf_keras keep it apart), else None."""
         return None
 
+    def own_accumulation(self, optimizer: Any) -> int:
+        """The micro-batches per step of the optimizer's own gradient accumulation (1:
+        none; only Keras 3 optimizers have it)."""
+        return 1
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        """Make `optimizer` (not built yet) average its gradients over `steps` calls
+        before it applies them; False where this Keras cannot."""
+        return False
+
     def optimizer_state(self, optimizer: Any) -> List[Any]:
         """Every variable of the optimizer's state: iterations, slots, learning rate."""
         variables = self.optimizer_variables(optimizer)

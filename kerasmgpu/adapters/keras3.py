@@ -264,6 +264,28 @@ class Keras3(Adapter):
             raise self.fail("a variable has no `_value`", "the backend value of a Variable")
         return variables
 
+    def own_accumulation(self, optimizer: Any) -> int:
+        return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        # Public since Keras 3.3: the accumulators are made when the optimizer is built,
+        # and `iterations` then counts optimizer steps (3.15: `_iterations // steps`).
+        if self.own_accumulation(optimizer) == steps:
+            return True
+        if getattr(optimizer, "built", False):
+            return False
+        optimizer.gradient_accumulation_steps = steps
+        return True
+
+    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+        # Gradient accumulators are left out of the state kerasmgpu mirrors: the template
+        # trains without them (its optimizer is the user's), and kerasmgpu's accumulation
+        # ends every epoch on a whole step, where they are zero.
+        variables = super().optimizer_variables(optimizer)
+        accumulators = getattr(optimizer, "_accumulated_gradients", None) or []
+        skip = {id(v) for v in accumulators}
+        return [v for v in variables if id(v) not in skip]
+
     def state_reader(self, variables: List[Any]) -> StateReader:
         variables = self._backend_values(list(variables))
         if self.backend == "jax":
