@@ -139,7 +139,7 @@ def parallelize(
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
 # optimizer accumulates there, and kerasmgpu weighs the batches.
-_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION,)
+_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -172,8 +172,8 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
         raise bad_value(
             "accumulate_steps", steps,
             f"1 on the {cls.route} route in this release (accumulate_steps > 1: "
-            f"{', '.join(str(r) for r in _ACCUMULATING_ROUTES)}, i.e. Keras 3 on JAX)",
-            "raise batch_size instead, or train with Keras 3 on the JAX backend")
+            f"{', '.join(str(r) for r in _ACCUMULATING_ROUTES)}: Keras 3 on JAX or torch)",
+            "raise batch_size instead, or train with Keras 3 on the JAX or torch backend")
 
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,

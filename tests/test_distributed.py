@@ -199,6 +199,22 @@ def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -
     _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 
 
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="accumulate_steps > 1 needs Keras 3 "
+                    "on JAX or torch (the mirrored routes refuse it)")
+def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
+        tmp_path: Path) -> None:
+    """accumulate_steps=4 at batch 10 on two processes = one process at batch 40: 101
+    rows make groups of 40, 40 and 21 rows (the last with a padded batch of 1 row)."""
+    single = _single(tmp_path / "one", "--batch", "40")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz",
+                 keys=("loss",))
+
+
 def _assert_listeners(out: Path) -> None:
     """What the job listens on, read from the socket table while it ran: the JAX
     coordinator and torch's store on loopback only; TensorFlow's servers on every
