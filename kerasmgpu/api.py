@@ -119,8 +119,8 @@ def parallelize(
     returned unchanged; `gpus=[k]` trains a one-replica copy on device k.
     `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
     equal to one step over their rows together on one device (README, Semantics).
-    `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch
-    (not yet available: it raises, naming the routes).
+    `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
+    padding rows left out, as one device does (Keras 3 on JAX; elsewhere it raises).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
 
@@ -133,13 +133,16 @@ def parallelize(
     _check_options(adapter, cls, model, steps, sync_batchnorm)
     from kerasmgpu.training.model import options as parallel_options
 
-    with parallel_options(steps):
+    with parallel_options(steps, sync_batchnorm):
         return _parallelize(model, gpus, adapter, cls, selected, environment, steps)
 
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
 # optimizer accumulates there, and kerasmgpu weighs the batches.
 _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
+# Routes whose step is one program over the global batch: synchronized BatchNorm there
+# is BatchNorm with the padding rows left out of its moments.
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION,)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -152,11 +155,13 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     if not isinstance(sync_batchnorm, bool):
         raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
                        "pass sync_batchnorm=True or leave it out")
-    if sync_batchnorm:
+    if sync_batchnorm and cls.route not in _SYNC_BATCHNORM_ROUTES:
         raise bad_value(
-            "sync_batchnorm", True, f"False on every route in this release (route {cls.route})",
-            "leave sync_batchnorm out; BatchNormalization then normalizes each replica's "
-            "rows (README, Semantics)")
+            "sync_batchnorm", True,
+            f"False on the {cls.route} route in this release (sync_batchnorm=True: "
+            f"{', '.join(str(r) for r in _SYNC_BATCHNORM_ROUTES)}, i.e. Keras 3 on JAX)",
+            "leave sync_batchnorm out (BatchNormalization then normalizes each replica's "
+            "rows: README, Semantics), or train with Keras 3 on the JAX backend")
     optimizer = getattr(model, "optimizer", None)
     own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
     if own > 1 and steps > 1:

@@ -85,15 +85,6 @@ def test_bad_accumulate_steps_fail_before_anything(value: Any, error: type) -> N
 
 
 @pytest.mark.core
-@requires(in_process=True)
-def test_sync_batchnorm_is_refused_until_it_is_exact() -> None:
-    with pytest.raises(TypeError, match="sync_batchnorm"):
-        kerasmgpu.parallelize(mlp(keras), sync_batchnorm="yes")
-    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*Fix:"):
-        kerasmgpu.parallelize(mlp(keras), sync_batchnorm=True)
-
-
-@pytest.mark.core
 @requires(tf=True)
 def test_accumulate_steps_on_the_mirrored_route_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"accumulate_steps=4.*mirrored.*Fix:"):

@@ -264,6 +264,33 @@ class Keras3(Adapter):
             raise self.fail("a variable has no `_value`", "the backend value of a Variable")
         return variables
 
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any]) -> bool:
+        # Public since Keras 3.0: `BatchNormalization.call(inputs, training, mask)` takes
+        # the moments over the rows the mask keeps (`_moments` with a mask, 3.3 - 3.15)
+        # and updates the moving statistics with them, as one device does with its rows.
+        ops = self.keras.ops
+        norm = self.keras.layers.BatchNormalization
+        for layer in self.layers_of(model):
+            if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+
+            def call(inputs: Any, training: Any = None, mask: Any = None,
+                     _original: Any = layer.call) -> Any:
+                rows = row_mask() if training else None
+                if rows is not None:
+                    shape = ops.shape(inputs)
+                    rows = ops.reshape(ops.cast(rows, inputs.dtype),
+                                       (-1,) + (1,) * (len(shape) - 2))
+                    rows = ops.broadcast_to(rows, shape[:-1])
+                    if mask is not None:
+                        rows = rows * ops.cast(mask, inputs.dtype)
+                    mask = rows
+                return _original(inputs, training=training, mask=mask)
+
+            layer.__dict__["call"] = call
+            layer.__dict__[HOOKED + "_moments"] = True
+        return True
+
     def own_accumulation(self, optimizer: Any) -> int:
         return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 

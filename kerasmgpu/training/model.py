@@ -85,15 +85,16 @@ _options = threading.local()
 
 
 @contextlib.contextmanager
-def options(accumulate_steps: int = 1) -> Iterator[None]:
+def options(accumulate_steps: int = 1, sync_batchnorm: bool = False) -> Iterator[None]:
     """What `parallelize()` asked for beyond the devices, for the parallel models made
     in here (the engines make them; they need not know these options)."""
-    previous = getattr(_options, "accumulate_steps", 1)
-    _options.accumulate_steps = accumulate_steps
+    previous = (getattr(_options, "accumulate_steps", 1),
+                getattr(_options, "sync_batchnorm", False))
+    _options.accumulate_steps, _options.sync_batchnorm = accumulate_steps, sync_batchnorm
     try:
         yield
     finally:
-        _options.accumulate_steps = previous
+        _options.accumulate_steps, _options.sync_batchnorm = previous
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
@@ -584,8 +585,24 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
     _install_steps(replica)
+    if getattr(_options, "sync_batchnorm", False):
+        _synchronized_batchnorm(replica, adapter)
     engine.prepare_replica(replica)
     return replica
+
+
+def _synchronized_batchnorm(replica: Any, adapter: Adapter) -> None:
+    """parallelize(sync_batchnorm=True) where the step is one program over the global
+    batch (JAX): BatchNormalization's moments leave the padding rows out."""
+    from kerasmgpu.batching import MASK
+
+    def row_mask() -> Any:
+        frame = step_hooks.current()
+        return None if frame is None else adapter.column(frame.packed, MASK)
+
+    if not adapter.mask_batch_statistics(replica, row_mask):
+        raise bad_value("sync_batchnorm", True, "False with this Keras",
+                        "leave sync_batchnorm out")
 
 
 def _install_steps(replica: Any) -> None:
