@@ -140,9 +140,10 @@ def parallelize(
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
 # optimizer accumulates there, and kerasmgpu weighs the batches.
 _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
-# Routes whose step is one program over the global batch: synchronized BatchNorm there
-# is BatchNorm with the padding rows left out of its moments.
-_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION,)
+# Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
+# (the padding rows are left out of the moments), on TensorFlow the masked moments are
+# all-reduced over the replicas (Keras 3 only: `adapters.keras3`).
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -155,13 +156,13 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     if not isinstance(sync_batchnorm, bool):
         raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
                        "pass sync_batchnorm=True or leave it out")
-    if sync_batchnorm and cls.route not in _SYNC_BATCHNORM_ROUTES:
+    if sync_batchnorm and (cls.route not in _SYNC_BATCHNORM_ROUTES or not adapter.keras3):
         raise bad_value(
             "sync_batchnorm", True,
-            f"False on the {cls.route} route in this release (sync_batchnorm=True: "
-            f"{', '.join(str(r) for r in _SYNC_BATCHNORM_ROUTES)}, i.e. Keras 3 on JAX)",
+            f"False on the {cls.route} route of {adapter.line.value} in this release "
+            "(sync_batchnorm=True: Keras 3 on JAX or TensorFlow)",
             "leave sync_batchnorm out (BatchNormalization then normalizes each replica's "
-            "rows: README, Semantics), or train with Keras 3 on the JAX backend")
+            "rows: README, Semantics), or train with Keras 3 on JAX or TensorFlow")
     optimizer = getattr(model, "optimizer", None)
     own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
     if own > 1 and steps > 1:

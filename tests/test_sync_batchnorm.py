@@ -1,6 +1,7 @@
 """`parallelize(sync_batchnorm=True)`: BatchNormalization as on one device.
 
-A Dense -> BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
+Keras 3 on JAX and TensorFlow (and a layer's own `synchronized=True` there). A Dense ->
+BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
 the option the padding rows enter the statistics (the check can fail). The routes that
@@ -13,9 +14,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import IN_PROCESS, ON_JAX, assert_history_close, keras_module, requires, seed_all
+from helpers import (
+    IN_PROCESS,
+    LINE,
+    ON_JAX,
+    ON_TF,
+    assert_history_close,
+    keras_module,
+    requires,
+    seed_all,
+)
 
 import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
+
+KERAS3_TF = ON_TF and LINE is KerasLine.KERAS_3
+SYNCHRONIZES = ON_JAX or KERAS3_TF
+needs_sync = pytest.mark.skipif(not SYNCHRONIZES, reason="synchronized BatchNorm needs "
+                                "Keras 3 on JAX or TensorFlow")
 
 if IN_PROCESS:
     keras = keras_module()
@@ -23,10 +39,10 @@ if IN_PROCESS:
 ROWS, BATCH = 47, 10
 
 
-def _model() -> Any:
+def _model(**norm: Any) -> Any:
     seed_all(keras, 3)
     inputs = keras.Input((6,))
-    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    hidden = keras.layers.BatchNormalization(**norm)(keras.layers.Dense(8)(inputs))
     outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
     model = keras.Model(inputs, outputs)
     model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
@@ -43,14 +59,13 @@ def _max_difference(a: Any, b: Any) -> float:
     return max(float(np.abs(u - v).max()) for u, v in zip(a.get_weights(), b.get_weights()))
 
 
-@pytest.mark.core
-@requires(jax=True)
-def test_sync_batchnorm_equals_one_device_on_padded_batches() -> None:
+def _synchronized(layer_own: bool) -> None:
     x, y = _data()
-    one = _model()
+    norm = {"synchronized": True} if layer_own else {}
+    one = _model(**norm)
     h_one = one.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    template = _model()
-    parallel = kerasmgpu.parallelize(template, sync_batchnorm=True)
+    template = _model(**norm)
+    parallel = kerasmgpu.parallelize(template, **({} if layer_own else {"sync_batchnorm": True}))
     h_par = parallel.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     norm = [layer for layer in template.layers
             if isinstance(layer, keras.layers.BatchNormalization)][0]
@@ -73,6 +88,20 @@ def test_sync_batchnorm_equals_one_device_on_padded_batches() -> None:
 
 
 @pytest.mark.core
+@needs_sync
+def test_sync_batchnorm_equals_one_device_on_padded_batches() -> None:
+    _synchronized(layer_own=False)
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not KERAS3_TF, reason="BatchNormalization(synchronized=True) is Keras 3 "
+                    "on TensorFlow only")
+def test_a_layers_own_synchronized_is_honoured_with_padding_left_out() -> None:
+    # Keras's own synchronized moments would count the padding rows.
+    _synchronized(layer_own=True)
+
+
+@pytest.mark.core
 @requires(in_process=True)
 def test_sync_batchnorm_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"sync_batchnorm=.*Allowed: True or False"):
@@ -80,8 +109,8 @@ def test_sync_batchnorm_must_be_a_bool() -> None:
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not IN_PROCESS or ON_JAX, reason="needs an in-process route that cannot "
-                    "synchronize BatchNorm yet (TensorFlow)")
+@pytest.mark.skipif(not IN_PROCESS or SYNCHRONIZES, reason="needs an in-process route that "
+                    "cannot synchronize BatchNorm yet (tf.keras, tf_keras)")
 def test_sync_batchnorm_elsewhere_is_refused_before_anything() -> None:
     model = _model()
     before = model.get_weights()

@@ -205,10 +205,12 @@ class Adapter:
         before it applies them; False where this Keras cannot."""
         return False
 
-    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any]) -> bool:
-        """Make every BatchNormalization layer of `model` leave out the rows that
-        `row_mask()` marks 0 (padding) from its batch statistics while it trains (its
-        moments then are the real rows'); False where this Keras cannot."""
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        """Make every BatchNormalization layer of `model` (`every`; else those built with
+        `synchronized=True`) take its batch statistics over the whole global batch,
+        leaving out the rows that `row_mask()` marks 0 (padding), while it trains; False
+        where this Keras cannot."""
         return False
 
     def optimizer_state(self, optimizer: Any) -> List[Any]:

@@ -264,7 +264,8 @@ class Keras3(Adapter):
             raise self.fail("a variable has no `_value`", "the backend value of a Variable")
         return variables
 
-    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any]) -> bool:
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
         # Public since Keras 3.0: `BatchNormalization.call(inputs, training, mask)` takes
         # the moments over the rows the mask keeps (`_moments` with a mask, 3.3 - 3.15)
         # and updates the moving statistics with them, as one device does with its rows.
@@ -272,6 +273,8 @@ class Keras3(Adapter):
         norm = self.keras.layers.BatchNormalization
         for layer in self.layers_of(model):
             if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+            if not every and not getattr(layer, "synchronized", False):
                 continue
 
             def call(inputs: Any, training: Any = None, mask: Any = None,
@@ -288,8 +291,46 @@ class Keras3(Adapter):
                 return _original(inputs, training=training, mask=mask)
 
             layer.__dict__["call"] = call
+            if self.backend == "tensorflow":
+                layer.__dict__["_moments"] = self._synchronized_moments(layer)
             layer.__dict__[HOOKED + "_moments"] = True
         return True
+
+    def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
+
+        Under tf.distribute each replica holds its shard: the masked sums and row count
+        are all-reduced (a SUM across replicas), the mean taken, then the masked sum of
+        squared deviations from it - two passes, as one device's `tf.nn.moments` does,
+        not E[x^2] - E[x]^2. Keras's own `synchronized=True` keeps the padding rows in.
+        Verified on Keras 3.10 - 3.15 (`_moments`, `_reduction_axes`).
+        """
+        import tensorflow as tf
+
+        original = getattr(layer, "_moments", None)
+        if not callable(original) or not hasattr(layer, "_reduction_axes"):
+            raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
+                            "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            context = tf.distribute.get_replica_context()
+            if context is None:
+                return original(inputs, mask)
+            axes = layer._reduction_axes
+            # No mask: a step without padding rows (every row counts), still synchronized.
+            kept = tf.ones_like(inputs) if mask is None else tf.cast(
+                tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
+                tf.reduce_sum(inputs * kept, axes, keepdims=True),
+                tf.reduce_sum(kept, axes, keepdims=True)]))
+            mean = tf.math.divide_no_nan(total[0], total[1])
+            squares = context.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
+            variance = tf.math.divide_no_nan(squares, total[1])
+            return tf.squeeze(mean), tf.squeeze(variance)
+
+        return moments
 
     def own_accumulation(self, optimizer: Any) -> int:
         return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)

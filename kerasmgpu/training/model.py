@@ -585,22 +585,22 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
     _install_steps(replica)
-    if getattr(_options, "sync_batchnorm", False):
-        _synchronized_batchnorm(replica, adapter)
+    _synchronized_batchnorm(replica, adapter, getattr(_options, "sync_batchnorm", False))
     engine.prepare_replica(replica)
     return replica
 
 
-def _synchronized_batchnorm(replica: Any, adapter: Adapter) -> None:
-    """parallelize(sync_batchnorm=True) where the step is one program over the global
-    batch (JAX): BatchNormalization's moments leave the padding rows out."""
+def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None:
+    """parallelize(sync_batchnorm=True) - `every` BatchNormalization layer - and a
+    layer's own `synchronized=True` (Keras 3 on TensorFlow): moments over the global
+    batch with the padding rows left out."""
     from kerasmgpu.batching import MASK
 
     def row_mask() -> Any:
         frame = step_hooks.current()
         return None if frame is None else adapter.column(frame.packed, MASK)
 
-    if not adapter.mask_batch_statistics(replica, row_mask):
+    if not adapter.mask_batch_statistics(replica, row_mask, every) and every:
         raise bad_value("sync_batchnorm", True, "False with this Keras",
                         "leave sync_batchnorm out")
 
