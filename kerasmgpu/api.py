@@ -174,6 +174,10 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
             "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
             "inside a cond)", "drop gradient_accumulation_steps from the optimizer, or train "
             "on the JAX or torch backend")
+    problem = adapter.accumulation_problem() if steps > 1 else None
+    if problem is not None and cls.route in _ACCUMULATING_ROUTES:
+        raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
+                        "upgrade Keras to 3.8 or later, or raise batch_size instead")
     if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
         raise bad_value(
             "accumulate_steps", steps,

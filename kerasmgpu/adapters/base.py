@@ -200,6 +200,10 @@ class Adapter:
         none; only Keras 3 optimizers have it)."""
         return 1
 
+    def accumulation_problem(self) -> Optional[str]:
+        """Why this release cannot accumulate gradients exactly (None: it can)."""
+        return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"
+
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         """Make `optimizer` (not built yet) average its gradients over `steps` calls
         before it applies them; False where this Keras cannot."""

@@ -30,6 +30,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from packaging.version import Version
+
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -334,6 +336,14 @@ class Keras3(Adapter):
 
     def own_accumulation(self, optimizer: Any) -> int:
         return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+    def accumulation_problem(self) -> Optional[str]:
+        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter, and Adam's
+        # bias correction reads it: not one device's step over the whole group.
+        if self.version is not None and self.version < Version("3.8"):
+            return (f"Keras {self.version}'s optimizer counts micro-batches in `iterations`, "
+                    "which Adam's bias correction reads (Keras >= 3.8 counts steps)")
+        return None
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         # Public since Keras 3.3: the accumulators are made when the optimizer is built,
