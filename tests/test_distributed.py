@@ -218,6 +218,19 @@ def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
                  keys=("loss",))
 
 
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="an optimizer's own "
+                    "gradient_accumulation_steps is Keras 3's (refused on the mirrored route)")
+def test_keras_own_accumulation_on_two_processes_equals_one_process(tmp_path: Path) -> None:
+    """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
+    gradients are all-reduced before the optimizer accumulates them)."""
+    single = _single(tmp_path / "one", "--optimizer-accumulates", "3")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--optimizer-accumulates", "3")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+
+
 def _assert_listeners(out: Path) -> None:
     """What the job listens on, read from the socket table while it ran: the JAX
     coordinator and torch's store on loopback only; TensorFlow's servers on every
