@@ -120,7 +120,8 @@ def parallelize(
     `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
     equal to one step over their rows together on one device (README, Semantics).
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
-    padding rows left out, as one device does (Keras 3 on JAX; elsewhere it raises).
+    padding rows left out, as one device does (Keras 3 on JAX or TensorFlow; elsewhere
+    it raises).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
 
