@@ -21,7 +21,7 @@ here), then give the epoch mean over real rows, as one device reports it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -79,3 +79,28 @@ def check_steps_per_epoch(steps_per_epoch: Optional[int], steps: int) -> None:
             "and an epoch must end on a whole optimizer step)",
             f"pass steps_per_epoch={steps * max(1, round(steps_per_epoch / steps))}",
         )
+
+
+def _losses(loss: Any) -> List[Any]:
+    """Every loss of a `compile(loss=...)` argument: one, a list or a dict of them."""
+    if isinstance(loss, dict):
+        return [v for value in loss.values() for v in _losses(value)]
+    if isinstance(loss, (list, tuple)):
+        return [v for value in loss for v in _losses(value)]
+    return [loss]
+
+
+def check_loss_reduction(loss: Any, steps: int) -> None:
+    """A loss reduced by its sum cannot be weighed per micro-batch: the weighting makes
+    each micro-batch's mean count by its real rows, and a sum has no mean to weigh
+    (its gradient would be off by the factor `steps`)."""
+    if steps == 1:
+        return
+    for each in _losses(loss):
+        if getattr(each, "reduction", None) == "sum":
+            raise bad_value(
+                "loss", f"{type(each).__name__}(reduction='sum') with accumulate_steps={steps}",
+                "a loss reduced by its mean over the batch (reduction='sum_over_batch_size', "
+                "Keras's default) when accumulate_steps > 1",
+                "compile with the default reduction and scale the learning rate instead, or "
+                "parallelize() with accumulate_steps=1")

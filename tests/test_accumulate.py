@@ -182,6 +182,22 @@ def test_what_cannot_be_weighed_exactly_is_an_error() -> None:
 
 @pytest.mark.core
 @accumulates
+def test_a_loss_reduced_by_its_sum_is_an_error_before_training() -> None:
+    """A sum has no mean to weigh by rows: its gradient would be off by accumulate_steps."""
+    x, y = classification_data(ROWS)
+    template = mlp(keras)
+    template.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+        reduction="sum"))
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    before = template.get_weights()
+    with pytest.raises(ValueError, match=r"reduction='sum'.*accumulate_steps=4"):
+        parallel.fit(x, y, batch_size=BATCH, verbose=0)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.core
+@accumulates
 def test_steps_per_epoch_counts_micro_batches() -> None:
     x, y = classification_data(BATCH * STEPS * 3)
     one = mlp(keras)

@@ -309,6 +309,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     accumulate_state = state_of(self)
     if accumulate_state is not None:
         accumulation.check_steps_per_epoch(steps_per_epoch, accumulate_state.accumulate_steps)
+        accumulation.check_loss_reduction(getattr(self, "loss", None),
+                                          accumulate_state.accumulate_steps)
     state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
