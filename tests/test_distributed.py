@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
+from packaging.version import Version
 
 import kerasmgpu
 from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
@@ -195,6 +196,37 @@ def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -
     assert max(np.abs(u - v).max() for u, v in _paired_weights(
         tmp_path / "one" / "rank0.npz", tmp_path / "free" / "rank0.npz")) > 1e-3
     run = _launch(tmp_path / "two", "--clipnorm", "0.05")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH) or _VERSION is None
+                    or Version(str(_VERSION)) < Version("3.8"),
+                    reason="accumulate_steps > 1 needs Keras >= 3.8 on JAX or torch (the "
+                    "mirrored routes and older releases refuse it)")
+def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
+        tmp_path: Path) -> None:
+    """accumulate_steps=4 at batch 10 on two processes = one process at batch 40: 101
+    rows make groups of 40, 40 and 21 rows (the last with a padded batch of 1 row)."""
+    single = _single(tmp_path / "one", "--batch", "40")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz",
+                 keys=("loss",))
+
+
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="an optimizer's own "
+                    "gradient_accumulation_steps is Keras 3's (refused on the mirrored route)")
+def test_keras_own_accumulation_on_two_processes_equals_one_process(tmp_path: Path) -> None:
+    """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
+    gradients are all-reduced before the optimizer accumulates them)."""
+    single = _single(tmp_path / "one", "--optimizer-accumulates", "3")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--optimizer-accumulates", "3")
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 

@@ -195,6 +195,28 @@ class Adapter:
         (tf.keras 2.x and tf_keras keep it apart), else None."""
         return None
 
+    def own_accumulation(self, optimizer: Any) -> int:
+        """The micro-batches per step of the optimizer's own gradient accumulation (1:
+        none; only Keras 3 optimizers have it)."""
+        return 1
+
+    def accumulation_problem(self) -> Optional[str]:
+        """Why this release cannot accumulate gradients exactly (None: it can)."""
+        return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        """Make `optimizer` (not built yet) average its gradients over `steps` calls
+        before it applies them; False where this Keras cannot."""
+        return False
+
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        """Make every BatchNormalization layer of `model` (`every`; else those built with
+        `synchronized=True`) take its batch statistics over the whole global batch,
+        leaving out the rows that `row_mask()` marks 0 (padding), while it trains; False
+        where this Keras cannot."""
+        return False
+
     def optimizer_state(self, optimizer: Any) -> List[Any]:
         """Every variable of the optimizer's state: iterations, slots, learning rate."""
         variables = self.optimizer_variables(optimizer)

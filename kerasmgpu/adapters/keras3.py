@@ -30,6 +30,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from packaging.version import Version
+
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -263,6 +265,104 @@ class Keras3(Adapter):
         if any(not hasattr(v, "_value") for v in variables):
             raise self.fail("a variable has no `_value`", "the backend value of a Variable")
         return variables
+
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        # Public since Keras 3.0: `BatchNormalization.call(inputs, training, mask)` takes
+        # the moments over the rows the mask keeps (`_moments` with a mask, 3.3 - 3.15)
+        # and updates the moving statistics with them, as one device does with its rows.
+        ops = self.keras.ops
+        norm = self.keras.layers.BatchNormalization
+        for layer in self.layers_of(model):
+            if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+            if not every and not getattr(layer, "synchronized", False):
+                continue
+
+            def call(inputs: Any, training: Any = None, mask: Any = None,
+                     _original: Any = layer.call) -> Any:
+                rows = row_mask() if training else None
+                if rows is not None:
+                    shape = ops.shape(inputs)
+                    rows = ops.reshape(ops.cast(rows, inputs.dtype),
+                                       (-1,) + (1,) * (len(shape) - 2))
+                    rows = ops.broadcast_to(rows, shape[:-1])
+                    if mask is not None:
+                        rows = rows * ops.cast(mask, inputs.dtype)
+                    mask = rows
+                return _original(inputs, training=training, mask=mask)
+
+            layer.__dict__["call"] = call
+            if self.backend == "tensorflow":
+                layer.__dict__["_moments"] = self._synchronized_moments(layer)
+            layer.__dict__[HOOKED + "_moments"] = True
+        return True
+
+    def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
+
+        Under tf.distribute each replica holds its shard: the masked sums and row count
+        are all-reduced (a SUM across replicas), the mean taken, then the masked sum of
+        squared deviations from it - two passes, as one device's `tf.nn.moments` does,
+        not E[x^2] - E[x]^2. Keras's own `synchronized=True` keeps the padding rows in.
+        Verified on Keras 3.10 - 3.15 (`_moments`, `_reduction_axes`).
+        """
+        import tensorflow as tf
+
+        original = getattr(layer, "_moments", None)
+        if not callable(original) or not hasattr(layer, "_reduction_axes"):
+            raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
+                            "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            context = tf.distribute.get_replica_context()
+            if context is None:
+                return original(inputs, mask)
+            axes = layer._reduction_axes
+            # No mask: a step without padding rows (every row counts), still synchronized.
+            kept = tf.ones_like(inputs) if mask is None else tf.cast(
+                tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
+                tf.reduce_sum(inputs * kept, axes, keepdims=True),
+                tf.reduce_sum(kept, axes, keepdims=True)]))
+            mean = tf.math.divide_no_nan(total[0], total[1])
+            squares = context.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
+            variance = tf.math.divide_no_nan(squares, total[1])
+            return tf.squeeze(mean), tf.squeeze(variance)
+
+        return moments
+
+    def own_accumulation(self, optimizer: Any) -> int:
+        return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+    def accumulation_problem(self) -> Optional[str]:
+        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter, and Adam's
+        # bias correction reads it: not one device's step over the whole group.
+        if self.version is not None and self.version < Version("3.8"):
+            return (f"Keras {self.version}'s optimizer counts micro-batches in `iterations`, "
+                    "which Adam's bias correction reads (Keras >= 3.8 counts steps)")
+        return None
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        # Public since Keras 3.3: the accumulators are made when the optimizer is built,
+        # and `iterations` then counts optimizer steps (3.15: `_iterations // steps`).
+        if self.own_accumulation(optimizer) == steps:
+            return True
+        if getattr(optimizer, "built", False):
+            return False
+        optimizer.gradient_accumulation_steps = steps
+        return True
+
+    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+        # Gradient accumulators are left out of the state kerasmgpu mirrors: the template
+        # trains without them (its optimizer is the user's), and kerasmgpu's accumulation
+        # ends every epoch on a whole step, where they are zero.
+        variables = super().optimizer_variables(optimizer)
+        accumulators = getattr(optimizer, "_accumulated_gradients", None) or []
+        skip = {id(v) for v in accumulators}
+        return [v for v in variables if id(v) not in skip]
 
     def state_reader(self, variables: List[Any]) -> StateReader:
         variables = self._backend_values(list(variables))

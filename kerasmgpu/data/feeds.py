@@ -55,6 +55,7 @@ def build(
     predict: bool = False,
     seed: Optional[int] = None,
     inputs: InputSpecs = None,
+    accumulate_steps: int = 1,
 ) -> Feed:
     """A padded feed for `x` (and `y`, weights), in the form the engine consumes (`kind`).
 
@@ -62,8 +63,16 @@ def build(
     model's declared (name, shape) inputs, to check array features against up front.
     """
     request = Request(x, y, sample_weight, class_weight, batch_size, shuffle, predict, seed,
-                      inputs)
-    return input_kind(request)(adapter, planner, request).feed(kind)
+                      inputs, accumulate_steps)
+    cls = input_kind(request)
+    if accumulate_steps > 1 and cls is not Arrays:
+        raise bad_value(
+            "x", f"a {cls.__name__.lower()} with accumulate_steps={accumulate_steps}",
+            "in-memory arrays when parallelize(accumulate_steps>1) trains (the rows of every "
+            "optimizer step must be known to weigh its batches exactly)",
+            "pass numpy arrays to fit(), or parallelize() with accumulate_steps=1",
+        )
+    return cls(adapter, planner, request).feed(kind)
 
 
 def input_kind(request: Request) -> Type[Input]:

@@ -13,7 +13,9 @@ sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup
 a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
 rate, then every process fits one more epoch: the chief's template is the truth),
---clipnorm C (SGD(clipnorm=C)), --custom-step (the PyTorch guide's own train_step).
+--clipnorm C (SGD(clipnorm=C)), --accumulate K (accumulate_steps=K),
+--optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
+PyTorch guide's own train_step).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -45,6 +47,10 @@ parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
+parser.add_argument("--accumulate", type=int, default=1,
+                    help="parallelize(accumulate_steps=K)")
+parser.add_argument("--optimizer-accumulates", type=int, default=0,
+                    help="SGD(gradient_accumulation_steps=K): Keras 3's own accumulation")
 parser.add_argument("--clipnorm", type=float, default=None,
                     help="SGD(clipnorm=...): clipping must act on the global gradient")
 args = parser.parse_args()
@@ -96,9 +102,12 @@ model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
 clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
+if args.optimizer_accumulates:
+    clip["gradient_accumulation_steps"] = args.optimizer_accumulates
 model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
-pmodel = kerasmgpu.parallelize(model)
+pmodel = kerasmgpu.parallelize(
+    model, **({"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}))
 
 
 def crash_if_asked(epoch):
