@@ -291,6 +291,23 @@ class Adapter:
         for variable, value in zip(variables, values):
             variable.assign(value)
 
+    # --- BackupAndRestore (kerasmgpu.training.resume) ----------------------------------
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool]) -> bool:
+        """Make `backup` (a BackupAndRestore) call `after_save` after each backup it
+        writes, and write none while `allow()` is False. False where this line's
+        BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
+        return False
+
+    def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
+        """Tell `backup` that training stands after `batch` of `epoch`, as it would if
+        it had trained there itself (where it next saves, what epoch it records)."""
+
+    def save_backup(self, backup: Any) -> bool:
+        """Write `backup`'s backup now; False where this line cannot."""
+        return False
+
     def layers_of(self, model: Any) -> List[Any]:
         """The model and every layer inside it, each before the layers it holds."""
         out = [model]

@@ -28,7 +28,7 @@ from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.training import steps as step_hooks
-from kerasmgpu.training import sync
+from kerasmgpu.training import resume, sync
 from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"
@@ -277,9 +277,10 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    callbacks = ([_logs_callback(state, self), _to_template(state, self)]
-                 + state.engine.worker_callbacks(list(callbacks or []))
-                 + [_from_template(state)])
+    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    before, after = resume.callbacks(state.adapter, user_callbacks)
+    callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
+                 + user_callbacks + after + [_from_template(state)])
     with state.engine.scope():
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
