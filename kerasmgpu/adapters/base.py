@@ -300,12 +300,22 @@ class Adapter:
         BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
         return False
 
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        """(epoch, batch) that `backup`'s last backup records, None without one."""
+        return None
+
+    # True where Keras's fit itself continues a restored epoch at the next step (tf.keras
+    # 2.x): kerasmgpu then skips the batches already trained; False where it restarts
+    # the epoch at step 0 (Keras 3): kerasmgpu replays them and restores the state.
+    backup_resumes_mid_epoch = False
+
     def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
         """Tell `backup` that training stands after `batch` of `epoch`, as it would if
         it had trained there itself (where it next saves, what epoch it records)."""
 
-    def save_backup(self, backup: Any) -> bool:
-        """Write `backup`'s backup now; False where this line cannot."""
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        """Write `backup`'s backup now, after `batch` of `epoch`; False where this
+        line cannot."""
         return False
 
     def layers_of(self, model: Any) -> List[Any]:

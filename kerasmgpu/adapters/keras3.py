@@ -32,6 +32,8 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
@@ -421,6 +423,17 @@ class Keras3(Adapter):
         backup._last_batch_seen = batch
         backup._batches_seen_since_last_saving = 0
 
-    def save_backup(self, backup: Any) -> bool:
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        # Keras's own record beside the weights (a public file format).
+        path = os.path.join(os.fspath(backup.backup_dir), "training_metadata.json")
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            return int(record["epoch"]), int(record["batch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        self.set_backup_position(backup, epoch, batch)
         backup._save_model()
         return True

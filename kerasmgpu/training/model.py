@@ -53,7 +53,7 @@ class ParallelState:
     train_results: Optional[Dict[str, Any]] = None
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
-             **kwargs: Any) -> feeds.Feed:
+             position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
         """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
         after epoch by fit()."""
         if kwargs.get("shuffle"):
@@ -71,7 +71,21 @@ class ParallelState:
             # pipelines back to back. A user's tf.data pipeline is read as Keras reads
             # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
+        if position is not None:
+            feed = _skip_trained(feed, position)
         return self.engine.distribute_feed(feed)
+
+
+def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
+    """A resumed fit's feed without the batches its restored epoch already trained."""
+    skip = position.skip_steps(feed.steps)
+    if not skip:
+        return feed
+    skipped = feeds.skipped(feed, skip)
+    if skipped is None:
+        position.cannot_skip()
+        return feed
+    return skipped
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
@@ -261,9 +275,14 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    environment = state.engine.environment
+    position = resume.plan(state.adapter, user_callbacks,
+                           writes=not environment.multi_process() or environment.is_chief())
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
+        position=position,
     )
     if steps_per_epoch is None and train_feed.needs_steps:
         steps_per_epoch = train_feed.steps
@@ -277,8 +296,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
-    before, after = resume.callbacks(state.adapter, user_callbacks)
+    before, after = position.callbacks() if position is not None else ([], [])
     callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
                  + user_callbacks + after + [_from_template(state)])
     with state.engine.scope():

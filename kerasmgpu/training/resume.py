@@ -17,7 +17,6 @@ by plain Keras, or from another epoch) resumes as Keras resumes it.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
@@ -36,10 +35,6 @@ class Position:
     metrics: List[Any]
 
 
-def _backups(callbacks: List[Any]) -> List[Any]:
-    return [c for c in callbacks if type(c).__name__ == "BackupAndRestore"]
-
-
 def _local_dir(backup: Any) -> Optional[str]:
     path = getattr(backup, "backup_dir", None)
     if not isinstance(path, (str, os.PathLike)) or "://" in str(path):
@@ -51,25 +46,17 @@ def _metric_variables(model: Any) -> List[Any]:
     return [v for metric in model.metrics for v in metric.variables]
 
 
-def _keras_metadata(directory: str) -> Optional[Tuple[int, int]]:
-    try:
-        with open(os.path.join(directory, "training_metadata.json")) as f:
-            meta = json.load(f)
-        return int(meta["epoch"]), int(meta["batch"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def read_position(directory: str) -> Optional[Position]:
-    """Where the backup in `directory` stands, if kerasmgpu wrote it beside Keras's."""
-    path = os.path.join(directory, POSITION_FILE)
-    if not os.path.exists(path):
+def read_position(adapter: Adapter, backup: Any) -> Optional[Position]:
+    """Where `backup`'s last backup stands, if kerasmgpu wrote it beside Keras's."""
+    directory = _local_dir(backup)
+    path = os.path.join(directory or "", POSITION_FILE)
+    if directory is None or not os.path.exists(path):
         return None
     with np.load(path) as data:
         epoch, steps, batch = (int(v) for v in data["position"])
         metrics = [data[f"metric_{i}"] for i in range(int(data["metric_count"]))]
     # Keras's own record must be the one this file was written with.
-    if _keras_metadata(directory) != (epoch, batch):
+    if adapter.backup_record(backup) != (epoch, batch):
         return None
     return Position(epoch, steps, metrics)
 
@@ -83,52 +70,82 @@ def _write_position(directory: str, epoch: int, steps: int, batch: int,
     os.replace(temporary, os.path.join(directory, POSITION_FILE))
 
 
-def callbacks(adapter: Adapter, user_callbacks: List[Any]) -> Tuple[List[Any], List[Any]]:
-    """The callbacks a fit runs before and after the user's: ([], []) without a
-    BackupAndRestore kerasmgpu can follow."""
-    backups = [b for b in _backups(user_callbacks) if _local_dir(b) is not None]
+def plan(adapter: Adapter, user_callbacks: List[Any], *, writes: bool) -> Optional["Plan"]:
+    """How a fit with these callbacks keeps its position: None without a (local)
+    BackupAndRestore kerasmgpu can follow. `writes`: this process writes the backups
+    (the chief); every process reads them."""
+    found = [getattr(c, "restores", c) for c in user_callbacks]
+    backups = [b for b in found
+               if type(b).__name__ == "BackupAndRestore" and _local_dir(b) is not None]
     if len(backups) != 1:
-        return [], []
-    tracker = _Tracker(adapter, backups[0])
+        return None
+    tracker = Plan(adapter, backups[0], writes)
     if not adapter.follow_backup(backups[0], tracker.saved, tracker.may_save):
-        return [], []
-    return [tracker.front()], [tracker.back()]
+        return None
+    return tracker
 
 
-class _Tracker:
-    """The position in training, the backup being followed, and the replay after a resume."""
+class Plan:
+    """The position in training, the backup being followed, and the way back to the
+    backup's position after a resume."""
 
-    def __init__(self, adapter: Adapter, backup: Any) -> None:
+    def __init__(self, adapter: Adapter, backup: Any, writes: bool) -> None:
         self.adapter = adapter
         self.backup = backup
+        self.writes = writes
         self.directory = _local_dir(backup) or ""
         self.epoch = 0
         self.steps = 0
         self.batch = 0
         self.model: Any = None
-        # After a resume: the restored position and state, until the replay reaches it.
-        self.resume: Optional[Position] = None
+        # After a resume: the restored position, until training reaches it again.
+        self.resume = read_position(adapter, backup)
         self.restored: List[Any] = []
         self.settle = False  # the replay just ended: set Keras's counters at the next step
+
+    def skip_steps(self, steps_per_epoch: Optional[int]) -> int:
+        """Batches the feed must skip: where Keras continues the restored epoch at its
+        next step (tf.keras), the steps it already trained."""
+        resume = self.resume
+        if not self.adapter.backup_resumes_mid_epoch:
+            return 0  # Keras restarts the epoch: the replay brings it back
+        if (resume is None or not steps_per_epoch or not 0 < resume.steps < steps_per_epoch):
+            self.resume = None
+            return 0
+        return resume.steps
+
+    def cannot_skip(self) -> None:
+        self.resume = None
 
     def may_save(self) -> bool:
         return self.resume is None and not self.settle
 
     def saved(self) -> None:
         """After the backup wrote: where training stands, and the epoch's metrics."""
-        values = self.adapter.read_values(_metric_variables(self.model))
-        _write_position(self.directory, self.epoch, self.steps, self.batch, values)
+        if self.writes:
+            values = self.adapter.read_values(_metric_variables(self.model))
+            _write_position(self.directory, self.epoch, self.steps, self.batch, values)
 
     def state(self) -> List[Any]:
         model = self.model
         return list(model.weights) + self.adapter.optimizer_variables(model.optimizer)
 
-    def restore_now(self) -> None:
+    def put_metrics(self, *, add: bool = False) -> None:
+        """The restored epoch's metrics back in the model's metrics; `add`: to what one
+        step after the restore added (a metric's state is a sum: a total and a count,
+        a confusion matrix - every Keras built-in metric)."""
         assert self.resume is not None
-        self.adapter.write_values(self.state(), self.restored)
         metrics = _metric_variables(self.model)
-        if len(metrics) == len(self.resume.metrics):
-            self.adapter.write_values(metrics, self.resume.metrics)
+        if len(metrics) != len(self.resume.metrics):
+            return
+        values = self.resume.metrics
+        if add:
+            values = [r + c for r, c in zip(values, self.adapter.read_values(metrics))]
+        self.adapter.write_values(metrics, values)
+
+    def restore_now(self) -> None:
+        self.adapter.write_values(self.state(), self.restored)
+        self.put_metrics()
         self.resume = None
         self.settle = True
 
@@ -137,52 +154,77 @@ class _Tracker:
             self.settle = False
             self.adapter.set_backup_position(self.backup, self.epoch, self.batch)
 
-    def front(self) -> Any:
-        tracker = self
+    def callbacks(self) -> Tuple[List[Any], List[Any]]:
+        """The callbacks a fit runs before and after the user's."""
+        return [self._front()], [self._back()]
+
+    def _on_train_begin(self, model: Any) -> None:
+        self.model = model
+        resume = self.resume
+        if resume is not None and resume.steps == 0:
+            # An epoch boundary: Keras resumes it exactly, but Keras 3 would record
+            # epoch 0 in its next mid-epoch backup.
+            self.adapter.set_backup_position(self.backup, resume.epoch, 0)
+            self.resume = None
+
+    def _on_epoch_begin(self, epoch: int) -> None:
+        self.epoch, self.steps = epoch, 0
+        resume = self.resume
+        if resume is not None and self.adapter.backup_resumes_mid_epoch:
+            # Keras continues this epoch at step `resume.steps` with reset metrics, which
+            # it builds in its first step: their restored values are added after it.
+            if epoch == resume.epoch:
+                self.steps = resume.steps
+            else:
+                self.resume = None
+
+    def _on_batch_end(self, batch: int, model: Callable[[], Any]) -> None:
+        self.steps, self.batch = batch + 1, batch
+        resume = self.resume
+        if resume is not None and self.adapter.backup_resumes_mid_epoch:
+            self.put_metrics(add=True)
+            self.resume = None
+        elif resume is not None and (self.epoch, self.steps) == (resume.epoch, resume.steps):
+            self.model = model()  # JAX: the step's state into the variables
+            self.restore_now()
+
+    def _on_epoch_end(self, epoch: int) -> None:
+        self.end_settling()
+        # Keras's epoch-end backup: the next epoch, nothing done in it.
+        self.epoch, self.steps, self.batch = epoch + 1, 0, 0
+
+    def _front(self) -> Any:
+        plan = self
 
         class KeepPosition(self.adapter.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
             """Runs before the user's callbacks: counts steps, ends the replay."""
 
             def on_train_begin(self, logs: Any = None) -> None:
-                tracker.model = self.model
-                position = read_position(tracker.directory)
-                if position is not None and position.steps == 0:
-                    # An epoch boundary: Keras resumes it exactly, but would record
-                    # epoch 0 in its next mid-epoch backup.
-                    tracker.adapter.set_backup_position(tracker.backup, position.epoch, 0)
-                    position = None
-                tracker.resume = position
+                plan._on_train_begin(self.model)
 
             def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-                tracker.epoch, tracker.steps = epoch, 0
+                plan._on_epoch_begin(epoch)
 
             def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-                tracker.end_settling()
+                plan.end_settling()
 
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-                tracker.steps, tracker.batch = batch + 1, batch
-                resume = tracker.resume
-                if resume is not None and (tracker.epoch, tracker.steps) == (
-                        resume.epoch, resume.steps):
-                    tracker.model = self.model  # JAX: the step's state into the variables
-                    tracker.restore_now()
+                plan._on_batch_end(batch, lambda: self.model)
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-                tracker.end_settling()
-                # Keras's epoch-end backup: the next epoch, nothing done in it.
-                tracker.epoch, tracker.steps, tracker.batch = epoch + 1, 0, 0
+                plan._on_epoch_end(epoch)
 
         return KeepPosition()
 
-    def back(self) -> Any:
-        tracker = self
+    def _back(self) -> Any:
+        plan = self
 
         class TakeRestored(self.adapter.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
             """Runs after the user's BackupAndRestore restored: keeps what it restored."""
 
             def on_train_begin(self, logs: Any = None) -> None:
-                if tracker.resume is not None:
-                    tracker.model = self.model
-                    tracker.restored = tracker.adapter.read_values(tracker.state())
+                if plan.resume is not None and not plan.adapter.backup_resumes_mid_epoch:
+                    plan.model = self.model
+                    plan.restored = plan.adapter.read_values(plan.state())
 
         return TakeRestored()
