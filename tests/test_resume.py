@@ -1,0 +1,100 @@
+"""A parallel fit resumed from `BackupAndRestore(save_freq=N)` mid-epoch ends where an
+uninterrupted fit of plain Keras on one device ends: weights, optimizer state and the
+History of the epochs the resumed fit trains (`kerasmgpu.training.resume`).
+
+The interruption is a callback raising after step k (in-process); the job then runs
+again, as a restarted script would: a fresh model, a fresh parallel fit with the same
+backup directory. Several processes: tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, List, Sequence
+
+import numpy as np
+import pytest
+from helpers import (
+    ON_TORCH,
+    assert_history_close,
+    assert_weights_close,
+    classification_data,
+    keras_module,
+    mlp,
+    requires,
+)
+
+import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
+
+# 1001 rows, batch 64: 16 steps an epoch, the last one of 41 rows (3 replicas: padded).
+EPOCHS, BATCH, SAVE_FREQ = 3, 64, 5
+
+in_process = pytest.mark.skipif(ON_TORCH, reason="the torch route trains one device a "
+                                "process: tests/test_distributed.py resumes it")
+pytestmark = [in_process, requires(lines=[KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])]
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def _model(keras: Any) -> Any:
+    return mlp(keras, optimizer=keras.optimizers.Adam(1e-2))
+
+
+def _optimizer_values(model: Any) -> List[np.ndarray]:
+    variables = model.optimizer.variables
+    variables = variables() if callable(variables) else variables
+    return [v.numpy() for v in variables]
+
+
+def _fit(keras: Any, backup: str, stop_after: int = 0) -> Any:
+    class Stop(keras.callbacks.Callback):
+        steps = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.steps += 1
+            if self.steps == stop_after:
+                raise Interrupted(f"after step {stop_after}")
+
+    model = _model(keras)
+    x, y = classification_data(rows=1001)
+    parallel = kerasmgpu.parallelize(model, gpus=3)
+    callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ)]
+    if stop_after:
+        callbacks.append(Stop())
+    history = parallel.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                           callbacks=callbacks)
+    return model, history
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("stops", [(27,), (27, 3), (16,)],
+                         ids=["mid-epoch", "again-in-the-replay", "last-step"])
+def test_a_resumed_fit_ends_where_an_uninterrupted_one_ends(
+        tmp_path: Path, stops: Sequence[int]) -> None:
+    """27: after step 11 of epoch 1 (the backup holds step 9: two steps are lost);
+    then 3: stopped again in the resumed epoch before it reaches the backup's step;
+    16: after the last step of epoch 0, before its end (the backup holds that step)."""
+    keras = keras_module()
+    x, y = classification_data(rows=1001)
+    reference = _model(keras)
+    expected = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    backup = str(tmp_path / "backup")
+    for stop in stops:
+        with pytest.raises(Interrupted):
+            _fit(keras, backup, stop)
+    assert os.path.exists(os.path.join(backup, "kerasmgpu_position.npz"))
+    model, history = _fit(keras, backup)
+    assert_weights_close(model, reference)
+    for ours, theirs in zip(_optimizer_values(model), _optimizer_values(reference)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    # The resumed fit's History holds the epochs it ran, the interrupted one complete.
+    trained = len(history.history["loss"])
+    assert trained >= EPOCHS - 1
+    tail = type(expected)()
+    tail.history = {k: v[-trained:] for k, v in expected.history.items()}
+    assert_history_close(history, tail)
+    assert not os.path.exists(backup)  # BackupAndRestore's own clean-up at the end
