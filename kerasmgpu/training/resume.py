@@ -214,6 +214,14 @@ class Plan:
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 plan._on_epoch_end(epoch)
 
+            def on_train_end(self, logs: Any = None) -> None:
+                # The backup is deleted at the end (tf.keras keeps its directory).
+                if plan.writes and getattr(plan.backup, "delete_checkpoint", True):
+                    try:
+                        os.remove(os.path.join(plan.directory, POSITION_FILE))
+                    except FileNotFoundError:
+                        pass
+
         return KeepPosition()
 
     def _back(self) -> Any:
