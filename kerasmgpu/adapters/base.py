@@ -294,9 +294,10 @@ class Adapter:
     # --- BackupAndRestore (kerasmgpu.training.resume) ----------------------------------
 
     def follow_backup(self, backup: Any, after_save: Callable[[], None],
-                      allow: Callable[[], bool]) -> bool:
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
         """Make `backup` (a BackupAndRestore) call `after_save` after each backup it
-        writes, and write none while `allow()` is False. False where this line's
+        writes, and write none while `allow()` is False; `write=False`: it writes nothing
+        itself, `after_save` still runs where it would have. False where this line's
         BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
         return False
 
@@ -308,6 +309,9 @@ class Adapter:
     # 2.x): kerasmgpu then skips the batches already trained; False where it restarts
     # the epoch at step 0 (Keras 3): kerasmgpu replays them and restores the state.
     backup_resumes_mid_epoch = False
+    # True where every process of a job takes part in writing a backup (tf.keras under
+    # MultiWorkerMirroredStrategy): no process can write one alone at a signal.
+    backups_are_collective = False
 
     def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
         """Tell `backup` that training stands after `batch` of `epoch`, as it would if

@@ -403,13 +403,13 @@ class Keras3(Adapter):
         return getattr(save, "__wrapped__", save)
 
     def follow_backup(self, backup: Any, after_save: Callable[[], None],
-                      allow: Callable[[], bool]) -> bool:
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
         save = self._backup_internals(backup)
 
         def saved(*args: Any, **kwargs: Any) -> Any:
             if not allow():
                 return None
-            result = save(*args, **kwargs)
+            result = save(*args, **kwargs) if write else None
             after_save()
             return result
 
@@ -435,5 +435,15 @@ class Keras3(Adapter):
 
     def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
         self.set_backup_position(backup, epoch, batch)
-        backup._save_model()
+        # As the chief saves under a multi-process layout (engines.keras_distribution):
+        # on local arrays, not creating variables every process would have to create.
+        distribution = getattr(self.keras, "distribution", None)
+        active = distribution.distribution() if distribution is not None else None
+        if active is not None:
+            distribution.set_distribution(None)
+        try:
+            backup._save_model()
+        finally:
+            if active is not None:
+                distribution.set_distribution(active)
         return True

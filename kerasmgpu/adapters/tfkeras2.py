@@ -312,6 +312,7 @@ class TfKeras2(Adapter):
     # Verified on tf_keras 2.21.
 
     backup_resumes_mid_epoch = True
+    backups_are_collective = True
     _RECORD = "{}/.ATTRIBUTES/VARIABLE_VALUE"
 
     def _backup_save(self, backup: Any) -> Any:
@@ -321,7 +322,7 @@ class TfKeras2(Adapter):
         return getattr(save, "__wrapped__", save)
 
     def follow_backup(self, backup: Any, after_save: Callable[[], None],
-                      allow: Callable[[], bool]) -> bool:
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
         if not isinstance(getattr(backup, "save_freq", None), int):
             return False  # epoch backups: tf.keras resumes them exactly
         save = self._backup_save(backup)
@@ -329,7 +330,7 @@ class TfKeras2(Adapter):
         def saved(*args: Any, **kwargs: Any) -> Any:
             if not allow():
                 return None
-            result = save(*args, **kwargs)
+            result = save(*args, **kwargs) if write else None
             after_save()
             return result
 

@@ -19,6 +19,7 @@ stay correct: each takes what another one wrote into the template.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any, Callable, Dict, Optional
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.registry import Route
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import resume, sync
 from kerasmgpu.training.ops import EngineOps
@@ -278,7 +280,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
     environment = state.engine.environment
     position = resume.plan(state.adapter, user_callbacks,
-                           writes=not environment.multi_process() or environment.is_chief())
+                           rank=environment.global_rank() if environment.multi_process() else 0,
+                           alone=not environment.multi_process(),
+                           own_metrics=state.engine.route is Route.TORCH_DDP)
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
@@ -299,7 +303,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     before, after = position.callbacks() if position is not None else ([], [])
     callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
                  + user_callbacks + after + [_from_template(state)])
-    with state.engine.scope():
+    preemption = position.preemption() if position is not None else contextlib.nullcontext()
+    with state.engine.scope(), preemption:
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,

@@ -17,13 +17,18 @@ by plain Keras, or from another epoch) resumes as Keras resumes it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
+import threading
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from kerasmgpu.adapters import Adapter
+from kerasmgpu.process import status
 
 POSITION_FILE = "kerasmgpu_position.npz"
 
@@ -46,41 +51,72 @@ def _metric_variables(model: Any) -> List[Any]:
     return [v for metric in model.metrics for v in metric.variables]
 
 
-def read_position(adapter: Adapter, backup: Any) -> Optional[Position]:
-    """Where `backup`'s last backup stands, if kerasmgpu wrote it beside Keras's."""
+def _metrics_file(rank: int) -> str:
+    return POSITION_FILE if rank == 0 else f"kerasmgpu_metrics.{rank}.npz"
+
+
+def read_position(adapter: Adapter, backup: Any, rank: int = 0) -> Optional[Position]:
+    """Where `backup`'s last backup stands, if kerasmgpu wrote it beside Keras's, with
+    this process's metrics (on the torch route each process holds its own share)."""
     directory = _local_dir(backup)
-    path = os.path.join(directory or "", POSITION_FILE)
-    if directory is None or not os.path.exists(path):
+    if directory is None:
         return None
-    with np.load(path) as data:
-        epoch, steps, batch = (int(v) for v in data["position"])
-        metrics = [data[f"metric_{i}"] for i in range(int(data["metric_count"]))]
+    chief = _read(os.path.join(directory, POSITION_FILE))
+    if chief is None:
+        return None
+    (epoch, steps, batch), metrics = chief
+    # Every process resumes at the chief's position; its metrics are its own where it
+    # kept them there (each torch process holds its share), else the chief's.
+    own = _read(os.path.join(directory, _metrics_file(rank))) if rank else None
+    if own is not None and own[0] == chief[0]:
+        metrics = own[1]
     # Keras's own record must be the one this file was written with.
     if adapter.backup_record(backup) != (epoch, batch):
         return None
     return Position(epoch, steps, metrics)
 
 
-def _write_position(directory: str, epoch: int, steps: int, batch: int,
+def _read(path: str) -> Optional[Tuple[Tuple[int, ...], List[Any]]]:
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as data:
+        position = tuple(int(v) for v in data["position"])
+        return position, [data[f"metric_{i}"] for i in range(int(data["metric_count"]))]
+
+
+def _write_position(path: str, epoch: int, steps: int, batch: int,
                     metrics: List[Any]) -> None:
     arrays = {f"metric_{i}": np.asarray(m) for i, m in enumerate(metrics)}
-    temporary = os.path.join(directory, POSITION_FILE + ".tmp.npz")
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # the chief may not have made it yet
+    temporary = path + ".tmp.npz"
     np.savez(temporary, position=np.array([epoch, steps, batch]),
              metric_count=np.array(len(metrics)), **arrays)
-    os.replace(temporary, os.path.join(directory, POSITION_FILE))
+    os.replace(temporary, path)
 
 
-def plan(adapter: Adapter, user_callbacks: List[Any], *, writes: bool) -> Optional["Plan"]:
+def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
+         alone: bool = True, own_metrics: bool = False) -> Optional["Plan"]:
     """How a fit with these callbacks keeps its position: None without a (local)
-    BackupAndRestore kerasmgpu can follow. `writes`: this process writes the backups
-    (the chief); every process reads them."""
+    BackupAndRestore kerasmgpu can follow. `rank`: this process's; the chief (0) writes
+    the backups, every process reads them. `alone`: the only process of its job.
+    `own_metrics`: each process's metrics hold its share (summed when read)."""
     found = [getattr(c, "restores", c) for c in user_callbacks]
     backups = [b for b in found
                if type(b).__name__ == "BackupAndRestore" and _local_dir(b) is not None]
     if len(backups) != 1:
         return None
-    tracker = Plan(adapter, backups[0], writes)
-    if not adapter.follow_backup(backups[0], tracker.saved, tracker.may_save):
+    tracker = Plan(adapter, backups[0], rank)
+    # A worker that only restores (kerasmgpu's RestoreOnly) still counts the steps as
+    # the chief's backup does, to keep its own metrics where the chief backs up.
+    tracker.counts_for_chief = backups[0] not in user_callbacks
+    # At SIGTERM, a backup only where the chief can write one without the others: not
+    # where they all take part in it, nor where each keeps its share of the metrics
+    # (the others' shares of that step are not written). The last periodic backup
+    # stands there.
+    tracker.saves_at_signal = rank == 0 and (
+        alone or not (adapter.backups_are_collective or own_metrics))
+    if not adapter.follow_backup(backups[0], tracker.saved, tracker.may_save,
+                                 write=not tracker.counts_for_chief):
         return None
     return tracker
 
@@ -89,19 +125,24 @@ class Plan:
     """The position in training, the backup being followed, and the way back to the
     backup's position after a resume."""
 
-    def __init__(self, adapter: Adapter, backup: Any, writes: bool) -> None:
+    def __init__(self, adapter: Adapter, backup: Any, rank: int) -> None:
         self.adapter = adapter
         self.backup = backup
-        self.writes = writes
+        self.rank = rank
+        self.writes = rank == 0
+        self.counts_for_chief = False
         self.directory = _local_dir(backup) or ""
         self.epoch = 0
         self.steps = 0
         self.batch = 0
         self.model: Any = None
         # After a resume: the restored position, until training reaches it again.
-        self.resume = read_position(adapter, backup)
+        self.resume = read_position(adapter, backup, rank)
         self.restored: List[Any] = []
         self.settle = False  # the replay just ended: set Keras's counters at the next step
+        self.saves_at_signal = False
+        self.preempted = False  # SIGTERM came: back up at the end of this step, then exit
+        self.ended_batch = 0  # the last batch of the epoch that ended last
 
     def skip_steps(self, steps_per_epoch: Optional[int]) -> int:
         """Batches the feed must skip: where Keras continues the restored epoch at its
@@ -122,9 +163,9 @@ class Plan:
 
     def saved(self) -> None:
         """After the backup wrote: where training stands, and the epoch's metrics."""
-        if self.writes:
-            values = self.adapter.read_values(_metric_variables(self.model))
-            _write_position(self.directory, self.epoch, self.steps, self.batch, values)
+        values = self.adapter.read_values(_metric_variables(self.model))
+        _write_position(os.path.join(self.directory, _metrics_file(self.rank)),
+                        self.epoch, self.steps, self.batch, values)
 
     def state(self) -> List[Any]:
         model = self.model
@@ -153,6 +194,44 @@ class Plan:
         if self.settle:
             self.settle = False
             self.adapter.set_backup_position(self.backup, self.epoch, self.batch)
+
+    @contextlib.contextmanager
+    def preemption(self) -> Iterator[None]:
+        """While the fit runs: SIGTERM (what a scheduler sends before it stops the job,
+        and `kerasmgpu launch` passes on) ends the current step, writes a backup of it,
+        and exits with 143, the status the launcher reports as "requeue"."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def asked(signum: int, frame: Any) -> None:
+            self.preempted = True
+
+        previous = signal.signal(signal.SIGTERM, asked)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if self.preempted:  # after the last step: the signal is the script's again
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def answer_preemption(self, *, epoch_end: bool = False) -> None:
+        """After a step (or an epoch) ended: if SIGTERM came, back up here and exit."""
+        if not self.preempted:
+            return
+        if self.saves_at_signal and self.may_save():
+            epoch, batch = self.epoch, self.batch
+            if epoch_end and self.adapter.backup_resumes_mid_epoch:
+                # tf.keras reads (epoch, last batch) as "the next epoch, from its start".
+                epoch, batch = self.epoch - 1, self.ended_batch
+            self.adapter.save_backup(self.backup, epoch, batch)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        # At once: the other processes may wait in a collective for this one.
+        os._exit(status.REQUEUE)
 
     def callbacks(self) -> Tuple[List[Any], List[Any]]:
         """The callbacks a fit runs before and after the user's."""
@@ -191,6 +270,7 @@ class Plan:
     def _on_epoch_end(self, epoch: int) -> None:
         self.end_settling()
         # Keras's epoch-end backup: the next epoch, nothing done in it.
+        self.ended_batch = self.batch
         self.epoch, self.steps, self.batch = epoch + 1, 0, 0
 
     def _front(self) -> Any:
@@ -216,9 +296,9 @@ class Plan:
 
             def on_train_end(self, logs: Any = None) -> None:
                 # The backup is deleted at the end (tf.keras keeps its directory).
-                if plan.writes and getattr(plan.backup, "delete_checkpoint", True):
+                if getattr(plan.backup, "delete_checkpoint", True):
                     try:
-                        os.remove(os.path.join(plan.directory, POSITION_FILE))
+                        os.remove(os.path.join(plan.directory, _metrics_file(plan.rank)))
                     except FileNotFoundError:
                         pass
 
@@ -234,5 +314,21 @@ class Plan:
                 if plan.resume is not None and not plan.adapter.backup_resumes_mid_epoch:
                     plan.model = self.model
                     plan.restored = plan.adapter.read_values(plan.state())
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if plan.counts_for_chief:
+                    plan.backup.on_train_batch_end(batch, logs)
+                if plan.preempted:
+                    plan.model = self.model  # JAX: the step's state into the variables
+                    plan.answer_preemption()
+
+            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                if plan.counts_for_chief:
+                    plan.backup.on_epoch_begin(epoch, logs)
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                if plan.counts_for_chief:
+                    plan.backup.on_epoch_end(epoch, logs)
+                plan.answer_preemption(epoch_end=True)
 
         return TakeRestored()
