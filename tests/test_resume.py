@@ -99,3 +99,34 @@ def test_a_resumed_fit_ends_where_an_uninterrupted_one_ends(
     assert_history_close(history, tail)
     # Deleted with the backup at the end, as BackupAndRestore deletes its own.
     assert not os.path.exists(os.path.join(backup, "kerasmgpu_position.npz"))
+
+
+@pytest.mark.core
+def test_an_unwritable_backup_dir_fails_before_training(tmp_path: Path) -> None:
+    keras = keras_module()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    model = _model(keras)
+    before = [w.copy() for w in model.get_weights()]
+    x, y = classification_data(rows=64)
+    parallel = kerasmgpu.parallelize(model, gpus=3)
+    backup = keras.callbacks.BackupAndRestore(str(blocked / "backup"), save_freq=SAVE_FREQ)
+    with pytest.raises(ValueError, match=r"backup_dir.*not a directory"):
+        parallel.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[backup])
+    for ours, theirs in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.core
+def test_a_backup_of_another_model_fails_before_training(tmp_path: Path) -> None:
+    """Keras's own restore refuses it, at the start of fit (measured, kept by this test)."""
+    keras = keras_module()
+    backup = str(tmp_path / "backup")
+    with pytest.raises(Interrupted):
+        _fit(keras, backup, stop_after=SAVE_FREQ + 1)
+    other = mlp(keras, features=7, optimizer=keras.optimizers.Adam(1e-2))
+    x, y = classification_data(rows=64, features=7)
+    parallel = kerasmgpu.parallelize(other, gpus=3)
+    with pytest.raises(ValueError):
+        parallel.fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+                     callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ)])

@@ -27,6 +27,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.process import status
 
@@ -105,6 +106,8 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
                if type(b).__name__ == "BackupAndRestore" and _local_dir(b) is not None]
     if len(backups) != 1:
         return None
+    if rank == 0:
+        _check_writable(_local_dir(backups[0]) or "")
     tracker = Plan(adapter, backups[0], rank)
     # A worker that only restores (kerasmgpu's RestoreOnly) still counts the steps as
     # the chief's backup does, to keep its own metrics where the chief backs up.
@@ -119,6 +122,20 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
                                  write=not tracker.counts_for_chief):
         return None
     return tracker
+
+
+def _check_writable(directory: str) -> None:
+    """A backup that cannot be written fails now, not at its first save mid-training."""
+    existing = directory
+    while existing and not os.path.exists(existing):
+        existing = os.path.dirname(existing.rstrip(os.sep)) or "."
+    if os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK):
+        return
+    raise bad_value(
+        "BackupAndRestore(backup_dir)", directory,
+        "a directory this process can create and write (or one it can write into)",
+        f"{existing!r} is {'not a directory' if os.path.exists(existing) else 'missing'} "
+        "or not writable: pass a backup_dir on writable storage that outlives the job")
 
 
 class Plan:
