@@ -50,7 +50,7 @@ def _optimizer_values(model: Any) -> List[np.ndarray]:
     return [v.numpy() for v in variables]
 
 
-def _fit(keras: Any, backup: str, stop_after: int = 0) -> Any:
+def _fit(keras: Any, backup: str, stop_after: int = 0, gpus: int = 3) -> Any:
     class Stop(keras.callbacks.Callback):
         steps = 0
 
@@ -61,7 +61,7 @@ def _fit(keras: Any, backup: str, stop_after: int = 0) -> Any:
 
     model = _model(keras)
     x, y = classification_data(rows=1001)
-    parallel = kerasmgpu.parallelize(model, gpus=3)
+    parallel = kerasmgpu.parallelize(model, gpus=gpus)
     callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ)]
     if stop_after:
         callbacks.append(Stop())
@@ -71,13 +71,15 @@ def _fit(keras: Any, backup: str, stop_after: int = 0) -> Any:
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("stops", [(27,), (27, 3), (16,)],
-                         ids=["mid-epoch", "again-in-the-replay", "last-step"])
+@pytest.mark.parametrize("stops, gpus", [((27,), 3), ((27, 3), 3), ((16,), 3), ((27,), 2)],
+                         ids=["mid-epoch", "again-in-the-replay", "last-step",
+                              "on-fewer-devices"])
 def test_a_resumed_fit_ends_where_an_uninterrupted_one_ends(
-        tmp_path: Path, stops: Sequence[int]) -> None:
+        tmp_path: Path, stops: Sequence[int], gpus: int) -> None:
     """27: after step 11 of epoch 1 (the backup holds step 9: two steps are lost);
     then 3: stopped again in the resumed epoch before it reaches the backup's step;
-    16: after the last step of epoch 0, before its end (the backup holds that step)."""
+    16: after the last step of epoch 0, before its end (the backup holds that step);
+    on fewer devices: trained on 3, resumed on 2 (the global batch is the same)."""
     keras = keras_module()
     x, y = classification_data(rows=1001)
     reference = _model(keras)
@@ -87,7 +89,7 @@ def test_a_resumed_fit_ends_where_an_uninterrupted_one_ends(
         with pytest.raises(Interrupted):
             _fit(keras, backup, stop)
     assert os.path.exists(os.path.join(backup, "kerasmgpu_position.npz"))
-    model, history = _fit(keras, backup)
+    model, history = _fit(keras, backup, gpus=gpus)
     assert_weights_close(model, reference)
     for ours, theirs in zip(_optimizer_values(model), _optimizer_values(reference)):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
