@@ -437,7 +437,7 @@ class Keras3(Adapter):
         self.set_backup_position(backup, epoch, batch)
         # As the chief saves under a multi-process layout (engines.keras_distribution):
         # on local arrays, not creating variables every process would have to create.
-        distribution = getattr(self.keras, "distribution", None)
+        distribution: Any = getattr(self.keras, "distribution", None)
         active = distribution.distribution() if distribution is not None else None
         if active is not None:
             distribution.set_distribution(None)

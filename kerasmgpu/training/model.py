@@ -29,8 +29,8 @@ from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.registry import Route
-from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import resume, sync
+from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"

@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def _write_position(path: str, epoch: int, steps: int, batch: int,
 
 
 def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
-         alone: bool = True, own_metrics: bool = False) -> Optional["Plan"]:
+         alone: bool = True, own_metrics: bool = False) -> Optional[Plan]:
     """How a fit with these callbacks keeps its position: None without a (local)
     BackupAndRestore kerasmgpu can follow. `rank`: this process's; the chief (0) writes
     the backups, every process reads them. `alone`: the only process of its job.
@@ -293,7 +293,7 @@ class Plan:
     def _front(self) -> Any:
         plan = self
 
-        class KeepPosition(self.adapter.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        class KeepPosition(self.adapter.keras.callbacks.Callback):  # type: ignore[name-defined]
             """Runs before the user's callbacks: counts steps, ends the replay."""
 
             def on_train_begin(self, logs: Any = None) -> None:
@@ -324,7 +324,7 @@ class Plan:
     def _back(self) -> Any:
         plan = self
 
-        class TakeRestored(self.adapter.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        class TakeRestored(self.adapter.keras.callbacks.Callback):  # type: ignore[name-defined]
             """Runs after the user's BackupAndRestore restored: keeps what it restored."""
 
             def on_train_begin(self, logs: Any = None) -> None:
