@@ -109,9 +109,10 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
     if rank == 0:
         _check_writable(_local_dir(backups[0]) or "")
     tracker = Plan(adapter, backups[0], rank)
-    # A worker that only restores (kerasmgpu's RestoreOnly) still counts the steps as
-    # the chief's backup does, to keep its own metrics where the chief backs up.
-    tracker.counts_for_chief = backups[0] not in user_callbacks
+    # A worker that only restores (kerasmgpu's RestoreOnly) and holds its own share of
+    # the metrics still counts the steps as the chief's backup does, to keep its share
+    # where the chief backs up (elsewhere the metrics are the chief's).
+    tracker.counts_for_chief = own_metrics and backups[0] not in user_callbacks
     # At SIGTERM, a backup only where the chief can write one without the others: not
     # where they all take part in it, nor where each keeps its share of the metrics
     # (the others' shares of that step are not written). The last periodic backup
