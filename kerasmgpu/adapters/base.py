@@ -301,6 +301,9 @@ class Adapter:
         BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
         return False
 
+    def unfollow_backup(self, backup: Any) -> None:
+        """Undo `follow_backup` (after the fit: the callback is the user's again)."""
+
     def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
         """(epoch, batch) that `backup`'s last backup records, None without one."""
         return None

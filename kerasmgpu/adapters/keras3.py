@@ -423,6 +423,11 @@ class Keras3(Adapter):
         backup._last_batch_seen = batch
         backup._batches_seen_since_last_saving = 0
 
+    def unfollow_backup(self, backup: Any) -> None:
+        original = getattr(getattr(backup, "_save_model", None), "__wrapped__", None)
+        if original is not None:
+            backup._save_model = original
+
     def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
         # Keras's own record beside the weights (a public file format).
         path = os.path.join(os.fspath(backup.backup_dir), "training_metadata.json")

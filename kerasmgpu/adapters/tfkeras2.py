@@ -338,6 +338,11 @@ class TfKeras2(Adapter):
         backup._backup = saved
         return True
 
+    def unfollow_backup(self, backup: Any) -> None:
+        original = getattr(getattr(backup, "_backup", None), "__wrapped__", None)
+        if original is not None:
+            backup._backup = original
+
     def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
         tf = self._tf
         path = tf.train.latest_checkpoint(os.path.join(os.fspath(backup.backup_dir), "chief"))

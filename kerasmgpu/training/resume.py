@@ -217,9 +217,13 @@ class Plan:
     def preemption(self) -> Iterator[None]:
         """While the fit runs: SIGTERM (what a scheduler sends before it stops the job,
         and `kerasmgpu launch` passes on) ends the current step, writes a backup of it,
-        and exits with 143, the status the launcher reports as "requeue"."""
+        and exits with 143, the status the launcher reports as "requeue". After it, the
+        user's BackupAndRestore is no longer followed."""
         if threading.current_thread() is not threading.main_thread():
-            yield
+            try:
+                yield
+            finally:
+                self.adapter.unfollow_backup(self.backup)
             return
 
         def asked(signum: int, frame: Any) -> None:
@@ -229,6 +233,7 @@ class Plan:
         try:
             yield
         finally:
+            self.adapter.unfollow_backup(self.backup)
             signal.signal(signal.SIGTERM, previous)
             if self.preempted:  # after the last step: the signal is the script's again
                 os.kill(os.getpid(), signal.SIGTERM)
