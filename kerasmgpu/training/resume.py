@@ -3,16 +3,23 @@
 Keras 3's `BackupAndRestore(save_freq=N)` writes the weights and optimizer state every N
 steps, but restores only the epoch: a job stopped after step k of epoch e restarts
 epoch e from its first batch with the weights of step k, trains the first k batches a
-second time, and its History of epoch e holds only the steps after the restart. Here,
+second time, and its History of epoch e holds only the steps after the restart.
+tf.keras's continues at step k+1, but reads the epoch's data from its start. Here,
 while the user's backup saves, kerasmgpu writes beside it where training stood (the
-epoch and the steps done in it) and the values of the epoch's metrics
-(`kerasmgpu_position.npz`). A fit that restores such a backup runs the epoch's first k
-steps again (every process reads the same stream, so no batch order changes), keeps no
-backup of them, and after step k puts back the restored weights, optimizer state and
-metrics: from step k+1 on, training and its History are the uninterrupted run's.
+epoch and the steps done in it) and the epoch's metric states
+(`kerasmgpu_position.npz`; on torch every process writes its own share). A fit that
+restores such a backup then either
+* (Keras 3) runs the epoch's first k steps again (every process reads the same stream),
+  keeps no backup of them, and after step k puts back the restored weights, optimizer
+  state and metrics - the cost is those k steps' time; or
+* (tf.keras) reads a feed without the k batches already trained, and adds the restored
+  metric states to those of its first step (every built-in metric's state is a sum).
+From there on, training and its History are the uninterrupted run's. A backup without
+the file (written by plain Keras, or another position) resumes as Keras resumes it.
 
-The cost is those k steps' time (less than one epoch). A backup without the file (written
-by plain Keras, or from another epoch) resumes as Keras resumes it.
+`Plan.preemption` also makes SIGTERM during the fit end the current step, back it up
+through the user's callback, and exit 143 (what `kerasmgpu launch` reports as requeue).
+Private names of each Keras line's BackupAndRestore are in the adapters.
 """
 
 from __future__ import annotations
