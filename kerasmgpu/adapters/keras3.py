@@ -23,7 +23,8 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   writes; on TensorFlow a hash of the tf.Variable (`tensorflow.value_hasher`).
 * `model._compile_config`: a new object at every `compile()` (3.3+).
 * `optimizer._distribution_strategy`: the tf.distribute strategy it was created under.
-* `BackupAndRestore` (3.3-3.15): `_save_model` (wrapped on the instance: a backup
+* `BackupAndRestore` (the same in the sources of 3.3, 3.8, 3.10, 3.12 and 3.15; run
+  on 3.15): `_save_model` (wrapped on the instance: a backup
   kerasmgpu follows, a save at SIGTERM) and its position counters `_current_epoch`,
   `_last_batch_seen`, `_batches_seen_since_last_saving` (set after a mid-epoch resume:
   Keras restores only the epoch and would record epoch 0 in its next backup).
