@@ -104,3 +104,18 @@ def check_loss_reduction(loss: Any, steps: int) -> None:
                 "Keras's default) when accumulate_steps > 1",
                 "compile with the default reduction and scale the learning rate instead, or "
                 "parallelize() with accumulate_steps=1")
+
+
+def check_callbacks(callbacks: Any, steps: int) -> None:
+    """A mid-epoch resume (`BackupAndRestore`, kerasmgpu.training.resume) counts batches,
+    not optimizer steps: with accumulate_steps > 1 it could resume inside a group, which is
+    not tested - refused rather than possibly different numbers."""
+    if steps == 1:
+        return
+    for callback in callbacks or []:
+        if type(callback).__name__ == "BackupAndRestore":
+            raise bad_value(
+                "callbacks", f"BackupAndRestore with accumulate_steps={steps}",
+                "BackupAndRestore with accumulate_steps=1 only (in this release)",
+                "drop BackupAndRestore (ModelCheckpoint at epoch ends resumes exactly), or "
+                "parallelize() with accumulate_steps=1")

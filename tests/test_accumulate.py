@@ -182,8 +182,9 @@ def test_what_cannot_be_weighed_exactly_is_an_error() -> None:
 
 @pytest.mark.core
 @accumulates
-def test_a_loss_reduced_by_its_sum_is_an_error_before_training() -> None:
-    """A sum has no mean to weigh by rows: its gradient would be off by accumulate_steps."""
+def test_what_accumulation_cannot_weigh_is_an_error_before_training(tmp_path: Any) -> None:
+    """A sum has no mean to weigh by rows (its gradient would be off by accumulate_steps);
+    a mid-epoch resume counts batches, not optimizer steps (untested, so refused)."""
     x, y = classification_data(ROWS)
     template = mlp(keras)
     template.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
@@ -192,6 +193,11 @@ def test_a_loss_reduced_by_its_sum_is_an_error_before_training() -> None:
     before = template.get_weights()
     with pytest.raises(ValueError, match=r"reduction='sum'.*accumulate_steps=4"):
         parallel.fit(x, y, batch_size=BATCH, verbose=0)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    resumable = kerasmgpu.parallelize(mlp(keras), accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"BackupAndRestore with accumulate_steps=4"):
+        resumable.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[backup])
+    assert not (tmp_path / "backup").exists()
     for a, b in zip(before, template.get_weights()):
         np.testing.assert_array_equal(a, b)
 

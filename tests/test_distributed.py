@@ -70,10 +70,12 @@ def _single(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240, worker: str = WORKER,
-            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+            env: Optional[Dict[str, str]] = None, restarts: int = 0
+            ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     command: List[str] = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
-                          "--timeout", str(timeout), "--grace", "3", worker, str(out), *args]
+                          "--timeout", str(timeout), "--grace", "3",
+                          "--max-restarts", str(restarts), worker, str(out), *args]
     return subprocess.run(command, env={**_env(), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout + 60)
 
@@ -274,6 +276,64 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> Non
     reference = _single(tmp_path / "ref", "--epochs", "4")
     assert reference.returncode == 0, reference.stderr[-3000:]
     _assert_same(tmp_path / "ref" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
+
+
+# 101 rows, global batch 10: 11 steps an epoch. Backups every 4 steps; the last one
+# before step 17 (epoch 1, its 6th step) holds step 16: a resume must skip or replay the
+# epoch's first 5 steps and end where the uninterrupted run ends.
+MID_EPOCH = ["--epochs", "3", "--save-freq", "4"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, one device, 3 epochs without a stop: the reference of a resume."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    reference = _single(out, "--epochs", "3")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    return out / "rank0.npz"
+
+
+def _assert_resumed_exactly(expected: Path, out: Path) -> None:
+    got = out / "rank0.npz"
+    _assert_same(expected, got, keys=("evaluation",))
+    loss = np.load(got, allow_pickle=True)["loss"]
+    assert len(loss) == 2, loss  # epochs 1 and 2: resumed, not restarted
+    np.testing.assert_allclose(loss, np.load(expected, allow_pickle=True)["loss"][1:],
+                               rtol=1e-5, atol=1e-6)
+
+
+@trains_in_processes
+def test_a_worker_killed_mid_epoch_restarts_and_resumes_exactly(tmp_path: Path,
+                                                                 uninterrupted: Path) -> None:
+    out, backup = tmp_path / "run", tmp_path / "backup"
+    run = _launch(out, *MID_EPOCH, "--backup", str(backup), "--crash-rank", "1",
+                  "--crash-step", "17", "--crash-epoch", "1", "--crash-how", "sigkill",
+                  restarts=1)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "restarting the whole job, restart 1 of 1" in run.stderr, run.stderr[-3000:]
+    _assert_resumed_exactly(uninterrupted, out)
+
+
+@trains_in_processes
+def test_a_preempted_job_run_again_resumes_exactly(tmp_path: Path,
+                                                   uninterrupted: Path) -> None:
+    out, backup = tmp_path / "run", tmp_path / "backup"
+    command = [*MID_EPOCH, "--backup", str(backup), "--preempt-step", "17"]
+    preempted = _launch(out, *command)
+    assert preempted.returncode == 143, (preempted.stdout + preempted.stderr)[-4000:]
+    assert not (out / "rank0.npz").exists()
+    pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
+    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    # The chief wrote a backup of the step SIGTERM came in (epoch 1, 6 steps done), not
+    # only the last periodic one (5 steps done) - except where every worker takes part
+    # in a backup (tf.keras's MultiWorkerMirroredStrategy) or keeps its own share of
+    # the metrics (torch): there the chief cannot write one alone.
+    steps = 5 if LINE in MULTI_WORKER_LINES or ON_TORCH else 6
+    with np.load(backup / "kerasmgpu_position.npz") as position:
+        assert list(position["position"][:2]) == [1, steps], position["position"]
+    again = _launch(out, *command)  # the same command, as a requeued job runs it
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    _assert_resumed_exactly(uninterrupted, out)
 
 
 def _group_members(pgids: List[int]) -> List[int]:

@@ -313,6 +313,40 @@ class Adapter:
         for variable, value in zip(variables, values):
             variable.assign(value)
 
+    # --- BackupAndRestore (kerasmgpu.training.resume) ----------------------------------
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
+        """Make `backup` (a BackupAndRestore) call `after_save` after each backup it
+        writes, and write none while `allow()` is False; `write=False`: it writes nothing
+        itself, `after_save` still runs where it would have. False where this line's
+        BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
+        return False
+
+    def unfollow_backup(self, backup: Any) -> None:
+        """Undo `follow_backup` (after the fit: the callback is the user's again)."""
+
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        """(epoch, batch) that `backup`'s last backup records, None without one."""
+        return None
+
+    # True where Keras's fit itself continues a restored epoch at the next step (tf.keras
+    # 2.x): kerasmgpu then skips the batches already trained; False where it restarts
+    # the epoch at step 0 (Keras 3): kerasmgpu replays them and restores the state.
+    backup_resumes_mid_epoch = False
+    # True where every process of a job takes part in writing a backup (tf.keras under
+    # MultiWorkerMirroredStrategy): no process can write one alone at a signal.
+    backups_are_collective = False
+
+    def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
+        """Tell `backup` that training stands after `batch` of `epoch`, as it would if
+        it had trained there itself (where it next saves, what epoch it records)."""
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        """Write `backup`'s backup now, after `batch` of `epoch`; False where this
+        line cannot."""
+        return False
+
     def layers_of(self, model: Any) -> List[Any]:
         """The model and every layer inside it, each before the layers it holds."""
         out = [model]

@@ -23,11 +23,18 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   writes; on TensorFlow a hash of the tf.Variable (`tensorflow.value_hasher`).
 * `model._compile_config`: a new object at every `compile()` (3.3+).
 * `optimizer._distribution_strategy`: the tf.distribute strategy it was created under.
+* `BackupAndRestore` (the same in the sources of 3.3, 3.8, 3.10, 3.12 and 3.15; run
+  on 3.15): `_save_model` (wrapped on the instance: a backup
+  kerasmgpu follows, a save at SIGTERM) and its position counters `_current_epoch`,
+  `_last_batch_seen`, `_batches_seen_since_last_saving` (set after a mid-epoch resume:
+  Keras restores only the epoch and would record epoch 0 in its next backup).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
@@ -482,3 +489,67 @@ class Keras3(Adapter):
         # one state.
         tf_internals.equalize_across_replicas(
             [getattr(v, "value", v) for v in model.non_trainable_variables], strategy)
+
+    # --- BackupAndRestore ----------------------------------------------------------------
+
+    _BACKUP_COUNTERS = ("_current_epoch", "_last_batch_seen", "_batches_seen_since_last_saving")
+
+    def _backup_internals(self, backup: Any) -> Any:
+        save = getattr(backup, "_save_model", None)
+        missing = [n for n in self._BACKUP_COUNTERS if not hasattr(backup, n)]
+        if not callable(save) or missing:
+            raise self.fail("BackupAndRestore has no `_save_model` or position counters "
+                            f"{missing}", "an exact mid-epoch resume")
+        # A wrapper from an earlier fit of the same callback is replaced, not stacked.
+        return getattr(save, "__wrapped__", save)
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
+        save = self._backup_internals(backup)
+
+        def saved(*args: Any, **kwargs: Any) -> Any:
+            if not allow():
+                return None
+            result = save(*args, **kwargs) if write else None
+            after_save()
+            return result
+
+        saved.__wrapped__ = save  # type: ignore[attr-defined]
+        backup._save_model = saved
+        return True
+
+    def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
+        self._backup_internals(backup)
+        backup._current_epoch = epoch
+        backup._last_batch_seen = batch
+        backup._batches_seen_since_last_saving = 0
+
+    def unfollow_backup(self, backup: Any) -> None:
+        original = getattr(getattr(backup, "_save_model", None), "__wrapped__", None)
+        if original is not None:
+            backup._save_model = original
+
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        # Keras's own record beside the weights (a public file format).
+        path = os.path.join(os.fspath(backup.backup_dir), "training_metadata.json")
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            return int(record["epoch"]), int(record["batch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        self.set_backup_position(backup, epoch, batch)
+        # As the chief saves under a multi-process layout (engines.keras_distribution):
+        # on local arrays, not creating variables every process would have to create.
+        distribution: Any = getattr(self.keras, "distribution", None)
+        active = distribution.distribution() if distribution is not None else None
+        if active is not None:
+            distribution.set_distribution(None)
+        try:
+            backup._save_model()
+        finally:
+            if active is not None:
+                distribution.set_distribution(active)
+        return True

@@ -39,7 +39,7 @@ from kerasmgpu.data.python import Generator, Indexed
 from kerasmgpu.data.structure import is_array_like, map_structure, to_numpy
 from kerasmgpu.registry import FeedKind
 
-__all__ = ["Feed", "build", "check_inputs", "pad_batch", "repeated", "split_validation"]
+__all__ = ["Feed", "build", "check_inputs", "pad_batch", "repeated", "skipped", "split_validation"]
 
 
 def build(
@@ -108,6 +108,14 @@ def repeated(feed: Feed) -> Feed:
     if feed.steps is None or not is_dataset(feed.data) or feed.per_epoch_iterators:
         return feed
     return dataclasses.replace(feed, data=feed.data.repeat(), needs_steps=True)
+
+
+def skipped(feed: Feed, steps: int) -> Optional[Feed]:
+    """The repeated feed without its first `steps` batches (already trained before a
+    resume); None for a feed read epoch by epoch, which cannot skip them."""
+    if not feed.needs_steps or not is_dataset(feed.data) or feed.per_epoch_iterators:
+        return None
+    return dataclasses.replace(feed, data=feed.data.skip(steps))
 
 
 def split_validation(

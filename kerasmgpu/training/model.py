@@ -30,8 +30,9 @@ from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.registry import Route
+from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
-from kerasmgpu.training import sync
 from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"
@@ -58,7 +59,7 @@ class ParallelState:
     accumulate_steps: int = 1
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
-             **kwargs: Any) -> feeds.Feed:
+             position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
         """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
         after epoch by fit()."""
         if kwargs.get("shuffle"):
@@ -78,6 +79,8 @@ class ParallelState:
             # pipelines back to back. A user's tf.data pipeline is read as Keras reads
             # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
+        if position is not None:
+            feed = _skip_trained(feed, position)
         return self.engine.distribute_feed(feed)
 
 
@@ -95,6 +98,17 @@ def options(accumulate_steps: int = 1, sync_batchnorm: bool = False) -> Iterator
         yield
     finally:
         _options.accumulate_steps, _options.sync_batchnorm = previous
+
+def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
+    """A resumed fit's feed without the batches its restored epoch already trained."""
+    skip = position.skip_steps(feed.steps)
+    if not skip:
+        return feed
+    skipped = feeds.skipped(feed, skip)
+    if skipped is None:
+        position.cannot_skip()
+        return feed
+    return skipped
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
@@ -311,13 +325,21 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         accumulation.check_steps_per_epoch(steps_per_epoch, accumulate_state.accumulate_steps)
         accumulation.check_loss_reduction(getattr(self, "loss", None),
                                           accumulate_state.accumulate_steps)
+        accumulation.check_callbacks(callbacks, accumulate_state.accumulate_steps)
     state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    environment = state.engine.environment
+    position = resume.plan(state.adapter, user_callbacks,
+                           rank=environment.global_rank() if environment.multi_process() else 0,
+                           alone=not environment.multi_process(),
+                           own_metrics=state.engine.route is Route.TORCH_DDP)
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
+        position=position,
     )
     if steps_per_epoch is None and train_feed.needs_steps:
         steps_per_epoch = train_feed.steps
@@ -331,10 +353,11 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    callbacks = ([_logs_callback(state, self), _to_template(state, self)]
-                 + state.engine.worker_callbacks(list(callbacks or []))
-                 + [_from_template(state)])
-    with state.engine.scope():
+    before, after = position.callbacks() if position is not None else ([], [])
+    callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
+                 + user_callbacks + after + [_from_template(state)])
+    preemption = position.preemption() if position is not None else contextlib.nullcontext()
+    with state.engine.scope(), preemption:
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,
