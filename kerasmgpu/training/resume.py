@@ -25,6 +25,7 @@ Private names of each Keras line's BackupAndRestore are in the adapters.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import sys
@@ -114,7 +115,12 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
     if len(backups) != 1:
         return None
     if rank == 0:
-        _check_writable(_local_dir(backups[0]) or "")
+        directory = _local_dir(backups[0]) or ""
+        _check_writable(directory)
+        # Made now, before the first step: Keras's save checks for the directory, then
+        # makes it without exist_ok, and a process writing its share of the metrics into
+        # it (torch) could make it in between (FileExistsError on the chief, measured).
+        os.makedirs(directory, exist_ok=True)
     tracker = Plan(adapter, backups[0], rank)
     # A worker that only restores (kerasmgpu's RestoreOnly) and holds its own share of
     # the metrics still counts the steps as the chief's backup does, to keep its share
@@ -325,12 +331,19 @@ class Plan:
                 plan._on_epoch_end(epoch)
 
             def on_train_end(self, logs: Any = None) -> None:
-                # The backup is deleted at the end (tf.keras keeps its directory).
-                if getattr(plan.backup, "delete_checkpoint", True):
-                    try:
-                        os.remove(os.path.join(plan.directory, _metrics_file(plan.rank)))
-                    except FileNotFoundError:
-                        pass
+                # The backup is deleted at the end (tf.keras keeps its directory). The
+                # chief removes every process's file, before Keras's own deletion of the
+                # directory (this callback runs first): another process removing its own
+                # while that deletion lists the directory fails it (measured on torch).
+                # The others wrote their last share before the epoch end's collective.
+                if plan.rank == 0 and getattr(plan.backup, "delete_checkpoint", True):
+                    names = glob.glob(os.path.join(glob.escape(plan.directory),
+                                                   "kerasmgpu_metrics.*.npz"))
+                    for name in [os.path.join(plan.directory, _metrics_file(0)), *names]:
+                        try:
+                            os.remove(name)
+                        except FileNotFoundError:
+                            pass
 
         return KeepPosition()
 
