@@ -72,6 +72,23 @@ def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
     return bad_value("class_weight", class_weight, allowed, fix)
 
 
+def following_save(save: Callable[..., Any], after_save: Callable[[], None],
+                   allow: Callable[[], bool], write: bool) -> Callable[..., Any]:
+    """`save` (a BackupAndRestore's own save method), run only when `allow()` says so
+    (`write`: False for a process that only counts), then `after_save()`. The original
+    stays reachable as `__wrapped__`, so a later fit replaces the wrapper, not stacks it."""
+
+    def saved(*args: Any, **kwargs: Any) -> Any:
+        if not allow():
+            return None
+        result = save(*args, **kwargs) if write else None
+        after_save()
+        return result
+
+    saved.__wrapped__ = save  # type: ignore[attr-defined]
+    return saved
+
+
 class Adapter:
     """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
 

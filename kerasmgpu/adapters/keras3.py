@@ -47,6 +47,7 @@ from kerasmgpu.adapters.base import (
     Held,
     StateReader,
     class_weight_error,
+    following_save,
 )
 from kerasmgpu.registry import verified_range
 
@@ -506,16 +507,7 @@ class Keras3(Adapter):
     def follow_backup(self, backup: Any, after_save: Callable[[], None],
                       allow: Callable[[], bool], *, write: bool = True) -> bool:
         save = self._backup_internals(backup)
-
-        def saved(*args: Any, **kwargs: Any) -> Any:
-            if not allow():
-                return None
-            result = save(*args, **kwargs) if write else None
-            after_save()
-            return result
-
-        saved.__wrapped__ = save  # type: ignore[attr-defined]
-        backup._save_model = saved
+        backup._save_model = following_save(save, after_save, allow, write)
         return True
 
     def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:

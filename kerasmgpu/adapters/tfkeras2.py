@@ -27,7 +27,14 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter, StateReader, class_weight_error
+from kerasmgpu.adapters.base import (
+    COMPILE_KEYS,
+    HOOKED,
+    Adapter,
+    StateReader,
+    class_weight_error,
+    following_save,
+)
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -327,16 +334,7 @@ class TfKeras2(Adapter):
         if not isinstance(getattr(backup, "save_freq", None), int):
             return False  # epoch backups: tf.keras resumes them exactly
         save = self._backup_save(backup)
-
-        def saved(*args: Any, **kwargs: Any) -> Any:
-            if not allow():
-                return None
-            result = save(*args, **kwargs) if write else None
-            after_save()
-            return result
-
-        saved.__wrapped__ = save  # type: ignore[attr-defined]
-        backup._backup = saved
+        backup._backup = following_save(save, after_save, allow, write)
         return True
 
     def unfollow_backup(self, backup: Any) -> None:
