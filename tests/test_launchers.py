@@ -7,6 +7,9 @@ job must name its launcher, end with the weights of one process trained on the s
 global batches, and listen on loopback where kerasmgpu starts the listener. A process
 that fails under an external launcher must not keep the others waiting: the launcher
 ends the job (torchrun, `mpirun`, `srun --kill-on-bad-exit=1`) within the bound.
+The README's SLURM batch script, preempted with USR1 and requeued by its own
+`scontrol requeue` under sbatch, resumes in its second run and ends where an
+uninterrupted run ends (the last section).
 
 A launcher that is not installed here is skipped, and the skip says how to get it.
 Every run is bounded (`timeout`), in its own process group, and checked for leftovers.
