@@ -263,6 +263,15 @@ def _job(job_id: str) -> Dict[str, str]:
     return dict(field.split("=", 1) for field in shown.split() if "=" in field)
 
 
+def _cancelled(job_id: str) -> bool:
+    """SIGKILL to every process of the job, then cancel it: a plain scancel sends SIGTERM,
+    which the README's script reads as preemption and requeues the job (seen here)."""
+    subprocess.run(["scancel", "--full", "--signal=KILL", job_id], capture_output=True,
+                   timeout=30)
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    return _job(job_id).get("JobState", "") in _ENDED + ("",)
+
+
 def _processes_mentioning(text: str) -> List[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -316,12 +325,13 @@ def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly
             time.sleep(1)
     finally:
         if job.get("JobState") not in _ENDED:
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-            wait_until(lambda: _job(job_id).get("JobState", "") in _ENDED + ("",),
-                       timeout=60, poll=1)
+            wait_until(lambda: _cancelled(job_id), timeout=60, poll=1)
+            for pid in _processes_mentioning(str(out)):  # only this test's: its own folder
+                os.kill(pid, signal.SIGKILL)
     text = log.read_text() if log.exists() else "(no log)"
-    assert job.get("JobState") == "COMPLETED", f"{job}\n{text[-4000:]}"
-    assert job.get("Restarts") == "1" and job.get("ExitCode") == "0:0", job
+    state = {k: job.get(k) for k in ("JobState", "Reason", "Restarts", "ExitCode")}
+    assert state["JobState"] == "COMPLETED", f"{state}\n{text[-4000:]}"
+    assert state["Restarts"] == "1" and state["ExitCode"] == "0:0", state
     assert "received SIGUSR1" in text and "exit 143: preempted, not restarted" in text, text
     _assert_resumed_exactly(uninterrupted, out)
     for u, v in _paired_weights(out / "rank0.npz", out / "rank1.npz"):
