@@ -327,7 +327,10 @@ def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly
         if job.get("JobState") not in _ENDED:
             wait_until(lambda: _cancelled(job_id), timeout=60, poll=1)
             for pid in _processes_mentioning(str(out)):  # only this test's: its own folder
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     text = log.read_text() if log.exists() else "(no log)"
     state = {k: job.get(k) for k in ("JobState", "Reason", "Restarts", "ExitCode")}
     assert state["JobState"] == "COMPLETED", f"{state}\n{text[-4000:]}"
