@@ -7,6 +7,9 @@ job must name its launcher, end with the weights of one process trained on the s
 global batches, and listen on loopback where kerasmgpu starts the listener. A process
 that fails under an external launcher must not keep the others waiting: the launcher
 ends the job (torchrun, `mpirun`, `srun --kill-on-bad-exit=1`) within the bound.
+The README's SLURM batch script, preempted with USR1 and requeued by its own
+`scontrol requeue` under sbatch, resumes in its second run and ends where an
+uninterrupted run ends (the last section).
 
 A launcher that is not installed here is skipped, and the skip says how to get it.
 Every run is bounded (`timeout`), in its own process group, and checked for leftovers.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,17 +28,21 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_TORCH, wait_until
 from test_distributed import (
     LOCAL_DEVICES,
+    MID_EPOCH,
     MULTI_WORKER_LINES,
     WORKER,
+    _assert_resumed_exactly,
     _assert_same,
     _env,
     _group_members,
     _loopback,
     _paired_weights,
+    _single,
     trains_in_processes,
 )
 
@@ -221,3 +229,118 @@ def test_a_failing_process_does_not_keep_the_others_waiting(tmp_path: Path) -> N
     assert returned - died < 60, f"{launcher} returned {returned - died:.0f} s after the failure"
     assert not (out / "rank0.npz").exists()
     _assert_nothing_left(out)
+
+
+# --- SLURM: the README's batch script, preempted and requeued for real ----------------------
+#
+# The batch script of README "Restarts and preemption", as printed but for two processes and
+# no GPU request (this node has none), submitted with sbatch to the one-node cluster. After
+# step 17 (epoch 1, its 6th step) rank 0 asks SLURM for USR1 to the batch script
+# (`scancel --batch --signal=USR1`, the delivery `--signal=B:USR1@120` uses at the time
+# limit); the script's trap passes it to `kerasmgpu launch`, which stops the workers and
+# exits 143, and the script runs `scontrol requeue`. SLURM runs the script again
+# (SLURM_RESTART_COUNT=1): the same command resumes from the BackupAndRestore backup and
+# must end where an uninterrupted run ends (within 1e-5).
+
+JOB_TIMEOUT = 400  # both runs of the job, and the wait between them
+_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+          "BOOT_FAIL", "DEADLINE")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, 3 epochs without a stop (as in test_distributed.py's resume tests)."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    run = _single(out, "--epochs", "3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out / "rank0.npz"
+
+
+def _job(job_id: str) -> Dict[str, str]:
+    """`scontrol show job` as a dict ({} once SLURM has forgotten the job)."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                           text=True, timeout=30).stdout
+    return dict(field.split("=", 1) for field in shown.split() if "=" in field)
+
+
+def _cancelled(job_id: str) -> bool:
+    """SIGKILL to every process of the job, then cancel it: a plain scancel sends SIGTERM,
+    which the README's script reads as preemption and requeues the job (seen here)."""
+    subprocess.run(["scancel", "--full", "--signal=KILL", job_id], capture_output=True,
+                   timeout=30)
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    return _job(job_id).get("JobState", "") in _ENDED + ("",)
+
+
+def _processes_mentioning(text: str) -> List[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return [pid for pid in found if _alive(pid) and pid != os.getpid()]
+
+
+def _sbatch_script(out: Path, *args: str) -> str:
+    from test_launch import _readme_sbatch
+
+    script = _readme_sbatch()
+    assert "#SBATCH --gpus=4\n" in script and "--nproc 4 " in script and " train.py &" in script
+    return (script.replace("#SBATCH --gpus=4\n", "")
+            .replace("--nproc 4 ", "--nproc 2 ")
+            .replace(" train.py &", f" {shlex.join([WORKER, str(out), *args])} &"))
+
+
+@needs["srun"]
+def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly(
+        tmp_path: Path, uninterrupted: Path) -> None:
+    out, backup, log = tmp_path / "run", tmp_path / "backup", tmp_path / "slurm.log"
+    out.mkdir()
+    (tmp_path / "job.sbatch").write_text(_sbatch_script(
+        out, *MID_EPOCH, "--backup", str(backup), "--preempt-step", "17", "--preempt-slurm"))
+    env = {**_env(), "PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                              os.environ.get("PATH", "")])}
+    # --oversubscribe: envs testing at once share the node's cores (as the srun tests do).
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--oversubscribe", f"--output={log}", "job.sbatch"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip().split(";")[0]
+    job: Dict[str, str] = {}
+    released = False
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while time.monotonic() < deadline:
+            job = _job(job_id)
+            if job.get("JobState") in _ENDED:
+                break
+            if (not released and job.get("Restarts", "0") != "0"
+                    and job.get("JobState") == "PENDING" and job.get("Reason") == "BeginTime"):
+                # SLURM holds a requeued job until the first run's credentials expire
+                # (120 s); an operator may start it now.
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                               capture_output=True, timeout=30)
+                released = True
+            time.sleep(1)
+    finally:
+        if job.get("JobState") not in _ENDED:
+            wait_until(lambda: _cancelled(job_id), timeout=60, poll=1)
+            for pid in _processes_mentioning(str(out)):  # only this test's: its own folder
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    text = log.read_text() if log.exists() else "(no log)"
+    state = {k: job.get(k) for k in ("JobState", "Reason", "Restarts", "ExitCode")}
+    assert state["JobState"] == "COMPLETED", f"{state}\n{text[-4000:]}"
+    assert state["Restarts"] == "1" and state["ExitCode"] == "0:0", state
+    assert "received SIGUSR1" in text and "exit 143: preempted, not restarted" in text, text
+    _assert_resumed_exactly(uninterrupted, out)
+    for u, v in _paired_weights(out / "rank0.npz", out / "rank1.npz"):
+        np.testing.assert_allclose(u, v, atol=1e-6)
+    # Nothing of either run is left: no job step, no worker, no launcher.
+    assert not subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    assert wait_until(lambda: not _processes_mentioning(str(out))), \
+        f"left behind: {_processes_mentioning(str(out))}"

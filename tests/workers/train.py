@@ -17,7 +17,9 @@ rate, then every process fits one more epoch: the chief's template is the truth)
 --optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
 PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
 --crash-step K (fail after global step K instead, with --crash-epoch naming the epoch it
-falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, once).
+falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, once;
+with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR1@T` does
+at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -26,6 +28,7 @@ import ipaddress
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -50,6 +53,7 @@ parser.add_argument("--crash-step", type=int, default=0,
                     help="fail after this global step instead of at an epoch's end (once)")
 parser.add_argument("--preempt-step", type=int, default=0,
                     help="rank 0 sends SIGTERM to the launcher after this step (once)")
+parser.add_argument("--preempt-slurm", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
@@ -149,8 +153,13 @@ class Crash(keras.callbacks.Callback):
         if (rank == 0 and self.steps == args.preempt_step
                 and not os.path.exists(marker)):
             open(marker, "w").close()
-            os.kill(os.getppid(), signal.SIGTERM)  # the launcher: a scheduler's eviction
-            time.sleep(2)  # the launcher passes SIGTERM on to this worker meanwhile
+            if args.preempt_slurm:  # slurmctld -> slurmd -> the batch script -> the launcher
+                subprocess.run(["scancel", "--batch", "--signal=USR1",
+                                os.environ["SLURM_JOB_ID"]], check=True, timeout=60)
+                time.sleep(5)
+            else:
+                os.kill(os.getppid(), signal.SIGTERM)  # the launcher: a scheduler's eviction
+                time.sleep(2)  # the launcher passes SIGTERM on to this worker meanwhile
 
 
 def listening_sockets():
