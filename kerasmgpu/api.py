@@ -139,8 +139,9 @@ def parallelize(
 
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
-# optimizer accumulates there, and kerasmgpu weighs the batches.
-_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
+# optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
+# kerasmgpu weighs the batches. The mirrored route only with Keras 3.
+_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow the masked moments are
 # all-reduced over the replicas (Keras 3 only: `adapters.keras3`).
@@ -173,18 +174,18 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
             "optimizer", f"{type(optimizer).__name__}(gradient_accumulation_steps={own}) "
             "on the mirrored route", "an optimizer without gradient_accumulation_steps on "
             "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
-            "inside a cond)", "drop gradient_accumulation_steps from the optimizer, or train "
-            "on the JAX or torch backend")
+            "inside a cond)", "drop gradient_accumulation_steps from the optimizer and pass "
+            "parallelize(model, accumulate_steps=k) instead (exact on TensorFlow too)")
+    if steps > 1 and (cls.route not in _ACCUMULATING_ROUTES or not adapter.keras3):
+        raise bad_value(
+            "accumulate_steps", steps,
+            f"1 on the {cls.route} route of {adapter.line.value} in this release "
+            "(accumulate_steps > 1: Keras >= 3.8 on JAX, torch or TensorFlow)",
+            "raise batch_size instead, or train with Keras 3")
     problem = adapter.accumulation_problem() if steps > 1 else None
     if problem is not None and cls.route in _ACCUMULATING_ROUTES:
         raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
                         "upgrade Keras to 3.8 or later, or raise batch_size instead")
-    if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
-        raise bad_value(
-            "accumulate_steps", steps,
-            f"1 on the {cls.route} route in this release (accumulate_steps > 1: "
-            f"{', '.join(str(r) for r in _ACCUMULATING_ROUTES)}: Keras 3 on JAX or torch)",
-            "raise batch_size instead, or train with Keras 3 on the JAX or torch backend")
 
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,

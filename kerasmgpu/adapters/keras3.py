@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -354,6 +355,8 @@ class Keras3(Adapter):
         return None
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        if self.backend == "tensorflow":
+            return self._accumulate_on_tensorflow(optimizer, steps)
         # Public since Keras 3.3: the accumulators are made when the optimizer is built,
         # and `iterations` then counts optimizer steps (3.15: `_iterations // steps`).
         if self.own_accumulation(optimizer) == steps:
@@ -362,6 +365,71 @@ class Keras3(Adapter):
             return False
         optimizer.gradient_accumulation_steps = steps
         return True
+
+    def _accumulate_on_tensorflow(self, optimizer: Any, steps: int) -> bool:
+        """Keras 3 on TF: kerasmgpu accumulates (Keras's own fails under MirroredStrategy:
+        `merge_call` inside its `cond`) - `tensorflow.Accumulation`, read by the hooks of
+        `reduce_gradients_first` and `accumulate_by_calls`."""
+        held = optimizer.__dict__.get(HOOKED + "_accumulation")
+        if held is not None and held.steps == steps:
+            return True
+        if getattr(optimizer, "inner_optimizer", None) is not None:
+            raise bad_value(
+                "optimizer", f"{type(optimizer).__name__} with accumulate_steps={steps} on "
+                "TensorFlow", "an optimizer without loss scaling when accumulate_steps > 1 "
+                "on TensorFlow (its finiteness check and scale would count micro-batches)",
+                "train in float32 (no mixed_float16 policy), or parallelize() with "
+                "accumulate_steps=1")
+        if getattr(optimizer, "built", False):
+            return False
+        optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(steps)
+        return True
+
+    def accumulate_by_calls(self, model: Any) -> None:
+        """Keras 3 on TF, accumulating: the train function, traced twice (accumulating,
+        applying), and the one to run chosen before each micro-batch.
+
+        `TensorFlowTrainer.make_train_function` (3.10 - 3.15: it stores
+        `_make_function(train_step)` in `train_function`, which `fit` calls once per
+        micro-batch after one `make_train_function()` at its start) is wrapped on the
+        instance: each fit starts a group with zero sums.
+        """
+        if self.backend != "tensorflow" or model.__dict__.get(HOOKED + "_calls"):
+            return
+        original = getattr(model, "make_train_function", None)
+        if not callable(original) or not hasattr(model, "train_function"):
+            raise self.fail("`make_train_function` / `train_function` are missing",
+                            "accumulate_steps on TensorFlow")
+
+        def make_train_function(force: bool = False) -> Any:
+            group = model.optimizer.__dict__.get(HOOKED + "_accumulation")
+            if group is None:
+                return original(force=force)
+            spe = int(getattr(model, "steps_per_execution", 1) or 1)
+            if spe > 1:
+                raise bad_value(
+                    "steps_per_execution", spe, f"1 when accumulate_steps={group.steps} on "
+                    "TensorFlow (the host chooses, before each micro-batch, whether the "
+                    "optimizer applies)", "compile with steps_per_execution=1")
+            group.start(list(model.trainable_variables))
+            held = model.__dict__.get(HOOKED + "_switch")
+            # Traced anew after a compile (which drops train_function) or a new optimizer.
+            if force or held is None or held != (group, model.train_function):
+                traced = {}
+                for applying in (False, True):
+                    original(force=True)  # sets train_function (returns None in 3.15)
+                    traced[applying] = model.train_function
+
+                def train_function(iterator: Any) -> Any:
+                    group.applying = group.next_applies()
+                    return traced[group.applying](iterator)
+
+                model.__dict__[HOOKED + "_switch"] = (group, train_function)
+                model.train_function = train_function
+            return model.train_function
+
+        model.__dict__["make_train_function"] = make_train_function
+        model.__dict__[HOOKED + "_calls"] = True
 
     def optimizer_variables(self, optimizer: Any) -> List[Any]:
         # Gradient accumulators are left out of the state kerasmgpu mirrors: the template
@@ -457,7 +525,14 @@ class Keras3(Adapter):
         if not callable(apply) or not callable(reduce):
             raise self.fail("`_backend_apply_gradients` / `_all_reduce_sum_gradients` are "
                             "missing", type(optimizer).__name__)
-        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce)
+        marked = optimizer.__dict__
+        group = lambda: marked.get(HOOKED + "_accumulation")  # noqa: E731
+        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce, group)
+        # Accumulating, `apply` itself is skipped: it counts a step (`_iterations`, which
+        # Adam's bias correction reads) and applies constraints after the update.
+        optimizer.__dict__["apply"] = tf_internals.accumulating_apply(
+            optimizer.apply, reduce, group,
+            lambda: getattr(optimizer, "loss_scale_factor", None))
         optimizer.__dict__["_backend_apply_gradients"] = early_apply
         optimizer.__dict__["_all_reduce_sum_gradients"] = late_reduce
         optimizer.__dict__[HOOKED + "_reduce"] = True
