@@ -155,6 +155,42 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.core
+@accumulates
+def test_clipping_applies_to_the_group_gradient() -> None:
+    """global_clipnorm clips the whole group's gradient, as one device clips its batch's
+    (a per-micro-batch or per-replica clip would give other weights)."""
+    x, y = classification_data(ROWS)
+
+    def model() -> Any:
+        return mlp(keras, optimizer=keras.optimizers.SGD(0.5, global_clipnorm=0.05))
+
+    one = model()
+    one.fit(x, y, batch_size=BATCH * STEPS, epochs=1, shuffle=False, verbose=0)
+    template = model()
+    kerasmgpu.parallelize(template, accumulate_steps=STEPS).fit(
+        x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.core
+@requires(tf=True, lines=[KerasLine.KERAS_3])
+@accumulates
+def test_steps_per_execution_with_accumulation_on_tf_is_an_error() -> None:
+    # The host chooses, before each micro-batch, whether the optimizer applies.
+    x, y = classification_data(ROWS)
+    template = mlp(keras)
+    template.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
+                     steps_per_execution=2)
+    before = template.get_weights()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"steps_per_execution=2.*accumulate_steps=4"):
+        parallel.fit(x, y, batch_size=BATCH, verbose=0)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @requires(jax=True)
 def test_keras_own_accumulation_equals_one_device() -> None:
     x, y = classification_data(ROWS)
