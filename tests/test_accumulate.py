@@ -191,6 +191,20 @@ def test_steps_per_execution_with_accumulation_on_tf_is_an_error() -> None:
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.core
+@requires(tf=True, lines=[KerasLine.KERAS_3])
+@accumulates
+def test_loss_scaling_with_accumulation_on_tf_is_an_error() -> None:
+    # Its finiteness check and dynamic scale would count micro-batches, not steps.
+    template = mlp(keras, optimizer=keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1)))
+    before = template.get_weights()
+    with pytest.raises(ValueError, match=r"LossScaleOptimizer with accumulate_steps=4"):
+        kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @requires(jax=True)
 def test_keras_own_accumulation_equals_one_device() -> None:
     x, y = classification_data(ROWS)
