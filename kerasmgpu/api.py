@@ -140,7 +140,8 @@ def parallelize(
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
 # optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
-# kerasmgpu weighs the batches. The mirrored route only with Keras 3.
+# kerasmgpu weighs the batches. On the mirrored route (Keras 3, tf.keras, tf_keras)
+# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`).
 _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow the masked moments are
@@ -176,16 +177,17 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
             "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
             "inside a cond)", "drop gradient_accumulation_steps from the optimizer and pass "
             "parallelize(model, accumulate_steps=k) instead (exact on TensorFlow too)")
-    if steps > 1 and (cls.route not in _ACCUMULATING_ROUTES or not adapter.keras3):
+    if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
         raise bad_value(
             "accumulate_steps", steps,
             f"1 on the {cls.route} route of {adapter.line.value} in this release "
-            "(accumulate_steps > 1: Keras >= 3.8 on JAX, torch or TensorFlow)",
-            "raise batch_size instead, or train with Keras 3")
+            "(accumulate_steps > 1: Keras >= 3.8, tf.keras >= 2.13 or tf_keras)",
+            "raise batch_size instead, or train with Keras 3 or tf_keras")
     problem = adapter.accumulation_problem() if steps > 1 else None
     if problem is not None and cls.route in _ACCUMULATING_ROUTES:
         raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
-                        "upgrade Keras to 3.8 or later, or raise batch_size instead")
+                        "upgrade Keras (3.8+, tf.keras 2.13+ or tf_keras), or raise "
+                        "batch_size instead")
 
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,

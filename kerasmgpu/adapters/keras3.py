@@ -401,34 +401,9 @@ class Keras3(Adapter):
             raise self.fail("`make_train_function` / `train_function` are missing",
                             "accumulate_steps on TensorFlow")
 
-        def make_train_function(force: bool = False) -> Any:
-            group = model.optimizer.__dict__.get(HOOKED + "_accumulation")
-            if group is None:
-                return original(force=force)
-            spe = int(getattr(model, "steps_per_execution", 1) or 1)
-            if spe > 1:
-                raise bad_value(
-                    "steps_per_execution", spe, f"1 when accumulate_steps={group.steps} on "
-                    "TensorFlow (the host chooses, before each micro-batch, whether the "
-                    "optimizer applies)", "compile with steps_per_execution=1")
-            group.start(list(model.trainable_variables))
-            held = model.__dict__.get(HOOKED + "_switch")
-            # Traced anew after a compile (which drops train_function) or a new optimizer.
-            if force or held is None or held != (group, model.train_function):
-                traced = {}
-                for applying in (False, True):
-                    original(force=True)  # sets train_function (returns None in 3.15)
-                    traced[applying] = model.train_function
-
-                def train_function(iterator: Any) -> Any:
-                    group.applying = group.next_applies()
-                    return traced[group.applying](iterator)
-
-                model.__dict__[HOOKED + "_switch"] = (group, train_function)
-                model.train_function = train_function
-            return model.train_function
-
-        model.__dict__["make_train_function"] = make_train_function
+        model.__dict__["make_train_function"] = tf_internals.switching_train_function(
+            model, original, lambda: model.optimizer.__dict__.get(HOOKED + "_accumulation"),
+            lambda: int(getattr(model, "steps_per_execution", 1) or 1))
         model.__dict__[HOOKED + "_calls"] = True
 
     def optimizer_variables(self, optimizer: Any) -> List[Any]:

@@ -208,14 +208,14 @@ class Accumulation:
         import tensorflow as tf
 
         for variable in variables:
-            value = getattr(variable, "value", variable)
+            value = tf.zeros(variable.shape, variable.dtype)
             if id(variable) not in self.sums:
                 self.sums[id(variable)] = tf.Variable(
-                    tf.zeros(value.shape, value.dtype), trainable=False,
+                    value, trainable=False,
                     synchronization=tf.VariableSynchronization.ON_WRITE,
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             else:
-                self.sums[id(variable)].assign(tf.zeros(value.shape, value.dtype))
+                self.sums[id(variable)].assign(value)
         self.fed = 0
 
     def next_applies(self) -> bool:
@@ -250,6 +250,45 @@ class Accumulation:
 
         for total in self._sums(variables):
             total.assign(tf.zeros(total.shape, total.dtype))
+
+
+def switching_train_function(model: Any, original: Callable[..., Any],
+                             accumulation: Callable[[], Any],
+                             steps_per_execution: Callable[[], int]) -> Callable[..., Any]:
+    """`model.make_train_function`, accumulating (`accumulation()` not None): the
+    original traced twice - accumulating, applying - and a `train_function` that picks
+    one before each micro-batch. `fit` calls `make_train_function` once at its start
+    (Keras 3.10 - 3.15, tf.keras 2.12 - tf_keras 2.21), which starts a group with zero
+    sums; `original(force=True)` leaves its function in `model.train_function`."""
+    switch: dict = {}
+
+    def make_train_function(force: bool = False) -> Any:
+        group = accumulation()
+        if group is None:
+            return original(force=force)
+        spe = steps_per_execution()
+        if spe > 1:
+            raise ValueError(
+                f"Invalid steps_per_execution={spe} with accumulate_steps={group.steps} on "
+                "TensorFlow. Allowed: 1 (the host chooses, before each micro-batch, whether "
+                "the optimizer applies). Fix: compile with steps_per_execution=1.")
+        group.start(list(model.trainable_variables))
+        # Traced anew after a compile (which drops train_function) or a new optimizer.
+        if force or switch.get("held") != (group, model.train_function):
+            traced = {}
+            for applying in (False, True):
+                original(force=True)
+                traced[applying] = model.train_function
+
+            def train_function(iterator: Any) -> Any:
+                group.applying = group.next_applies()
+                return traced[group.applying](iterator)
+
+            switch["held"] = (group, train_function)
+            model.train_function = train_function
+        return model.train_function
+
+    return make_train_function
 
 
 def reduce_before(
@@ -325,6 +364,33 @@ def accumulating_apply(apply: Callable[..., Any], reduce: Callable[[Any], Any],
         group.add([g if factor is None else g / factor for g, _ in summed],
                   [v for _, v in summed])
         return None
+
+    return apply_or_add
+
+
+def accumulating_apply_gradients(apply: Callable[..., Any], aggregate: Callable[[Any], Any],
+                                 accumulation: Callable[[], Any]) -> Callable[..., Any]:
+    """tf.keras's `apply_gradients(grads_and_vars)` with an `Accumulation`: the pairs
+    are summed over the replicas (`aggregate`, the optimizer's own all-reduce), added to
+    the sums in the accumulating trace (no update, no step counted), and in the applying
+    one the group's mean is applied without a second all-reduce. Elsewhere `apply`."""
+
+    def apply_or_add(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        group = accumulation()
+        if group is None or tf.distribute.get_replica_context() is None:
+            return apply(grads_and_vars, *args, **kwargs)
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        summed = aggregate(pairs)
+        grads, variables = [g for g, _ in summed], [v for _, v in summed]
+        if not group.applying:
+            group.add(grads, variables)
+            return None
+        mean = group.group_mean(grads, variables)
+        group.clear(variables)
+        kwargs["skip_gradients_aggregation"] = True
+        return apply(list(zip(mean, variables)), *args, **kwargs)
 
     return apply_or_add
 
