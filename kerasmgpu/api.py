@@ -131,7 +131,8 @@ def parallelize(
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
     adapter, cls, selected, environment = _prepare(gpus, route, model)
-    _check_options(adapter, cls, model, steps, sync_batchnorm)
+    _check_options(adapter, cls, model, steps, sync_batchnorm,
+                   several=environment.multi_process())
     from kerasmgpu.training.model import options as parallel_options
 
     with parallel_options(steps, sync_batchnorm):
@@ -150,7 +151,7 @@ _SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
-                   sync_batchnorm: Any) -> None:
+                   sync_batchnorm: Any, several: bool = False) -> None:
     """The options beyond the devices, refused before anything is touched where this
     route cannot honour them exactly."""
     from kerasmgpu._errors import bad_type, bad_value
@@ -183,6 +184,13 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
             f"1 on the {cls.route} route of {adapter.line.value} in this release "
             "(accumulate_steps > 1: Keras >= 3.8, tf.keras >= 2.13 or tf_keras)",
             "raise batch_size instead, or train with Keras 3 or tf_keras")
+    if steps > 1 and several and cls.route == Route.MIRRORED:
+        # The micro-batches are fed as a Python sequence, which several TF workers
+        # cannot share out (engines.mirrored.distribute_feed); not tested there.
+        raise bad_value(
+            "accumulate_steps", steps, "1 on the mirrored route with several processes "
+            "in this release (accumulate_steps > 1 on TensorFlow: one process)",
+            "train in one process on the machine's GPUs, or on JAX or torch")
     problem = adapter.accumulation_problem() if steps > 1 else None
     if problem is not None and cls.route in _ACCUMULATING_ROUTES:
         raise bad_value("accumulate_steps", steps, f"1 here: {problem}",

@@ -20,7 +20,6 @@ from helpers import (
     LINE,
     ON_JAX,
     ON_TF,
-    TF_LINES,
     assert_history_close,
     classification_data,
     keras_module,
@@ -37,15 +36,12 @@ if IN_PROCESS:
     keras = keras_module()
 
 ROWS, BATCH, STEPS = 47, 5, 4
-# Keras < 3.8 counts micro-batches in `iterations` (Adam's bias correction): refused;
-# tf.keras 2.12 is not verified. In process: JAX and the TensorFlow lines (kerasmgpu
-# accumulates there itself).
-_MINIMUM = "2.13" if LINE in TF_LINES else "3.8"
-ACCUMULATES = ((ON_JAX or ON_TF) and _VERSION is not None
-               and Version(str(_VERSION)) >= Version(_MINIMUM))
+# Keras < 3.8 counts micro-batches in `iterations` (Adam's bias correction): refused.
+# In process: JAX and the TensorFlow lines (kerasmgpu accumulates there itself).
+ACCUMULATES = ON_TF or (ON_JAX and _VERSION is not None
+                        and Version(str(_VERSION)) >= Version("3.8"))
 accumulates = pytest.mark.skipif(not ACCUMULATES, reason=f"accumulate_steps > 1 needs "
-                                 f"Keras >= 3.8 or tf.keras >= 2.13 here; this env: "
-                                 f"{_VERSION}")
+                                 f"Keras >= 3.8 or TensorFlow here; this env: {_VERSION}")
 
 
 def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
@@ -105,18 +101,6 @@ def test_bad_accumulate_steps_fail_before_anything(value: Any, error: type) -> N
 def test_accumulate_steps_before_keras_3_8_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"accumulate_steps=4.*Keras >= 3.8"):
         kerasmgpu.parallelize(mlp(keras), accumulate_steps=4)
-
-
-@pytest.mark.core
-@requires(tf=True, lines=list(TF_LINES))
-@pytest.mark.skipif(ACCUMULATES, reason="needs tf.keras 2.12")
-def test_accumulate_steps_on_tf_keras_2_12_is_an_error() -> None:
-    model = mlp(keras)
-    before = model.get_weights()
-    with pytest.raises(ValueError, match=r"accumulate_steps=4.*2.13.*Fix:"):
-        kerasmgpu.parallelize(model, accumulate_steps=4)
-    for a, b in zip(before, model.get_weights()):
-        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.core

@@ -14,8 +14,10 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
   and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
 * optimizers on TF: `_backend_apply_gradients`, `_all_reduce_sum_gradients` (see
-  `reduce_gradients_first`); models on TF: `_maybe_symbolic_build`, given an element
-  spec (`build_without_peeking`).
+  `reduce_gradients_first`; with accumulate_steps also the public `apply`, wrapped on
+  the instance); models on TF: `_maybe_symbolic_build`, given an element spec
+  (`build_without_peeking`), and with accumulate_steps `make_train_function` /
+  `train_function` (`accumulate_by_calls`).
 * `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
 * change tokens (`state_reader`): `variable._value`, the backend value the public
   `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX

@@ -14,7 +14,9 @@ releases of the tox matrix). What is touched:
   each device's stream of a distributed dataset is built (`plain_device_streams`).
 
 Also here, with public TensorFlow ops only: `value_hasher`, the change tokens of
-TensorFlow variables (`Adapter.state_reader` on every TF-backed line).
+TensorFlow variables (`Adapter.state_reader` on every TF-backed line), and
+`Accumulation`, the gradient sums of `accumulate_steps` on every TF-backed line (the
+Keras side of it is in each line's adapter).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ wrapped here:
   `optimizer.learning_rate` returns it; `_current_learning_rate` for a schedule).
 * `engine.data_adapter._make_class_weight_map_fn`: Keras's own `class_weight` rule,
   called as Keras's `fit` calls it.
+* With accumulate_steps: the optimizer's public `apply_gradients` (its
+  `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
+  the instance; the model's `make_train_function` / `train_function` and
+  `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ import importlib
 import inspect
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
-
-from packaging.version import Version
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
@@ -294,10 +296,7 @@ class TfKeras2(Adapter):
     # --- accumulate_steps (`tensorflow.Accumulation`) ------------------------------------
 
     def accumulation_problem(self) -> Optional[str]:
-        if self.version is not None and self.version < Version("2.13"):
-            return (f"{self.LABEL} {self.version} is not verified with accumulate_steps "
-                    "(tf.keras >= 2.13 and tf_keras are)")
-        return None
+        return None  # 2.12 - 2.21: `apply_gradients(skip_gradients_aggregation=)`
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         """The optimizer's public `apply_gradients`, wrapped on the instance: in the
