@@ -396,7 +396,9 @@ class Keras3(Adapter):
         micro-batch after one `make_train_function()` at its start) is wrapped on the
         instance: each fit starts a group with zero sums.
         """
-        if self.backend != "tensorflow" or model.__dict__.get(HOOKED + "_calls"):
+        optimizer = getattr(model, "optimizer", None)
+        if (self.backend != "tensorflow" or model.__dict__.get(HOOKED + "_calls")
+                or HOOKED + "_accumulation" not in getattr(optimizer, "__dict__", {})):
             return
         original = getattr(model, "make_train_function", None)
         if not callable(original) or not hasattr(model, "train_function"):
@@ -495,6 +497,7 @@ class Keras3(Adapter):
         if inner is not None:
             self._agree_on_finite(optimizer)
             optimizer = inner
+        self._skip_apply_while_accumulating(optimizer)
         if optimizer.__dict__.get(HOOKED + "_reduce"):
             return
         apply = getattr(optimizer, "_backend_apply_gradients", None)
@@ -505,14 +508,23 @@ class Keras3(Adapter):
         marked = optimizer.__dict__
         group = lambda: marked.get(HOOKED + "_accumulation")  # noqa: E731
         early_apply, late_reduce = tf_internals.reduce_before(apply, reduce, group)
-        # Accumulating, `apply` itself is skipped: it counts a step (`_iterations`, which
-        # Adam's bias correction reads) and applies constraints after the update.
-        optimizer.__dict__["apply"] = tf_internals.accumulating_apply(
-            optimizer.apply, reduce, group,
-            lambda: getattr(optimizer, "loss_scale_factor", None))
         optimizer.__dict__["_backend_apply_gradients"] = early_apply
         optimizer.__dict__["_all_reduce_sum_gradients"] = late_reduce
         optimizer.__dict__[HOOKED + "_reduce"] = True
+
+    def _skip_apply_while_accumulating(self, optimizer: Any) -> None:
+        # Accumulating, `apply` itself is skipped: it counts a step (`_iterations`, which
+        # Adam's bias correction reads) and applies constraints after the update.
+        marked = optimizer.__dict__
+        if HOOKED + "_accumulation" not in marked or marked.get(HOOKED + "_skip"):
+            return
+        reduce = getattr(optimizer, "_all_reduce_sum_gradients", None)
+        if not callable(reduce):
+            raise self.fail("`_all_reduce_sum_gradients` is missing", type(optimizer).__name__)
+        marked["apply"] = tf_internals.accumulating_apply(
+            optimizer.apply, reduce, lambda: marked.get(HOOKED + "_accumulation"),
+            lambda: getattr(optimizer, "loss_scale_factor", None))
+        marked[HOOKED + "_skip"] = True
 
     def _agree_on_finite(self, optimizer: Any) -> None:
         check = getattr(optimizer, "check_finite", None)

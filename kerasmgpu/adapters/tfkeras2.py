@@ -329,7 +329,9 @@ class TfKeras2(Adapter):
         """`Model.make_train_function` wrapped on the instance (see
         `tensorflow.switching_train_function`); `_steps_per_execution` is the variable
         compile makes (2.12 - 2.21)."""
-        if model.__dict__.get(HOOKED + "_calls"):
+        optimizer = getattr(model, "optimizer", None)
+        if (model.__dict__.get(HOOKED + "_calls")
+                or HOOKED + "_accumulation" not in getattr(optimizer, "__dict__", {})):
             return
         original = getattr(model, "make_train_function", None)
         if not callable(original) or not hasattr(model, "train_function"):
