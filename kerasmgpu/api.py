@@ -131,7 +131,8 @@ def parallelize(
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
     adapter, cls, selected, environment = _prepare(gpus, route, model)
-    _check_options(adapter, cls, model, steps, sync_batchnorm)
+    _check_options(adapter, cls, model, steps, sync_batchnorm,
+                   several=environment.multi_process())
     from kerasmgpu.training.model import options as parallel_options
 
     with parallel_options(steps, sync_batchnorm):
@@ -139,8 +140,10 @@ def parallelize(
 
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
-# optimizer accumulates there, and kerasmgpu weighs the batches.
-_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
+# optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
+# kerasmgpu weighs the batches. On the mirrored route (Keras 3, tf.keras, tf_keras)
+# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`).
+_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow the masked moments are
 # all-reduced over the replicas (Keras 3 only: `adapters.keras3`).
@@ -148,7 +151,7 @@ _SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
-                   sync_batchnorm: Any) -> None:
+                   sync_batchnorm: Any, several: bool = False) -> None:
     """The options beyond the devices, refused before anything is touched where this
     route cannot honour them exactly."""
     from kerasmgpu._errors import bad_type, bad_value
@@ -173,18 +176,26 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
             "optimizer", f"{type(optimizer).__name__}(gradient_accumulation_steps={own}) "
             "on the mirrored route", "an optimizer without gradient_accumulation_steps on "
             "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
-            "inside a cond)", "drop gradient_accumulation_steps from the optimizer, or train "
-            "on the JAX or torch backend")
-    problem = adapter.accumulation_problem() if steps > 1 else None
-    if problem is not None and cls.route in _ACCUMULATING_ROUTES:
-        raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
-                        "upgrade Keras to 3.8 or later, or raise batch_size instead")
+            "inside a cond)", "drop gradient_accumulation_steps from the optimizer and pass "
+            "parallelize(model, accumulate_steps=k) instead (exact on TensorFlow too)")
     if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
         raise bad_value(
             "accumulate_steps", steps,
-            f"1 on the {cls.route} route in this release (accumulate_steps > 1: "
-            f"{', '.join(str(r) for r in _ACCUMULATING_ROUTES)}: Keras 3 on JAX or torch)",
-            "raise batch_size instead, or train with Keras 3 on the JAX or torch backend")
+            f"1 on the {cls.route} route of {adapter.line.value} in this release "
+            "(accumulate_steps > 1: Keras >= 3.8, tf.keras >= 2.13 or tf_keras)",
+            "raise batch_size instead, or train with Keras 3 or tf_keras")
+    if steps > 1 and several and cls.route == Route.MIRRORED:
+        # The micro-batches are fed as a Python sequence, which several TF workers
+        # cannot share out (engines.mirrored.distribute_feed); not tested there.
+        raise bad_value(
+            "accumulate_steps", steps, "1 on the mirrored route with several processes "
+            "in this release (accumulate_steps > 1 on TensorFlow: one process)",
+            "train in one process on the machine's GPUs, or on JAX or torch")
+    problem = adapter.accumulation_problem() if steps > 1 else None
+    if problem is not None and cls.route in _ACCUMULATING_ROUTES:
+        raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
+                        "upgrade Keras (3.8+, tf.keras 2.13+ or tf_keras), or raise "
+                        "batch_size instead")
 
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,

@@ -220,6 +220,18 @@ def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
                  keys=("loss",))
 
 
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(LINE not in MULTI_WORKER_LINES, reason="needs tf.keras or tf_keras "
+                    "(several processes on the mirrored route)")
+def test_accumulation_on_several_tf_processes_is_an_error(tmp_path: Path) -> None:
+    # One process accumulates exactly on TF; several are refused before training.
+    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
+    assert run.returncode != 0
+    assert "several processes" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
+    assert not (tmp_path / "two" / "rank0.npz").exists()
+
+
 @trains_in_processes
 @pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="an optimizer's own "
                     "gradient_accumulation_steps is Keras 3's (refused on the mirrored route)")

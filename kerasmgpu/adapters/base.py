@@ -226,6 +226,10 @@ class Adapter:
         before it applies them; False where this Keras cannot."""
         return False
 
+    def accumulate_by_calls(self, model: Any) -> None:
+        """Where kerasmgpu accumulates between the calls of `model`'s train function
+        (Keras 3 on TensorFlow), set that up; elsewhere nothing."""
+
     def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
                               every: bool = True) -> bool:
         """Make every BatchNormalization layer of `model` (`every`; else those built with

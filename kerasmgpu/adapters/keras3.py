@@ -14,8 +14,10 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
   and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
 * optimizers on TF: `_backend_apply_gradients`, `_all_reduce_sum_gradients` (see
-  `reduce_gradients_first`); models on TF: `_maybe_symbolic_build`, given an element
-  spec (`build_without_peeking`).
+  `reduce_gradients_first`; with accumulate_steps also the public `apply`, wrapped on
+  the instance); models on TF: `_maybe_symbolic_build`, given an element spec
+  (`build_without_peeking`), and with accumulate_steps `make_train_function` /
+  `train_function` (`accumulate_by_calls`).
 * `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
 * change tokens (`state_reader`): `variable._value`, the backend value the public
   `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX
@@ -39,6 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -354,6 +357,8 @@ class Keras3(Adapter):
         return None
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        if self.backend == "tensorflow":
+            return self._accumulate_on_tensorflow(optimizer, steps)
         # Public since Keras 3.3: the accumulators are made when the optimizer is built,
         # and `iterations` then counts optimizer steps (3.15: `_iterations // steps`).
         if self.own_accumulation(optimizer) == steps:
@@ -362,6 +367,48 @@ class Keras3(Adapter):
             return False
         optimizer.gradient_accumulation_steps = steps
         return True
+
+    def _accumulate_on_tensorflow(self, optimizer: Any, steps: int) -> bool:
+        """Keras 3 on TF: kerasmgpu accumulates (Keras's own fails under MirroredStrategy:
+        `merge_call` inside its `cond`) - `tensorflow.Accumulation`, read by the hooks of
+        `reduce_gradients_first` and `accumulate_by_calls`."""
+        held = optimizer.__dict__.get(HOOKED + "_accumulation")
+        if held is not None and held.steps == steps:
+            return True
+        if getattr(optimizer, "inner_optimizer", None) is not None:
+            raise bad_value(
+                "optimizer", f"{type(optimizer).__name__} with accumulate_steps={steps} on "
+                "TensorFlow", "an optimizer without loss scaling when accumulate_steps > 1 "
+                "on TensorFlow (its finiteness check and scale would count micro-batches)",
+                "train in float32 (no mixed_float16 policy), or parallelize() with "
+                "accumulate_steps=1")
+        if getattr(optimizer, "built", False):
+            return False
+        optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(steps)
+        return True
+
+    def accumulate_by_calls(self, model: Any) -> None:
+        """Keras 3 on TF, accumulating: the train function, traced twice (accumulating,
+        applying), and the one to run chosen before each micro-batch.
+
+        `TensorFlowTrainer.make_train_function` (3.10 - 3.15: it stores
+        `_make_function(train_step)` in `train_function`, which `fit` calls once per
+        micro-batch after one `make_train_function()` at its start) is wrapped on the
+        instance: each fit starts a group with zero sums.
+        """
+        optimizer = getattr(model, "optimizer", None)
+        if (self.backend != "tensorflow" or model.__dict__.get(HOOKED + "_calls")
+                or HOOKED + "_accumulation" not in getattr(optimizer, "__dict__", {})):
+            return
+        original = getattr(model, "make_train_function", None)
+        if not callable(original) or not hasattr(model, "train_function"):
+            raise self.fail("`make_train_function` / `train_function` are missing",
+                            "accumulate_steps on TensorFlow")
+
+        model.__dict__["make_train_function"] = tf_internals.switching_train_function(
+            model, original, lambda: model.optimizer.__dict__.get(HOOKED + "_accumulation"),
+            lambda: int(getattr(model, "steps_per_execution", 1) or 1))
+        model.__dict__[HOOKED + "_calls"] = True
 
     def optimizer_variables(self, optimizer: Any) -> List[Any]:
         # Gradient accumulators are left out of the state kerasmgpu mirrors: the template
@@ -450,6 +497,7 @@ class Keras3(Adapter):
         if inner is not None:
             self._agree_on_finite(optimizer)
             optimizer = inner
+        self._skip_apply_while_accumulating(optimizer)
         if optimizer.__dict__.get(HOOKED + "_reduce"):
             return
         apply = getattr(optimizer, "_backend_apply_gradients", None)
@@ -457,10 +505,26 @@ class Keras3(Adapter):
         if not callable(apply) or not callable(reduce):
             raise self.fail("`_backend_apply_gradients` / `_all_reduce_sum_gradients` are "
                             "missing", type(optimizer).__name__)
-        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce)
+        marked = optimizer.__dict__
+        group = lambda: marked.get(HOOKED + "_accumulation")  # noqa: E731
+        early_apply, late_reduce = tf_internals.reduce_before(apply, reduce, group)
         optimizer.__dict__["_backend_apply_gradients"] = early_apply
         optimizer.__dict__["_all_reduce_sum_gradients"] = late_reduce
         optimizer.__dict__[HOOKED + "_reduce"] = True
+
+    def _skip_apply_while_accumulating(self, optimizer: Any) -> None:
+        # Accumulating, `apply` itself is skipped: it counts a step (`_iterations`, which
+        # Adam's bias correction reads) and applies constraints after the update.
+        marked = optimizer.__dict__
+        if HOOKED + "_accumulation" not in marked or marked.get(HOOKED + "_skip"):
+            return
+        reduce = getattr(optimizer, "_all_reduce_sum_gradients", None)
+        if not callable(reduce):
+            raise self.fail("`_all_reduce_sum_gradients` is missing", type(optimizer).__name__)
+        marked["apply"] = tf_internals.accumulating_apply(
+            optimizer.apply, reduce, lambda: marked.get(HOOKED + "_accumulation"),
+            lambda: getattr(optimizer, "loss_scale_factor", None))
+        marked[HOOKED + "_skip"] = True
 
     def _agree_on_finite(self, optimizer: Any) -> None:
         check = getattr(optimizer, "check_finite", None)

@@ -14,7 +14,9 @@ releases of the tox matrix). What is touched:
   each device's stream of a distributed dataset is built (`plain_device_streams`).
 
 Also here, with public TensorFlow ops only: `value_hasher`, the change tokens of
-TensorFlow variables (`Adapter.state_reader` on every TF-backed line).
+TensorFlow variables (`Adapter.state_reader` on every TF-backed line), and
+`Accumulation`, the gradient sums of `accumulate_steps` on every TF-backed line (the
+Keras side of it is in each line's adapter).
 """
 
 from __future__ import annotations
@@ -183,8 +185,118 @@ def value_hasher(variables: List[Any]) -> Callable[[], List[int]]:
     return read
 
 
-def reduce_before(apply: Callable[[Any, Any], Any],
-                  reduce: Callable[[Any], Any]) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+class Accumulation:
+    """The gradient sums of one optimizer step's micro-batches, kept between the calls
+    of a train function (`parallelize(accumulate_steps=k)` on TensorFlow).
+
+    Keras 3's own `gradient_accumulation_steps` chooses between accumulating and
+    applying with a `cond` inside the replica function, and the update's `merge_call`
+    cannot run inside a `cond` under MirroredStrategy. Here the choice is made on the
+    host instead: the train function is traced twice - once accumulating, once applying
+    (`applying` is read while each traces) - and `next_applies` says which one the next
+    micro-batch runs. The sums are mirrored variables written by the first replica (the
+    all-reduced sum is the same on every replica).
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.applying = False
+        self.fed = 0
+        self.sums: dict = {}
+
+    def start(self, variables: List[Any]) -> None:
+        """Before a fit: a zero sum for each trainable variable (made here, eagerly, in
+        the strategy's scope; a tf.function may not create them on a second trace)."""
+        import tensorflow as tf
+
+        for variable in variables:
+            value = tf.zeros(variable.shape, variable.dtype)
+            if id(variable) not in self.sums:
+                self.sums[id(variable)] = tf.Variable(
+                    value, trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_WRITE,
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            else:
+                self.sums[id(variable)].assign(value)
+        self.fed = 0
+
+    def next_applies(self) -> bool:
+        """Whether the next micro-batch ends its group (the optimizer then applies)."""
+        applies = self.fed % self.steps == self.steps - 1
+        self.fed += 1
+        return applies
+
+    def _sums(self, variables: List[Any]) -> List[Any]:
+        missing = [getattr(v, "path", getattr(v, "name", "?")) for v in variables
+                   if id(v) not in self.sums]
+        if missing:
+            raise ValueError(
+                f"Invalid variables for accumulate_steps={self.steps}: the optimizer "
+                f"updates {missing}, which are not the model's trainable_variables. Allowed: "
+                "a train step that applies gradients to model.trainable_variables. Fix: "
+                "parallelize() with accumulate_steps=1 for this model.")
+        return [self.sums[id(v)] for v in variables]
+
+    def add(self, grads: List[Any], variables: List[Any]) -> None:
+        for total, grad in zip(self._sums(variables), grads):
+            total.assign_add(grad)
+
+    def group_mean(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        """The group's gradient: each micro-batch is weighted by its rows in the feed
+        (`kerasmgpu.accumulation`), so the mean of the `steps` gradients is it."""
+        return [(total.read_value() + grad) / self.steps
+                for total, grad in zip(self._sums(variables), grads)]
+
+    def clear(self, variables: List[Any]) -> None:
+        import tensorflow as tf
+
+        for total in self._sums(variables):
+            total.assign(tf.zeros(total.shape, total.dtype))
+
+
+def switching_train_function(model: Any, original: Callable[..., Any],
+                             accumulation: Callable[[], Any],
+                             steps_per_execution: Callable[[], int]) -> Callable[..., Any]:
+    """`model.make_train_function`, accumulating (`accumulation()` not None): the
+    original traced twice - accumulating, applying - and a `train_function` that picks
+    one before each micro-batch. `fit` calls `make_train_function` once at its start
+    (Keras 3.10 - 3.15, tf.keras 2.12 - tf_keras 2.21), which starts a group with zero
+    sums; `original(force=True)` leaves its function in `model.train_function`."""
+    switch: dict = {}
+
+    def make_train_function(force: bool = False) -> Any:
+        group = accumulation()
+        if group is None:
+            return original(force=force)
+        spe = steps_per_execution()
+        if spe > 1:
+            raise ValueError(
+                f"Invalid steps_per_execution={spe} with accumulate_steps={group.steps} on "
+                "TensorFlow. Allowed: 1 (the host chooses, before each micro-batch, whether "
+                "the optimizer applies). Fix: compile with steps_per_execution=1.")
+        group.start(list(model.trainable_variables))
+        # Traced anew after a compile (which drops train_function) or a new optimizer.
+        if force or switch.get("held") != (group, model.train_function):
+            traced = {}
+            for applying in (False, True):
+                original(force=True)
+                traced[applying] = model.train_function
+
+            def train_function(iterator: Any) -> Any:
+                group.applying = group.next_applies()
+                return traced[group.applying](iterator)
+
+            switch["held"] = (group, train_function)
+            model.train_function = train_function
+        return model.train_function
+
+    return make_train_function
+
+
+def reduce_before(
+    apply: Callable[[Any, Any], Any], reduce: Callable[[Any], Any],
+    accumulation: Callable[[], Any] = lambda: None,
+) -> Tuple[Callable[..., Any], Callable[..., Any]]:
     """(apply, reduce) that sum a replica's gradients on entry to `apply`, once.
 
     `apply(grads, variables)` transforms the gradients and calls `reduce(pairs)` - an
@@ -192,6 +304,9 @@ def reduce_before(apply: Callable[[Any, Any], Any],
     (in a replica of several; elsewhere it is the old one) and, while it runs on this
     thread (each replica runs on its own), the new `reduce` hands the pairs back as they
     are: one all-reduce per step, as before, and every transform sees the sum.
+    With an `Accumulation` (`accumulation()`), the summed gradient is added to its sums,
+    and only the applying trace hands the group's gradient to `apply` (clipping then
+    sees the whole group's gradient, as on one device).
     """
     local = threading.local()
 
@@ -204,11 +319,18 @@ def reduce_before(apply: Callable[[Any, Any], Any],
         import tensorflow as tf
 
         context = tf.distribute.get_replica_context()
-        if (context is None or context.num_replicas_in_sync == 1
-                or getattr(local, "reduced", False)):
+        group = accumulation()
+        if (context is None or getattr(local, "reduced", False)
+                or (group is None and context.num_replicas_in_sync == 1)):
             return apply(grads, trainable_variables)
         trainable_variables = list(trainable_variables)
         summed = [g for g, _ in reduce(list(zip(grads, trainable_variables)))]
+        if group is not None:
+            if not group.applying:
+                group.add(summed, trainable_variables)
+                return None
+            summed = group.group_mean(summed, trainable_variables)
+            group.clear(trainable_variables)
         local.reduced = True
         try:
             return apply(summed, trainable_variables)
@@ -216,6 +338,63 @@ def reduce_before(apply: Callable[[Any, Any], Any],
             local.reduced = False
 
     return apply_reduced, reduce_once
+
+
+def accumulating_apply(apply: Callable[..., Any], reduce: Callable[[Any], Any],
+                       accumulation: Callable[[], Any],
+                       unscale: Callable[[], Any]) -> Callable[..., Any]:
+    """An optimizer's public `apply(grads, variables)` that, in the accumulating trace
+    of an `Accumulation`, only adds the replicas' summed gradient (unscaled by the
+    optimizer's `loss_scale_factor`, as `apply` does) to the group's sums: no update, no
+    constraint, no step counted. Elsewhere it is `apply`."""
+
+    def apply_or_add(grads: Any, trainable_variables: Any = None) -> Any:
+        import tensorflow as tf
+
+        group = accumulation()
+        if (group is None or group.applying
+                or tf.distribute.get_replica_context() is None):
+            return apply(grads, trainable_variables)
+        if trainable_variables is None:
+            raise ValueError(
+                f"Invalid optimizer.apply(grads) with accumulate_steps={group.steps}: no "
+                "variables. Allowed: optimizer.apply(grads, variables). Fix: pass the "
+                "variables the gradients belong to.")
+        pairs = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
+        summed = reduce(pairs)
+        factor = unscale()
+        group.add([g if factor is None else g / factor for g, _ in summed],
+                  [v for _, v in summed])
+        return None
+
+    return apply_or_add
+
+
+def accumulating_apply_gradients(apply: Callable[..., Any], aggregate: Callable[[Any], Any],
+                                 accumulation: Callable[[], Any]) -> Callable[..., Any]:
+    """tf.keras's `apply_gradients(grads_and_vars)` with an `Accumulation`: the pairs
+    are summed over the replicas (`aggregate`, the optimizer's own all-reduce), added to
+    the sums in the accumulating trace (no update, no step counted), and in the applying
+    one the group's mean is applied without a second all-reduce. Elsewhere `apply`."""
+
+    def apply_or_add(grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        group = accumulation()
+        if group is None or tf.distribute.get_replica_context() is None:
+            return apply(grads_and_vars, *args, **kwargs)
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        summed = aggregate(pairs)
+        grads, variables = [g for g, _ in summed], [v for _, v in summed]
+        if not group.applying:
+            group.add(grads, variables)
+            return None
+        mean = group.group_mean(grads, variables)
+        group.clear(variables)
+        kwargs["skip_gradients_aggregation"] = True
+        return apply(list(zip(mean, variables)), *args, **kwargs)
+
+    return apply_or_add
 
 
 def all_replicas_agree(check: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -18,14 +18,20 @@ wrapped here:
   `optimizer.learning_rate` returns it; `_current_learning_rate` for a schedule).
 * `engine.data_adapter._make_class_weight_map_fn`: Keras's own `class_weight` rule,
   called as Keras's `fit` calls it.
+* With accumulate_steps: the optimizer's public `apply_gradients` (its
+  `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
+  the instance; the model's `make_train_function` / `train_function` and
+  `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -286,6 +292,61 @@ class TfKeras2(Adapter):
         except (AttributeError, ValueError):
             return None
         return rate if isinstance(rate, self._tf.Variable) else None
+
+    # --- accumulate_steps (`tensorflow.Accumulation`) ------------------------------------
+
+    def accumulation_problem(self) -> Optional[str]:
+        return None  # 2.12 - 2.21: `apply_gradients(skip_gradients_aggregation=)`
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        """The optimizer's public `apply_gradients`, wrapped on the instance: in the
+        accumulating trace it adds the replicas' summed gradient to the group's sums;
+        in the applying one it applies the group's mean with
+        `skip_gradients_aggregation=True` (summed already), clipped whole."""
+        held = optimizer.__dict__.get(HOOKED + "_accumulation")
+        if held is not None and held.steps == steps:
+            return True
+        apply = getattr(optimizer, "apply_gradients", None)
+        aggregate = getattr(optimizer, "aggregate_gradients", None)
+        if (not callable(apply) or not callable(aggregate) or "skip_gradients_aggregation"
+                not in inspect.signature(apply).parameters
+                or getattr(optimizer, "inner_optimizer", None) is not None):
+            raise bad_value(
+                "optimizer", f"{type(optimizer).__name__} with accumulate_steps={steps}",
+                f"a {self.LABEL} optimizer of `keras.optimizers` (not `.legacy`, no loss "
+                "scaling) when accumulate_steps > 1", "compile with e.g. "
+                "keras.optimizers.Adam(), or parallelize() with accumulate_steps=1")
+        if getattr(optimizer, "iterations", None) is not None and int(
+                optimizer.iterations.numpy()) > 0:
+            return False
+        group = tf_internals.Accumulation(steps)
+        optimizer.__dict__[HOOKED + "_accumulation"] = group
+        optimizer.__dict__["apply_gradients"] = tf_internals.accumulating_apply_gradients(
+            apply, aggregate, lambda: optimizer.__dict__.get(HOOKED + "_accumulation"))
+        return True
+
+    def accumulate_by_calls(self, model: Any) -> None:
+        """`Model.make_train_function` wrapped on the instance (see
+        `tensorflow.switching_train_function`); `_steps_per_execution` is the variable
+        compile makes (2.12 - 2.21)."""
+        optimizer = getattr(model, "optimizer", None)
+        if (model.__dict__.get(HOOKED + "_calls")
+                or HOOKED + "_accumulation" not in getattr(optimizer, "__dict__", {})):
+            return
+        original = getattr(model, "make_train_function", None)
+        if not callable(original) or not hasattr(model, "train_function"):
+            raise self.fail("`make_train_function` / `train_function` are missing",
+                            "accumulate_steps")
+
+        def steps_per_execution() -> int:
+            value = getattr(model, "_steps_per_execution", None)
+            return 1 if value is None else int(value.numpy())
+
+        model.__dict__["make_train_function"] = tf_internals.switching_train_function(
+            model, original,
+            lambda: getattr(model, "optimizer", None).__dict__.get(HOOKED + "_accumulation"),
+            steps_per_execution)
+        model.__dict__[HOOKED + "_calls"] = True
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric

@@ -173,8 +173,10 @@ class Arrays(Input):
         import tensorflow as tf
 
         plan, predict = self.plan, self.predict
-        if plan.micro is not None:  # the routes that accumulate read the PyDataset feed
-            raise NotImplementedError("accumulation is fed by python_feed() only")
+        if plan.micro is not None:
+            # Accumulating (Keras 3 on TF, one process): the PyDataset of micro-batches,
+            # which Keras 3 reads through tf.data itself.
+            return self.python_feed()
 
         def tensors(structure: Any) -> Any:
             return map_structure(tf.convert_to_tensor, as_tuples(structure), skip_none=True)

@@ -145,6 +145,8 @@ class MirroredEngine(Engine):
         # Keras 3 clips a replica's own gradient; one device clips the batch's.
         for optimizer in self.adapter.optimizers_of(replica):
             self.adapter.reduce_gradients_first(optimizer)
+        # accumulate_steps > 1: the optimizer applies at every k-th call (Keras 3 on TF).
+        self.adapter.accumulate_by_calls(replica)
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         # tf.keras's own ModelCheckpoint/BackupAndRestore already write on the chief

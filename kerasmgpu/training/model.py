@@ -678,11 +678,12 @@ def adopt(engine: EngineOps, adapter: Adapter, model: Any) -> Any:
     attach(model, model, engine, adapter)
     if adapter.is_compiled(model):
         # Compiled in scope by the user (maybe through its own compile signature, as a
-        # GAN's): hook what is there, recompile nothing.
-        install_hooks(model, adapter.compile_args(model).get("loss"))
+        # GAN's): hook what is there, recompile nothing. The optimizer is made to
+        # accumulate first: the engine's hooks (prepare_compiled) read that.
         state = state_of(model)
         assert state is not None
         accumulating(state, getattr(model, "optimizer", None))
+        install_hooks(model, adapter.compile_args(model).get("loss"))
     _link(model)
     return model
 
