@@ -1,6 +1,8 @@
 """`parallelize(sync_batchnorm=True)`: BatchNormalization as on one device.
 
-Keras 3 on JAX and TensorFlow (and a layer's own `synchronized=True` there). A Dense ->
+Keras 3 on JAX, TensorFlow and PyTorch (and a layer's own `synchronized=True` on
+TensorFlow). On PyTorch three processes of `kerasmgpu launch` train
+`tests/workers/train.py --batchnorm` against one process. In process, a Dense ->
 BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
@@ -10,7 +12,11 @@ cannot synchronize yet refuse the option before anything is touched.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
 
 import numpy as np
 import pytest
@@ -19,6 +25,7 @@ from helpers import (
     LINE,
     ON_JAX,
     ON_TF,
+    ON_TORCH,
     assert_history_close,
     keras_module,
     requires,
@@ -29,9 +36,9 @@ import kerasmgpu
 from kerasmgpu.env.versions import KerasLine
 
 KERAS3_TF = ON_TF and LINE is KerasLine.KERAS_3
-SYNCHRONIZES = ON_JAX or KERAS3_TF
-needs_sync = pytest.mark.skipif(not SYNCHRONIZES, reason="synchronized BatchNorm needs "
-                                "Keras 3 on JAX or TensorFlow")
+SYNCHRONIZES = ON_JAX or KERAS3_TF or ON_TORCH
+needs_sync = pytest.mark.skipif(not (ON_JAX or KERAS3_TF), reason="synchronized "
+                                "BatchNorm in one process: Keras 3 on JAX or TensorFlow")
 
 if IN_PROCESS:
     keras = keras_module()
@@ -118,3 +125,50 @@ def test_sync_batchnorm_elsewhere_is_refused_before_anything() -> None:
         kerasmgpu.parallelize(model, sync_batchnorm=True)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+WORKER = str(Path(__file__).parent / "workers" / "train.py")
+
+
+def _run(out: Path, *args: str, nproc: int = 0) -> None:
+    """tests/workers/train.py in one process (`nproc` 0) or `kerasmgpu launch`ed."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERASMGPU_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p)
+    launch: List[str] = [] if not nproc else [
+        "-m", "kerasmgpu", "launch", "--nproc", str(nproc), "--timeout", "240", "--grace", "3"]
+    run = subprocess.run([sys.executable, *launch, WORKER, str(out), "--batchnorm",
+                          "--rows", str(ROWS), "--epochs", "2", *args],
+                         env=env, capture_output=True, text=True, timeout=360)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+
+
+def _saved(out: Path) -> Any:
+    data = np.load(out / "rank0.npz", allow_pickle=True)
+    weights = [data[k] for k in sorted((k for k in data.files if k.startswith("arr_")),
+                                       key=lambda k: int(k[4:]))]
+    return weights, data
+
+
+@pytest.mark.core
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@requires(torch=True)
+def test_sync_batchnorm_on_three_torch_processes_equals_one_process(tmp_path: Path) -> None:
+    """47 rows at batch 10 on 3 processes (4 rows each, the last batch of 7 padded to 9):
+    weights with the moving statistics, History, evaluate and predict equal one process."""
+    _run(tmp_path / "one")
+    _run(tmp_path / "three", "--sync-batchnorm", nproc=3)
+    one, one_data = _saved(tmp_path / "one")
+    three, three_data = _saved(tmp_path / "three")
+    assert len(one) == len(three) == 8  # 2 Dense x 2, gamma, beta, moving mean, variance
+    for u, v in zip(one, three):
+        np.testing.assert_allclose(u, v, atol=1e-4, rtol=1e-4)
+    for key in ("loss", "val_loss", "evaluation", "prediction"):
+        np.testing.assert_allclose(one_data[key], three_data[key], rtol=1e-4, atol=1e-5,
+                                   err_msg=key)
+    # Without the option each process normalizes its own rows: the check above can fail.
+    _run(tmp_path / "apart", nproc=3)
+    apart, _ = _saved(tmp_path / "apart")
+    assert max(float(np.abs(u - v).max()) for u, v in zip(one, apart)) > 1e-2

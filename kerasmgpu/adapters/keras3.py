@@ -303,6 +303,8 @@ class Keras3(Adapter):
             layer.__dict__["call"] = call
             if self.backend == "tensorflow":
                 layer.__dict__["_moments"] = self._synchronized_moments(layer)
+            elif self.backend == "torch":
+                layer.__dict__["_moments"] = self._torch_synchronized_moments(layer)
             layer.__dict__[HOOKED + "_moments"] = True
         return True
 
@@ -339,6 +341,45 @@ class Keras3(Adapter):
                 tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
             variance = tf.math.divide_no_nan(squares, total[1])
             return tf.squeeze(mean), tf.squeeze(variance)
+
+        return moments
+
+    def _torch_synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` over every process's kept rows.
+
+        On torch each process holds its shard of the global batch: the masked sums and
+        row count are all-reduced, then the masked squared deviations from the global
+        mean (two passes, as one device's moments). The all-reduce is torch's
+        differentiable one (`torch.distributed.nn.functional.all_reduce`, whose backward
+        all-reduces the gradients), so every process's gradient also carries what its rows
+        did to the other processes' losses through the shared statistics, and the
+        averaged gradient is one device's. Verified on Keras 3.3 and 3.15 (`_moments`,
+        `_reduction_axes`).
+        """
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.nn.functional import all_reduce
+
+        original = getattr(layer, "_moments", None)
+        if not callable(original) or not hasattr(layer, "_reduction_axes"):
+            raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
+                            "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            if not (dist.is_available() and dist.is_initialized()):
+                return original(inputs, mask)
+            axes = tuple(layer._reduction_axes)
+            # No mask: a step without padding rows (every row counts), still synchronized.
+            kept = torch.ones_like(inputs) if mask is None else (
+                mask.unsqueeze(-1).expand_as(inputs).to(inputs.dtype))
+            total = all_reduce(torch.stack([
+                torch.sum(inputs * kept, dim=axes, keepdim=True),
+                torch.sum(kept, dim=axes, keepdim=True)]))
+            count = torch.clamp(total[1], min=1.0)  # a channel without rows: 0, not nan
+            mean = total[0] / count
+            squares = all_reduce(
+                torch.sum(torch.square(inputs - mean) * kept, dim=axes, keepdim=True))
+            return torch.squeeze(mean), torch.squeeze(squares / count)
 
         return moments
 
