@@ -1,13 +1,14 @@
 """`parallelize(sync_batchnorm=True)`: BatchNormalization as on one device.
 
-Keras 3 on JAX, TensorFlow and PyTorch (and a layer's own `synchronized=True` on
-TensorFlow). On PyTorch three processes of `kerasmgpu launch` train
-`tests/workers/train.py --batchnorm` against one process. In process, a Dense ->
+tf.keras 2.12-2.15, tf_keras and Keras 3 on JAX, TensorFlow and PyTorch (and a layer's
+own `synchronized=True` on TensorFlow). On PyTorch three processes of `kerasmgpu
+launch` train `tests/workers/train.py --batchnorm` against one process. In process, a
+Dense ->
 BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
-the option the padding rows enter the statistics (the check can fail). The routes that
-cannot synchronize yet refuse the option before anything is touched.
+the option the padding rows enter the statistics (the check can fail). Legacy Keras 2.3
+refuses the option (test_accumulate).
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ import numpy as np
 import pytest
 from helpers import (
     IN_PROCESS,
-    LINE,
-    ON_JAX,
     ON_TF,
-    ON_TORCH,
     assert_history_close,
     keras_module,
     requires,
@@ -33,12 +31,9 @@ from helpers import (
 )
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine
 
-KERAS3_TF = ON_TF and LINE is KerasLine.KERAS_3
-SYNCHRONIZES = ON_JAX or KERAS3_TF or ON_TORCH
-needs_sync = pytest.mark.skipif(not (ON_JAX or KERAS3_TF), reason="synchronized "
-                                "BatchNorm in one process: Keras 3 on JAX or TensorFlow")
+needs_sync = pytest.mark.skipif(not IN_PROCESS, reason="synchronized BatchNorm in one "
+                                "process: TensorFlow or JAX")
 
 if IN_PROCESS:
     keras = keras_module()
@@ -101,8 +96,8 @@ def test_sync_batchnorm_equals_one_device_on_padded_batches() -> None:
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not KERAS3_TF, reason="BatchNormalization(synchronized=True) is Keras 3 "
-                    "on TensorFlow only")
+@pytest.mark.skipif(not ON_TF, reason="BatchNormalization(synchronized=True) is "
+                    "TensorFlow's only")
 def test_a_layers_own_synchronized_is_honoured_with_padding_left_out() -> None:
     # Keras's own synchronized moments would count the padding rows.
     _synchronized(layer_own=True)
@@ -115,16 +110,8 @@ def test_sync_batchnorm_must_be_a_bool() -> None:
         kerasmgpu.parallelize(_model(), sync_batchnorm="yes")
 
 
-@pytest.mark.core
-@pytest.mark.skipif(not IN_PROCESS or SYNCHRONIZES, reason="needs an in-process route that "
-                    "cannot synchronize BatchNorm yet (tf.keras, tf_keras)")
-def test_sync_batchnorm_elsewhere_is_refused_before_anything() -> None:
-    model = _model()
-    before = model.get_weights()
-    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*mirrored.*Fix:"):
-        kerasmgpu.parallelize(model, sync_batchnorm=True)
-    for a, b in zip(before, model.get_weights()):
-        np.testing.assert_array_equal(a, b)
+# Legacy Keras 2.3 (multi_gpu_model) refuses the option before anything is touched:
+# test_accumulate.test_keras23_refuses_what_it_cannot_do_exactly.
 
 
 WORKER = str(Path(__file__).parent / "workers" / "train.py")

@@ -311,10 +311,8 @@ class Keras3(Adapter):
     def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
         """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
 
-        Under tf.distribute each replica holds its shard: the masked sums and row count
-        are all-reduced (a SUM across replicas), the mean taken, then the masked sum of
-        squared deviations from it - two passes, as one device's `tf.nn.moments` does,
-        not E[x^2] - E[x]^2. Keras's own `synchronized=True` keeps the padding rows in.
+        Under tf.distribute each replica holds its shard (`tensorflow.replica_moments`).
+        Keras's own `synchronized=True` keeps the padding rows in.
         Verified on Keras 3.10 - 3.15 (`_moments`, `_reduction_axes`).
         """
         import tensorflow as tf
@@ -328,18 +326,8 @@ class Keras3(Adapter):
             context = tf.distribute.get_replica_context()
             if context is None:
                 return original(inputs, mask)
-            axes = layer._reduction_axes
-            # No mask: a step without padding rows (every row counts), still synchronized.
-            kept = tf.ones_like(inputs) if mask is None else tf.cast(
-                tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
-            total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
-                tf.reduce_sum(inputs * kept, axes, keepdims=True),
-                tf.reduce_sum(kept, axes, keepdims=True)]))
-            mean = tf.math.divide_no_nan(total[0], total[1])
-            squares = context.all_reduce(
-                tf.distribute.ReduceOp.SUM,
-                tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
-            variance = tf.math.divide_no_nan(squares, total[1])
+            mean, variance = tf_internals.replica_moments(
+                context, inputs, mask, layer._reduction_axes)
             return tf.squeeze(mean), tf.squeeze(variance)
 
         return moments

@@ -18,6 +18,9 @@ wrapped here:
   `optimizer.learning_rate` returns it; `_current_learning_rate` for a schedule).
 * `engine.data_adapter._make_class_weight_map_fn`: Keras's own `class_weight` rule,
   called as Keras's `fit` calls it.
+* `BatchNormalization._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`
+  (the same in 2.12 - 2.21): replaced on the instance for synchronized BatchNorm, and
+  `fused` set False there (the fused kernel ignores masks).
 """
 
 from __future__ import annotations
@@ -123,6 +126,17 @@ class TfKeras2(Adapter):
             if private is not None:
                 args.setdefault(key, private)
         return args
+
+    def clone_model(self, model: Any) -> Any:
+        clone = super().clone_model(model)
+        # BatchNormalization's get_config leaves `synchronized` out (2.12 - 2.21), so a
+        # copy would drop a layer's own synchronized=True: carried over by position.
+        norm = self.keras.layers.BatchNormalization
+        pairs = list(zip(self.layers_of(model), self.layers_of(clone)))
+        for layer, copy in pairs:
+            if isinstance(layer, norm) and isinstance(copy, norm):
+                copy.synchronized = getattr(layer, "synchronized", False)
+        return clone
 
     def build_like(self, clone: Any, model: Any) -> None:
         get_config = getattr(model, "get_build_config", None)
@@ -286,6 +300,56 @@ class TfKeras2(Adapter):
         except (AttributeError, ValueError):
             return None
         return rate if isinstance(rate, self._tf.Variable) else None
+
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        # `BatchNormalization.call(inputs, training, mask)` (public, 2.12+) takes masked
+        # moments; the replica's rows are all-reduced by `_calculate_mean_and_var`, and
+        # the moving statistics follow the global moments, equal on every replica.
+        import tensorflow as tf
+
+        norm = self.keras.layers.BatchNormalization
+        for layer in self.layers_of(model):
+            if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+            if not every and not getattr(layer, "synchronized", False):
+                continue
+            original = getattr(layer, "_calculate_mean_and_var", None)
+            if not callable(original):
+                raise self.fail("`BatchNormalization._calculate_mean_and_var` is missing",
+                                "synchronized BatchNorm")
+
+            def call(inputs: Any, training: Any = None, mask: Any = None,
+                     _original: Any = layer.call) -> Any:
+                # Keras's fit passes training=True (a Python bool) to every layer.
+                rows = row_mask() if training is True else None
+                if rows is not None:
+                    shape = tf.shape(inputs)
+                    rows = tf.reshape(tf.cast(rows, inputs.dtype),
+                                      tf.concat([[-1], tf.ones_like(shape[1:-1])], 0))
+                    rows = tf.broadcast_to(rows, shape[:-1])
+                    if mask is not None:
+                        rows = rows * tf.cast(mask, inputs.dtype)
+                    mask = rows
+                return _original(inputs, training=training, mask=mask)
+
+            def mean_and_var(inputs: Any, reduction_axes: Any, keep_dims: Any,
+                             mask: Any = None, _original: Any = original) -> Any:
+                context = tf.distribute.get_replica_context()
+                if context is None:
+                    return _original(inputs, reduction_axes, keep_dims, mask=mask)
+                mean, variance = tf_internals.replica_moments(
+                    context, inputs, mask, reduction_axes)
+                if not keep_dims:
+                    mean = tf.squeeze(mean, reduction_axes)
+                    variance = tf.squeeze(variance, reduction_axes)
+                return mean, variance
+
+            layer.__dict__["call"] = call
+            layer.__dict__["_calculate_mean_and_var"] = mean_and_var
+            layer.fused = False
+            layer.__dict__[HOOKED + "_moments"] = True
+        return True
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric
