@@ -3,8 +3,7 @@
 tf.keras 2.12-2.15, tf_keras and Keras 3 on JAX, TensorFlow and PyTorch (and a layer's
 own `synchronized=True` on TensorFlow). On PyTorch three processes of `kerasmgpu
 launch` train `tests/workers/train.py --batchnorm` against one process. In process, a
-Dense ->
-BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
+Dense -> BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
 the option the padding rows enter the statistics (the check can fail). Legacy Keras 2.3
