@@ -125,7 +125,9 @@ WORKER = str(Path(__file__).parent / "workers" / "train.py")
 def _run(out: Path, *args: str, nproc: int = 0) -> None:
     """tests/workers/train.py in one process (`nproc` 0) or `kerasmgpu launch`ed."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERASMGPU_")}
+    # One device per process (conftest's virtual devices would make the reference 3).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p)
     launch: List[str] = [] if not nproc else [
