@@ -37,6 +37,7 @@ import kerasmgpu
 from kerasmgpu.env.versions import KerasLine, detect_keras_line
 from kerasmgpu.registry import below_multi_process_floor
 
+TF_KERAS_2 = LINE in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)
 needs_sync = pytest.mark.skipif(not IN_PROCESS, reason="synchronized BatchNorm in one "
                                 "process: TensorFlow or JAX")
 
@@ -115,6 +116,25 @@ def test_sync_batchnorm_must_be_a_bool() -> None:
         kerasmgpu.parallelize(_model(), sync_batchnorm="yes")
 
 
+@pytest.mark.core
+@pytest.mark.skipif(not TF_KERAS_2, reason="virtual_batch_size is tf.keras / tf_keras's")
+def test_sync_batchnorm_refuses_ghost_batches_before_training() -> None:
+    seed_all(keras, 3)
+    # Built in the scope: tf_keras cannot copy a built virtual_batch_size layer (its config
+    # keeps the shifted axis), so kerasmgpu trains the model itself.
+    with kerasmgpu.scope():
+        inputs = keras.Input((6,))
+        norm = keras.layers.BatchNormalization(virtual_batch_size=2)(
+            keras.layers.Dense(8)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(1)(norm))
+        model.compile("sgd", "mse")
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*virtual_batch_size=2.*Fix:"):
+        kerasmgpu.parallelize(model, sync_batchnorm=True)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 # Legacy Keras 2.3 (multi_gpu_model) refuses the option before anything is touched:
 # test_accumulate.test_keras23_refuses_what_it_cannot_do_exactly.
 
@@ -147,7 +167,7 @@ def _saved(out: Path) -> Any:
 
 # Multi-process routes: torch_ddp, tf.keras / tf_keras multi-worker mirrored, Keras 3 on
 # JAX from 3.11 (Keras 3 on TensorFlow fails upstream in several processes: keras#20585).
-MULTI_PROCESS = ON_TORCH or LINE in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) or (
+MULTI_PROCESS = ON_TORCH or TF_KERAS_2 or (
     ON_JAX and below_multi_process_floor(LINE, detect_keras_line()[1]) is None)
 
 

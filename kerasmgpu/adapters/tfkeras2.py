@@ -29,6 +29,7 @@ import importlib
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
@@ -314,6 +315,12 @@ class TfKeras2(Adapter):
                 continue
             if not every and not getattr(layer, "synchronized", False):
                 continue
+            if getattr(layer, "virtual_batch_size", None) is not None:
+                raise bad_value(
+                    "sync_batchnorm", True, f"False while layer {layer.name!r} has "
+                    f"virtual_batch_size={layer.virtual_batch_size} (ghost batches "
+                    "normalize sub-batches: the opposite of synchronizing)",
+                    "leave sync_batchnorm out, or drop virtual_batch_size from that layer")
             original = getattr(layer, "_calculate_mean_and_var", None)
             if not callable(original):
                 raise self.fail("`BatchNormalization._calculate_mean_and_var` is missing",
