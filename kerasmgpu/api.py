@@ -120,7 +120,7 @@ def parallelize(
     `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
     equal to one step over their rows together on one device (README, Semantics).
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
-    padding rows left out, as one device does (Keras 3 on JAX or TensorFlow; elsewhere
+    padding rows left out, as one device does (every line but legacy Keras 2.3, where
     it raises).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
@@ -145,9 +145,10 @@ def parallelize(
 # kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`).
 _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
-# (the padding rows are left out of the moments), on TensorFlow the masked moments are
-# all-reduced over the replicas (Keras 3 only: `adapters.keras3`).
-_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED)
+# (the padding rows are left out of the moments), on TensorFlow and PyTorch the masked
+# moments are all-reduced over the replicas / processes (`adapters.keras3`,
+# `adapters.tfkeras2`; not legacy Keras 2.3's multi_gpu_model).
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -160,13 +161,13 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     if not isinstance(sync_batchnorm, bool):
         raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
                        "pass sync_batchnorm=True or leave it out")
-    if sync_batchnorm and (cls.route not in _SYNC_BATCHNORM_ROUTES or not adapter.keras3):
+    if sync_batchnorm and cls.route not in _SYNC_BATCHNORM_ROUTES:
         raise bad_value(
             "sync_batchnorm", True,
             f"False on the {cls.route} route of {adapter.line.value} in this release "
-            "(sync_batchnorm=True: Keras 3 on JAX or TensorFlow)",
+            "(sync_batchnorm=True: tf.keras, tf_keras and Keras 3)",
             "leave sync_batchnorm out (BatchNormalization then normalizes each replica's "
-            "rows: README, Semantics), or train with Keras 3 on JAX or TensorFlow")
+            "rows: README, Semantics), or train with tf.keras 2.12+ or Keras 3")
     optimizer = getattr(model, "optimizer", None)
     own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
     if own > 1 and steps > 1:

@@ -1,16 +1,23 @@
 """`parallelize(sync_batchnorm=True)`: BatchNormalization as on one device.
 
-Keras 3 on JAX and TensorFlow (and a layer's own `synchronized=True` there). A Dense ->
-BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
+tf.keras 2.12-2.15, tf_keras and Keras 3 on JAX, TensorFlow and PyTorch (and a layer's
+own `synchronized=True` on TensorFlow). On the multi-process routes (PyTorch, tf.keras
+and tf_keras multi-worker, JAX) three processes of `kerasmgpu launch` train
+`tests/workers/train.py --batchnorm` against one process. In process, a
+Dense -> BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
-the option the padding rows enter the statistics (the check can fail). The routes that
-cannot synchronize yet refuse the option before anything is touched.
+the option the padding rows enter the statistics (the check can fail). Legacy Keras 2.3
+refuses the option (test_accumulate).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
 
 import numpy as np
 import pytest
@@ -19,6 +26,7 @@ from helpers import (
     LINE,
     ON_JAX,
     ON_TF,
+    ON_TORCH,
     assert_history_close,
     keras_module,
     requires,
@@ -26,12 +34,12 @@ from helpers import (
 )
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine
+from kerasmgpu.env.versions import KerasLine, detect_keras_line
+from kerasmgpu.registry import below_multi_process_floor
 
-KERAS3_TF = ON_TF and LINE is KerasLine.KERAS_3
-SYNCHRONIZES = ON_JAX or KERAS3_TF
-needs_sync = pytest.mark.skipif(not SYNCHRONIZES, reason="synchronized BatchNorm needs "
-                                "Keras 3 on JAX or TensorFlow")
+TF_KERAS_2 = LINE in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)
+needs_sync = pytest.mark.skipif(not IN_PROCESS, reason="synchronized BatchNorm in one "
+                                "process: TensorFlow or JAX")
 
 if IN_PROCESS:
     keras = keras_module()
@@ -94,8 +102,8 @@ def test_sync_batchnorm_equals_one_device_on_padded_batches() -> None:
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not KERAS3_TF, reason="BatchNormalization(synchronized=True) is Keras 3 "
-                    "on TensorFlow only")
+@pytest.mark.skipif(not ON_TF, reason="BatchNormalization(synchronized=True) is "
+                    "TensorFlow's only")
 def test_a_layers_own_synchronized_is_honoured_with_padding_left_out() -> None:
     # Keras's own synchronized moments would count the padding rows.
     _synchronized(layer_own=True)
@@ -109,12 +117,79 @@ def test_sync_batchnorm_must_be_a_bool() -> None:
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not IN_PROCESS or SYNCHRONIZES, reason="needs an in-process route that "
-                    "cannot synchronize BatchNorm yet (tf.keras, tf_keras)")
-def test_sync_batchnorm_elsewhere_is_refused_before_anything() -> None:
-    model = _model()
+@pytest.mark.skipif(not TF_KERAS_2, reason="virtual_batch_size is tf.keras / tf_keras's")
+def test_sync_batchnorm_refuses_ghost_batches_before_training() -> None:
+    seed_all(keras, 3)
+    # Built in the scope: tf_keras cannot copy a built virtual_batch_size layer (its config
+    # keeps the shifted axis), so kerasmgpu trains the model itself.
+    with kerasmgpu.scope():
+        inputs = keras.Input((6,))
+        norm = keras.layers.BatchNormalization(virtual_batch_size=2)(
+            keras.layers.Dense(8)(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(1)(norm))
+        model.compile("sgd", "mse")
     before = model.get_weights()
-    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*mirrored.*Fix:"):
+    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*virtual_batch_size=2.*Fix:"):
         kerasmgpu.parallelize(model, sync_batchnorm=True)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# Legacy Keras 2.3 (multi_gpu_model) refuses the option before anything is touched:
+# test_accumulate.test_keras23_refuses_what_it_cannot_do_exactly.
+
+
+WORKER = str(Path(__file__).parent / "workers" / "train.py")
+
+
+def _run(out: Path, *args: str, nproc: int = 0) -> None:
+    """tests/workers/train.py in one process (`nproc` 0) or `kerasmgpu launch`ed."""
+    out.mkdir(parents=True, exist_ok=True)
+    # One device per process (conftest's virtual devices would make the reference 3).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p)
+    launch: List[str] = [] if not nproc else [
+        "-m", "kerasmgpu", "launch", "--nproc", str(nproc), "--timeout", "240", "--grace", "3"]
+    run = subprocess.run([sys.executable, *launch, WORKER, str(out), "--batchnorm",
+                          "--rows", str(ROWS), "--epochs", "2", *args],
+                         env=env, capture_output=True, text=True, timeout=360)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+
+
+def _saved(out: Path) -> Any:
+    data = np.load(out / "rank0.npz", allow_pickle=True)
+    weights = [data[k] for k in sorted((k for k in data.files if k.startswith("arr_")),
+                                       key=lambda k: int(k[4:]))]
+    return weights, data
+
+
+# Multi-process routes: torch_ddp, tf.keras / tf_keras multi-worker mirrored, Keras 3 on
+# JAX from 3.11 (Keras 3 on TensorFlow fails upstream in several processes: keras#20585).
+MULTI_PROCESS = ON_TORCH or TF_KERAS_2 or (
+    ON_JAX and below_multi_process_floor(LINE, detect_keras_line()[1]) is None)
+
+
+@pytest.mark.core
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not MULTI_PROCESS, reason="needs a multi-process route (torch, tf.keras, "
+                    "tf_keras, Keras 3 on JAX >= 3.11)")
+def test_sync_batchnorm_on_three_processes_equals_one_process(tmp_path: Path) -> None:
+    """47 rows at batch 10 on 3 processes (4 rows each, the last batch of 7 padded to 9):
+    weights with the moving statistics, History, evaluate and predict equal one process."""
+    _run(tmp_path / "one")
+    _run(tmp_path / "three", "--sync-batchnorm", nproc=3)
+    one, one_data = _saved(tmp_path / "one")
+    three, three_data = _saved(tmp_path / "three")
+    assert len(one) == len(three) == 8  # 2 Dense x 2, gamma, beta, moving mean, variance
+    for u, v in zip(one, three):
+        np.testing.assert_allclose(u, v, atol=1e-4, rtol=1e-4)
+    for key in ("loss", "val_loss", "evaluation", "prediction"):
+        np.testing.assert_allclose(one_data[key], three_data[key], rtol=1e-4, atol=1e-5,
+                                   err_msg=key)
+    # Without the option each process normalizes its own rows: the check above can fail.
+    _run(tmp_path / "apart", nproc=3)
+    apart, _ = _saved(tmp_path / "apart")
+    assert max(float(np.abs(u - v).max()) for u, v in zip(one, apart)) > 1e-2

@@ -306,16 +306,16 @@ class Keras3(Adapter):
             layer.__dict__["call"] = call
             if self.backend == "tensorflow":
                 layer.__dict__["_moments"] = self._synchronized_moments(layer)
+            elif self.backend == "torch":
+                layer.__dict__["_moments"] = self._torch_synchronized_moments(layer)
             layer.__dict__[HOOKED + "_moments"] = True
         return True
 
     def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
         """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
 
-        Under tf.distribute each replica holds its shard: the masked sums and row count
-        are all-reduced (a SUM across replicas), the mean taken, then the masked sum of
-        squared deviations from it - two passes, as one device's `tf.nn.moments` does,
-        not E[x^2] - E[x]^2. Keras's own `synchronized=True` keeps the padding rows in.
+        Under tf.distribute each replica holds its shard (`tensorflow.replica_moments`).
+        Keras's own `synchronized=True` keeps the padding rows in.
         Verified on Keras 3.10 - 3.15 (`_moments`, `_reduction_axes`).
         """
         import tensorflow as tf
@@ -329,19 +329,48 @@ class Keras3(Adapter):
             context = tf.distribute.get_replica_context()
             if context is None:
                 return original(inputs, mask)
-            axes = layer._reduction_axes
-            # No mask: a step without padding rows (every row counts), still synchronized.
-            kept = tf.ones_like(inputs) if mask is None else tf.cast(
-                tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
-            total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
-                tf.reduce_sum(inputs * kept, axes, keepdims=True),
-                tf.reduce_sum(kept, axes, keepdims=True)]))
-            mean = tf.math.divide_no_nan(total[0], total[1])
-            squares = context.all_reduce(
-                tf.distribute.ReduceOp.SUM,
-                tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
-            variance = tf.math.divide_no_nan(squares, total[1])
+            mean, variance = tf_internals.replica_moments(
+                context, inputs, mask, layer._reduction_axes)
             return tf.squeeze(mean), tf.squeeze(variance)
+
+        return moments
+
+    def _torch_synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` over every process's kept rows.
+
+        On torch each process holds its shard of the global batch: the masked sums and
+        row count are all-reduced, then the masked squared deviations from the global
+        mean (two passes, as one device's moments). The all-reduce is torch's
+        differentiable one (`torch.distributed.nn.functional.all_reduce`, whose backward
+        all-reduces the gradients), so every process's gradient also carries what its rows
+        did to the other processes' losses through the shared statistics, and the
+        averaged gradient is one device's. Verified on Keras 3.3 and 3.15 (`_moments`,
+        `_reduction_axes`).
+        """
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.nn.functional import all_reduce
+
+        original = getattr(layer, "_moments", None)
+        if not callable(original) or not hasattr(layer, "_reduction_axes"):
+            raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
+                            "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            if not (dist.is_available() and dist.is_initialized()):
+                return original(inputs, mask)
+            axes = tuple(layer._reduction_axes)
+            # No mask: a step without padding rows (every row counts), still synchronized.
+            kept = torch.ones_like(inputs) if mask is None else (
+                mask.unsqueeze(-1).expand_as(inputs).to(inputs.dtype))
+            total = all_reduce(torch.stack([
+                torch.sum(inputs * kept, dim=axes, keepdim=True),
+                torch.sum(kept, dim=axes, keepdim=True)]))
+            count = torch.clamp(total[1], min=1.0)  # a channel without rows: 0, not nan
+            mean = total[0] / count
+            squares = all_reduce(
+                torch.sum(torch.square(inputs - mean) * kept, dim=axes, keepdim=True))
+            return torch.squeeze(mean), torch.squeeze(squares / count)
 
         return moments
 

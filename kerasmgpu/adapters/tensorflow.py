@@ -14,9 +14,9 @@ releases of the tox matrix). What is touched:
   each device's stream of a distributed dataset is built (`plain_device_streams`).
 
 Also here, with public TensorFlow ops only: `value_hasher`, the change tokens of
-TensorFlow variables (`Adapter.state_reader` on every TF-backed line), and
+TensorFlow variables (`Adapter.state_reader` on every TF-backed line);
 `Accumulation`, the gradient sums of `accumulate_steps` on every TF-backed line (the
-Keras side of it is in each line's adapter).
+Keras side of it is in each line's adapter); and `replica_moments`, the synchronized masked BatchNorm moments of every TF-backed line.
 """
 
 from __future__ import annotations
@@ -412,3 +412,27 @@ def all_replicas_agree(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return tf.equal(failed, 0.0)
 
     return agreed
+
+
+def replica_moments(context: Any, inputs: Any, mask: Any, axes: Any) -> Tuple[Any, Any]:
+    """Mean and variance (dimensions kept) over every replica's rows that `mask` keeps.
+
+    Each replica holds its shard of the global batch: the masked sums and row count are
+    all-reduced (a SUM over `context`'s replicas, differentiable: its gradient is
+    all-reduced too), the mean taken, then the masked sum of squared deviations from it -
+    two passes, as one device's `tf.nn.moments`, not E[x^2] - E[x]^2 as Keras's own
+    synchronized moments (which also keep the padding rows in). No mask: every row.
+    """
+    import tensorflow as tf
+
+    kept = tf.ones_like(inputs) if mask is None else tf.cast(
+        tf.broadcast_to(tf.expand_dims(tf.cast(mask, inputs.dtype), -1), tf.shape(inputs)),
+        inputs.dtype)
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
+        tf.reduce_sum(inputs * kept, axes, keepdims=True),
+        tf.reduce_sum(kept, axes, keepdims=True)]))
+    mean = tf.math.divide_no_nan(total[0], total[1])
+    squares = context.all_reduce(
+        tf.distribute.ReduceOp.SUM,
+        tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
+    return mean, tf.math.divide_no_nan(squares, total[1])

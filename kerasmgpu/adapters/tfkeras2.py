@@ -22,6 +22,9 @@ wrapped here:
   `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
   the instance; the model's `make_train_function` / `train_function` and
   `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
+* `BatchNormalization._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`
+  (the same in 2.12 - 2.21): replaced on the instance for synchronized BatchNorm, and
+  `fused` set False there (the fused kernel ignores masks).
 """
 
 from __future__ import annotations
@@ -129,6 +132,17 @@ class TfKeras2(Adapter):
             if private is not None:
                 args.setdefault(key, private)
         return args
+
+    def clone_model(self, model: Any) -> Any:
+        clone = super().clone_model(model)
+        # BatchNormalization's get_config leaves `synchronized` out (2.12 - 2.21), so a
+        # copy would drop a layer's own synchronized=True: carried over by position.
+        norm = self.keras.layers.BatchNormalization
+        pairs = list(zip(self.layers_of(model), self.layers_of(clone)))
+        for layer, copy in pairs:
+            if isinstance(layer, norm) and isinstance(copy, norm):
+                copy.synchronized = getattr(layer, "synchronized", False)
+        return clone
 
     def build_like(self, clone: Any, model: Any) -> None:
         get_config = getattr(model, "get_build_config", None)
@@ -347,6 +361,62 @@ class TfKeras2(Adapter):
             lambda: getattr(model, "optimizer", None).__dict__.get(HOOKED + "_accumulation"),
             steps_per_execution)
         model.__dict__[HOOKED + "_calls"] = True
+
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        # `BatchNormalization.call(inputs, training, mask)` (public, 2.12+) takes masked
+        # moments; the replica's rows are all-reduced by `_calculate_mean_and_var`, and
+        # the moving statistics follow the global moments, equal on every replica.
+        import tensorflow as tf
+
+        norm = self.keras.layers.BatchNormalization
+        for layer in self.layers_of(model):
+            if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+            if not every and not getattr(layer, "synchronized", False):
+                continue
+            if getattr(layer, "virtual_batch_size", None) is not None:
+                raise bad_value(
+                    "sync_batchnorm", True, f"False while layer {layer.name!r} has "
+                    f"virtual_batch_size={layer.virtual_batch_size} (ghost batches "
+                    "normalize sub-batches: the opposite of synchronizing)",
+                    "leave sync_batchnorm out, or drop virtual_batch_size from that layer")
+            original = getattr(layer, "_calculate_mean_and_var", None)
+            if not callable(original):
+                raise self.fail("`BatchNormalization._calculate_mean_and_var` is missing",
+                                "synchronized BatchNorm")
+
+            def call(inputs: Any, training: Any = None, mask: Any = None,
+                     _original: Any = layer.call) -> Any:
+                # Keras's fit passes training=True (a Python bool) to every layer.
+                rows = row_mask() if training is True else None
+                if rows is not None:
+                    shape = tf.shape(inputs)
+                    rows = tf.reshape(tf.cast(rows, inputs.dtype),
+                                      tf.concat([[-1], tf.ones_like(shape[1:-1])], 0))
+                    rows = tf.broadcast_to(rows, shape[:-1])
+                    if mask is not None:
+                        rows = rows * tf.cast(mask, inputs.dtype)
+                    mask = rows
+                return _original(inputs, training=training, mask=mask)
+
+            def mean_and_var(inputs: Any, reduction_axes: Any, keep_dims: Any,
+                             mask: Any = None, _original: Any = original) -> Any:
+                context = tf.distribute.get_replica_context()
+                if context is None:
+                    return _original(inputs, reduction_axes, keep_dims, mask=mask)
+                mean, variance = tf_internals.replica_moments(
+                    context, inputs, mask, reduction_axes)
+                if not keep_dims:
+                    mean = tf.squeeze(mean, reduction_axes)
+                    variance = tf.squeeze(variance, reduction_axes)
+                return mean, variance
+
+            layer.__dict__["call"] = call
+            layer.__dict__["_calculate_mean_and_var"] = mean_and_var
+            layer.fused = False
+            layer.__dict__[HOOKED + "_moments"] = True
+        return True
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric

@@ -19,7 +19,9 @@ PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
 --crash-step K (fail after global step K instead, with --crash-epoch naming the epoch it
 falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, once;
 with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR1@T` does
-at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`).
+at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
+(a BatchNormalization layer after the hidden Dense), --sync-batchnorm
+(parallelize(sync_batchnorm=True)).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -65,6 +67,10 @@ parser.add_argument("--optimizer-accumulates", type=int, default=0,
                     help="SGD(gradient_accumulation_steps=K): Keras 3's own accumulation")
 parser.add_argument("--clipnorm", type=float, default=None,
                     help="SGD(clipnorm=...): clipping must act on the global gradient")
+parser.add_argument("--batchnorm", action="store_true",
+                    help="a BatchNormalization layer after the hidden Dense")
+parser.add_argument("--sync-batchnorm", action="store_true",
+                    help="parallelize(sync_batchnorm=True)")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -86,6 +92,8 @@ y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype
 
 inputs = keras.Input((6,))
 hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+if args.batchnorm:
+    hidden = keras.layers.BatchNormalization()(hidden)
 outputs = keras.layers.Dense(1)(hidden)
 model_class = keras.Model
 if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
@@ -112,14 +120,18 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
     model_class = GuideModel
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
-model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
+model.set_weights([(np.abs(value) + 0.5 if "variance" in w.name else value).astype("float32")
+                   for w, value in ((w, init.normal(scale=0.3, size=w.shape))
+                                    for w in model.weights)])
 clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
 if args.optimizer_accumulates:
     clip["gradient_accumulation_steps"] = args.optimizer_accumulates
 model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
-pmodel = kerasmgpu.parallelize(
-    model, **({"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}))
+options = {"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}
+if args.sync_batchnorm:
+    options["sync_batchnorm"] = True
+pmodel = kerasmgpu.parallelize(model, **options)
 
 
 def crash_if_asked(epoch):
