@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, order_key
+from kerasmgpu.data.bundle import bundle, order_key, unpadded
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -82,7 +82,9 @@ class ArrayPlan:
         if self.shuffle:
             self.rng.shuffle(self.order)
 
-    def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
+    def batch(self, index: int, predict: bool, plain_even: bool = False) -> Tuple[Any, ...]:
+        """Batch `index` as `(x, bundle)`; with `plain_even`, one that needs no padding
+        carries an empty packing (`bundle.unpadded`)."""
         start = index * self.batch_size
         ids = self.order[start : start + self.batch_size]
         share = self.planner.plan(len(ids))
@@ -90,6 +92,9 @@ class ArrayPlan:
         x = gather(self.x, take)
         if predict:
             return (x, bundle(share.packed(), order=order_key(index, len(take))))
+        if plain_even and not share.plan.pad:
+            return (x, bundle(unpadded(len(take)), gather(self.y, take),
+                              gather(self.weights, take)))
         return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
 
 
@@ -119,7 +124,7 @@ class Arrays(Input):
         self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, planner, request.seed)
 
     def python_feed(self) -> Feed:
-        plan, predict = self.plan, self.predict
+        plan, predict, plain_even = self.plan, self.predict, self.plain_even
         base = self.adapter.python_dataset_type()
         keras3 = self.adapter.keras3
 
@@ -132,7 +137,7 @@ class Arrays(Input):
                 return len(plan.sizes)
 
             def __getitem__(self, index: int) -> Any:
-                return plan.batch(index, predict)
+                return plan.batch(index, predict, plain_even)
 
             def on_epoch_end(self) -> None:
                 plan.reshuffle()
@@ -152,6 +157,10 @@ class Arrays(Input):
         y = None if predict else tensors(plan.y)
         weights = None if predict else tensors(plan.weights)
         planner = plan.planner
+        pads, example = plan.padding()
+        # A traced step sees one packing shape for every element of a pipeline: the
+        # empty one (the engine's plain step) when no batch of the epoch needs padding.
+        plain_all = not predict and not pads
         indices = tf.data.Dataset.range(plan.rows)
         if plan.shuffle:
             indices = indices.shuffle(plan.rows, seed=self.request.seed,
@@ -159,6 +168,13 @@ class Arrays(Input):
         indices = indices.batch(plan.batch_size).enumerate()
 
         def fetch(number: Any, ids: Any) -> Any:
+            if plain_all:
+                def same(structure: Any) -> Any:
+                    return map_structure(lambda t: tf.gather(t, ids), structure,
+                                         skip_none=True)
+
+                empty = tf.zeros([tf.size(ids), 0], tf.float32)  # bundle.unpadded
+                return same(x), bundle(empty, same(y), same(weights))
             rows, packed = tf_pad(tf, tf.size(ids), planner)
             take = tf.gather(ids, rows)
 
@@ -170,6 +186,5 @@ class Arrays(Input):
             return pick(x), bundle(packed, pick(y), pick(weights))
 
         data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-        pads, example = plan.padding()
         return Feed(no_autoshard(tf, data), steps=len(plan.sizes), pads=pads,
                     padding_example=example)

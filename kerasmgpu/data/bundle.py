@@ -34,6 +34,18 @@ def bundle(packed: Any, y: Any = None, sample_weight: Any = None, order: Any = N
     return out
 
 
+def unpadded(rows: int) -> np.ndarray:
+    """The packing of a batch that needs no padding: (rows, 0), no column at all.
+
+    Its shape is static in every trace (JAX, tf.function), so the step tells the fast
+    path from it without looking at a value (`steps.make_step`): the engine's plain
+    step, no weight or mask of kerasmgpu's. The bundle keeps its structure (Keras 3 on
+    JAX fixes the data layout from an epoch's first batch), and JAX traces one step per
+    packing shape: even and padded, two at most per batch size.
+    """
+    return np.zeros((rows, 0), np.float32)
+
+
 def is_bundle(obj: Any) -> bool:
     return isinstance(obj, dict) and PACKING_KEY in obj
 
