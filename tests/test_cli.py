@@ -778,7 +778,11 @@ def test_gpu_check_runs_every_step_into_one_file(
                               {"replicas": 2, "samples_per_s": 19.0, "efficiency": 0.95}]},
         "monitor": {"summary": [{"epoch": 0, "gpu0_util": 91.0, "gpu1_util": 89.0,
                                  "gpu_util_mean": 90.0}]},
+        "allreduce": {"results": [{"bytes": 16 << 20, "busbw_gbs": 80.0}]},
+        "suite": None,
     }
+    for model in gpu_check.MODEL_STEPS:
+        canned[model] = canned["bench"]
 
     def runner(name: str, command: Sequence[str], timeout: float,
                env: Mapping[str, str]) -> Dict[str, Any]:
@@ -789,11 +793,13 @@ def test_gpu_check_runs_every_step_into_one_file(
     output = tmp_path / "check.json"
     assert gpu_check.main(["--output", str(output), "--bench-dir", "b"], runner=runner) == 0
     report = json.loads(output.read_text())
-    assert list(report["steps"]) == ["doctor", "demo", "bench", "monitor"]
+    assert list(report["steps"]) == list(gpu_check.STEPS)
     assert report["ok"] is True and report["gpus"] == 2
     assert seen[2][-4:] == ["1,2", "--output", "b", "--json"]
     out = capsys.readouterr().out
     assert "2: 19/s (95%)" in out and "gpu0 91%" in out and "max weight difference" in out
+    assert "16 MiB: 80.0 GB/s" in out
+    assert ["--model", "transformer", "--replicas", "1,2"] == seen[6][4:8]
 
 
 def test_gpu_check_summary_of_a_demo_on_virtual_devices(gpu_check: Any) -> None:
