@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, order_key, unpadded
+from kerasmgpu.data.bundle import bundle, order_key, plain, unpadded
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -158,8 +158,9 @@ class Arrays(Input):
         weights = None if predict else tensors(plan.weights)
         planner = plan.planner
         pads, example = plan.padding()
-        # A traced step sees one packing shape for every element of a pipeline: the
-        # empty one (the engine's plain step) when no batch of the epoch needs padding.
+        # A traced step sees one structure for every element of a pipeline: the user's
+        # data alone (`bundle.plain`: the engine's plain step) when no batch of the epoch
+        # needs padding.
         plain_all = not predict and not pads
         indices = tf.data.Dataset.range(plan.rows)
         if plan.shuffle:
@@ -173,8 +174,7 @@ class Arrays(Input):
                     return map_structure(lambda t: tf.gather(t, ids), structure,
                                          skip_none=True)
 
-                empty = tf.zeros([tf.size(ids), 0], tf.float32)  # bundle.unpadded
-                return same(x), bundle(empty, same(y), same(weights))
+                return plain(same(x), same(y), same(weights))
             rows, packed = tf_pad(tf, tf.size(ids), planner)
             take = tf.gather(ids, rows)
 

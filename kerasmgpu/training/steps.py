@@ -335,8 +335,8 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
 
     def run(model: Any, data: Any, call: Callable[[Any], Any]) -> Any:
         parts = split(data)
-        if parts is None:
-            return call(data)
+        if parts is None:  # a feed without padding on TensorFlow (`bundle.plain`)
+            return plain_step(data, call)
         x, y, sample_weight, packed = parts
         if unpadded(packed):
             return plain_step(adapter.pack_data(x, y, sample_weight), call)
