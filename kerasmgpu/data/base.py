@@ -73,7 +73,8 @@ class Input:
         # Whether each batch that divides by the replica count carries an empty packing
         # (`bundle.unpadded`: the engine's plain step) - decided per batch where Python
         # batches reach Keras 3 one at a time (JAX, torch). A tf.data pipeline's elements
-        # share one traced shape, so the TensorFlow feeds decide once per feed.
+        # share one traced step, so the TensorFlow array feed decides once per feed
+        # (`bundle.plain`).
         self.plain_even = False
 
     def feed(self, kind: FeedKind) -> Feed:
