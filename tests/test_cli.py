@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
+import numpy as np
 import pytest
 from helpers import BACKEND, IN_PROCESS, ON_LEGACY, requires
 
@@ -637,6 +638,19 @@ def test_bench_rejects_bad_replica_lists_before_training(
     err = capsys.readouterr().err
     assert "Received: --replicas=" in err and "Fix:" in err
     assert not list(tmp_path.iterdir())
+
+
+@requires(in_process=True)
+@pytest.mark.parametrize("kind", bench.MODELS)
+def test_bench_models_train_on_their_data(kind: str) -> None:
+    from helpers import keras_module
+
+    keras = keras_module()
+    model = bench.build_model(keras, kind)
+    x, y = bench.make_data(kind, 16)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    assert model.predict(x[:4], verbose=0).shape == (4, 10)
 
 
 @requires(in_process=True)
