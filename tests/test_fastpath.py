@@ -108,7 +108,7 @@ def test_a_padded_last_batch_takes_the_masked_step(replicas: int,
         assert taken["plain"], "the full batches did not take the plain step"
         assert {shape[0] for shape in taken["masked"]} == {replicas}, taken["masked"]
     if ON_TF:
-        # A tf.data pipeline has one traced shape: decided per feed, every batch masked.
+        # A tf.data pipeline has one traced step: decided per feed, every batch masked.
         assert taken["plain"] == []
 
 
