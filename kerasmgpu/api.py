@@ -105,6 +105,8 @@ def parallelize(
     gpus: devices_module.GpusArg = None,
     *,
     route: Union[str, Route, None] = None,
+    accumulate_steps: int = 1,
+    sync_batchnorm: bool = False,
 ) -> ModelT:
     """A model that trains on all requested devices, for whatever Keras is installed.
 
@@ -115,12 +117,79 @@ def parallelize(
     The model you pass keeps receiving the trained weights (save it as usual).
     With one device - `gpus=1`, `gpus=[0]`, or the only one there is - the model is
     returned unchanged; `gpus=[k]` trains a one-replica copy on device k.
+    `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
+    equal to one step over their rows together on one device (README, Semantics).
+    `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
+    padding rows left out, as one device does (Keras 3 on JAX or TensorFlow; elsewhere
+    it raises).
     """
+    from kerasmgpu.accumulation import check_accumulate_steps
+
+    steps = check_accumulate_steps(accumulate_steps)
     if model is None:
         from kerasmgpu._errors import bad_type
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
     adapter, cls, selected, environment = _prepare(gpus, route, model)
+    _check_options(adapter, cls, model, steps, sync_batchnorm)
+    from kerasmgpu.training.model import options as parallel_options
+
+    with parallel_options(steps, sync_batchnorm):
+        return _parallelize(model, gpus, adapter, cls, selected, environment, steps)
+
+
+# Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
+# optimizer accumulates there, and kerasmgpu weighs the batches.
+_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP)
+# Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
+# (the padding rows are left out of the moments), on TensorFlow the masked moments are
+# all-reduced over the replicas (Keras 3 only: `adapters.keras3`).
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED)
+
+
+def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
+                   sync_batchnorm: Any) -> None:
+    """The options beyond the devices, refused before anything is touched where this
+    route cannot honour them exactly."""
+    from kerasmgpu._errors import bad_type, bad_value
+    from kerasmgpu.training.model import own_accumulation_error
+
+    if not isinstance(sync_batchnorm, bool):
+        raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
+                       "pass sync_batchnorm=True or leave it out")
+    if sync_batchnorm and (cls.route not in _SYNC_BATCHNORM_ROUTES or not adapter.keras3):
+        raise bad_value(
+            "sync_batchnorm", True,
+            f"False on the {cls.route} route of {adapter.line.value} in this release "
+            "(sync_batchnorm=True: Keras 3 on JAX or TensorFlow)",
+            "leave sync_batchnorm out (BatchNormalization then normalizes each replica's "
+            "rows: README, Semantics), or train with Keras 3 on JAX or TensorFlow")
+    optimizer = getattr(model, "optimizer", None)
+    own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
+    if own > 1 and steps > 1:
+        raise own_accumulation_error(own, steps)
+    if own > 1 and cls.route == Route.MIRRORED:
+        raise bad_value(
+            "optimizer", f"{type(optimizer).__name__}(gradient_accumulation_steps={own}) "
+            "on the mirrored route", "an optimizer without gradient_accumulation_steps on "
+            "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
+            "inside a cond)", "drop gradient_accumulation_steps from the optimizer, or train "
+            "on the JAX or torch backend")
+    problem = adapter.accumulation_problem() if steps > 1 else None
+    if problem is not None and cls.route in _ACCUMULATING_ROUTES:
+        raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
+                        "upgrade Keras to 3.8 or later, or raise batch_size instead")
+    if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
+        raise bad_value(
+            "accumulate_steps", steps,
+            f"1 on the {cls.route} route in this release (accumulate_steps > 1: "
+            f"{', '.join(str(r) for r in _ACCUMULATING_ROUTES)}: Keras 3 on JAX or torch)",
+            "raise batch_size instead, or train with Keras 3 on the JAX or torch backend")
+
+
+def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
+                 cls: type[Engine], selected: Tuple[Device, ...],
+                 environment: cluster.ClusterEnvironment, steps: int) -> ModelT:
     scoped = _engines.get((cls, adapter.line, adapter.backend, selected))
     if scoped is not None and scoped.owns(model):
         # Built in `kerasmgpu.scope()` over these devices (even after the `with`
@@ -130,6 +199,13 @@ def parallelize(
         return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
             adapter, environment):
+        if steps > 1:
+            from kerasmgpu._errors import bad_value
+
+            raise bad_value(
+                "accumulate_steps", steps, "1 when parallelize() returns the model as it is "
+                f"(one device: {', '.join(str(d) for d in selected) or 'cpu'})",
+                "compile with the optimizer's own gradient_accumulation_steps on one device")
         # Only "every device" can surprise with one: gpus=1 / gpus=[0] got what they asked.
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)

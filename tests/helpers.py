@@ -7,6 +7,7 @@ test needs and what this env has, so a skipped test in a CI log explains itself.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -30,6 +31,31 @@ ON_LEGACY = LINE is KerasLine.LEGACY
 IN_PROCESS = ON_TF or ON_JAX
 VIRTUAL = int(os.environ.get("KERASMGPU_VIRTUAL_DEVICES", "1"))
 REPLICAS = [n for n in (2, 3) if n <= VIRTUAL]
+
+
+def grid(**axes: Sequence[Any]) -> Any:
+    """`pytest.mark.parametrize` over the product of `axes`, its combinations outside a
+    covering diagonal marked `wide`.
+
+    The diagonal - combination t takes value t mod len of each axis - shows every value of
+    every axis at least once; the older releases of the matrix run `core and not wide`
+    (the diagonal), the newest run the whole grid (compat/README.md). The values of several
+    names at once are given as one axis of tuples under a comma-joined key.
+    """
+    names = list(axes)
+    values = [list(v) for v in axes.values()]
+    if not all(values):  # an empty axis: no combination (pytest skips, saying so)
+        return pytest.mark.parametrize(",".join(names), [])
+    diagonal = {tuple(t % len(v) for v in values) for t in range(max(len(v) for v in values))}
+    params = []
+    for index in itertools.product(*(range(len(v)) for v in values)):
+        row: tuple = ()
+        for axis, i in zip(values, index):
+            value = axis[i]
+            row += value if isinstance(value, tuple) else (value,)
+        marks = () if index in diagonal else (pytest.mark.wide,)
+        params.append(pytest.param(*row, marks=marks))
+    return pytest.mark.parametrize(",".join(names), params)
 
 
 def requires(*, tf: bool = False, jax: bool = False, torch: bool = False,

@@ -587,6 +587,13 @@ def test_demo_without_scikit_learn_says_how_to_install_it(
 # --- bench ----------------------------------------------------------------------------------
 
 
+def test_bench_says_what_a_growing_batch_asks_of_the_learning_rate() -> None:
+    (note,) = bench.learning_rate_notes(64, "per-replica", [1, 2, 4])
+    assert "from 64 to 256 rows" in note and "warmup_target=lr * 4" in note
+    assert bench.learning_rate_notes(64, "global", [1, 2, 4]) == []
+    assert bench.learning_rate_notes(64, "per-replica", [1]) == []
+
+
 def test_bench_pure_helpers() -> None:
     assert bench.default_counts(1) == [1]
     assert bench.default_counts(3) == [1, 2, 3]

@@ -24,6 +24,7 @@ from helpers import (
     assert_history_close,
     assert_weights_close,
     classification_data,
+    grid,
     keras_module,
     mlp,
     requires,
@@ -127,16 +128,14 @@ WEIGHABLE = [k for k in INPUTS if not (KERAS3 and k == "generator")]
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("inputs", WEIGHABLE)
+@grid(replicas=REPLICAS, inputs=WEIGHABLE)
 def test_class_weight_listing_every_class(replicas: int, inputs: str) -> None:
     _fit_both(replicas, inputs, (X, Y), class_weight=LISTED)
     _fit_both(replicas, inputs, (X, Y), class_weight=INTEGERS)
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("inputs", WEIGHABLE)
+@grid(replicas=REPLICAS, inputs=WEIGHABLE)
 def test_class_weight_not_listing_a_class(replicas: int, inputs: str) -> None:
     """Keras 3 weighs an unlisted class 1 (the parallel model gave it 0 on a batched
     tf.data and refused arrays); tf.keras refuses keys that are not 0 .. K-1."""
@@ -230,8 +229,7 @@ def test_train_on_batch_with_class_weight() -> None:
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("inputs", list(INPUTS))
+@grid(replicas=REPLICAS, inputs=list(INPUTS))
 def test_integer_sample_weights(replicas: int, inputs: str) -> None:
     """Integer sample weights (counts, say): the padding weights were cast to the
     integer type and a padded batch's scale truncated (7e-2 from one device)."""
@@ -285,8 +283,7 @@ PIPELINES = _pipelines()
 
 @pytest.mark.core
 @requires(tf_data=True)
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
+@grid(replicas=REPLICAS, pipeline=list(PIPELINES))
 def test_each_epoch_reads_what_one_device_reads(replicas: int, pipeline: str) -> None:
     """`shuffle(n, seed=s)` reshuffles each epoch: one device reads the next
     permutation from each new iterator, so the parallel model must make its iterators
@@ -373,10 +370,8 @@ TARGET_INPUTS = ["arrays", "pydataset"] + (["tf.data"] if HAS_TF else [])
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("inputs", TARGET_INPUTS)
-@pytest.mark.parametrize("outputs,targets", [("list", "dict"), ("list", "list"),
-                                             ("dict", "dict")])
+@grid(replicas=REPLICAS, inputs=TARGET_INPUTS,
+      **{"outputs,targets": [("list", "dict"), ("list", "list"), ("dict", "dict")]})
 def test_targets_keyed_by_output_names(replicas: int, inputs: str, outputs: str,
                                        targets: str) -> None:
     """The guide's own call - outputs a list, targets a dict keyed by the output names

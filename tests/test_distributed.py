@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
+from packaging.version import Version
 
 import kerasmgpu
 from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
@@ -69,10 +70,12 @@ def _single(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240, worker: str = WORKER,
-            env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+            env: Optional[Dict[str, str]] = None, restarts: int = 0
+            ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     command: List[str] = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
-                          "--timeout", str(timeout), "--grace", "3", worker, str(out), *args]
+                          "--timeout", str(timeout), "--grace", "3",
+                          "--max-restarts", str(restarts), worker, str(out), *args]
     return subprocess.run(command, env={**_env(), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout + 60)
 
@@ -199,6 +202,37 @@ def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -
     _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
 
 
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH) or _VERSION is None
+                    or Version(str(_VERSION)) < Version("3.8"),
+                    reason="accumulate_steps > 1 needs Keras >= 3.8 on JAX or torch (the "
+                    "mirrored routes and older releases refuse it)")
+def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
+        tmp_path: Path) -> None:
+    """accumulate_steps=4 at batch 10 on two processes = one process at batch 40: 101
+    rows make groups of 40, 40 and 21 rows (the last with a padded batch of 1 row)."""
+    single = _single(tmp_path / "one", "--batch", "40")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz",
+                 keys=("loss",))
+
+
+@trains_in_processes
+@pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="an optimizer's own "
+                    "gradient_accumulation_steps is Keras 3's (refused on the mirrored route)")
+def test_keras_own_accumulation_on_two_processes_equals_one_process(tmp_path: Path) -> None:
+    """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
+    gradients are all-reduced before the optimizer accumulates them)."""
+    single = _single(tmp_path / "one", "--optimizer-accumulates", "3")
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _launch(tmp_path / "two", "--optimizer-accumulates", "3")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+
+
 def _assert_listeners(out: Path) -> None:
     """What the job listens on, read from the socket table while it ran: the JAX
     coordinator and torch's store on loopback only; TensorFlow's servers on every
@@ -242,6 +276,64 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> Non
     reference = _single(tmp_path / "ref", "--epochs", "4")
     assert reference.returncode == 0, reference.stderr[-3000:]
     _assert_same(tmp_path / "ref" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
+
+
+# 101 rows, global batch 10: 11 steps an epoch. Backups every 4 steps; the last one
+# before step 17 (epoch 1, its 6th step) holds step 16: a resume must skip or replay the
+# epoch's first 5 steps and end where the uninterrupted run ends.
+MID_EPOCH = ["--epochs", "3", "--save-freq", "4"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process, one device, 3 epochs without a stop: the reference of a resume."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    reference = _single(out, "--epochs", "3")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    return out / "rank0.npz"
+
+
+def _assert_resumed_exactly(expected: Path, out: Path) -> None:
+    got = out / "rank0.npz"
+    _assert_same(expected, got, keys=("evaluation",))
+    loss = np.load(got, allow_pickle=True)["loss"]
+    assert len(loss) == 2, loss  # epochs 1 and 2: resumed, not restarted
+    np.testing.assert_allclose(loss, np.load(expected, allow_pickle=True)["loss"][1:],
+                               rtol=1e-5, atol=1e-6)
+
+
+@trains_in_processes
+def test_a_worker_killed_mid_epoch_restarts_and_resumes_exactly(tmp_path: Path,
+                                                                 uninterrupted: Path) -> None:
+    out, backup = tmp_path / "run", tmp_path / "backup"
+    run = _launch(out, *MID_EPOCH, "--backup", str(backup), "--crash-rank", "1",
+                  "--crash-step", "17", "--crash-epoch", "1", "--crash-how", "sigkill",
+                  restarts=1)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "restarting the whole job, restart 1 of 1" in run.stderr, run.stderr[-3000:]
+    _assert_resumed_exactly(uninterrupted, out)
+
+
+@trains_in_processes
+def test_a_preempted_job_run_again_resumes_exactly(tmp_path: Path,
+                                                   uninterrupted: Path) -> None:
+    out, backup = tmp_path / "run", tmp_path / "backup"
+    command = [*MID_EPOCH, "--backup", str(backup), "--preempt-step", "17"]
+    preempted = _launch(out, *command)
+    assert preempted.returncode == 143, (preempted.stdout + preempted.stderr)[-4000:]
+    assert not (out / "rank0.npz").exists()
+    pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
+    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    # The chief wrote a backup of the step SIGTERM came in (epoch 1, 6 steps done), not
+    # only the last periodic one (5 steps done) - except where every worker takes part
+    # in a backup (tf.keras's MultiWorkerMirroredStrategy) or keeps its own share of
+    # the metrics (torch): there the chief cannot write one alone.
+    steps = 5 if LINE in MULTI_WORKER_LINES or ON_TORCH else 6
+    with np.load(backup / "kerasmgpu_position.npz") as position:
+        assert list(position["position"][:2]) == [1, steps], position["position"]
+    again = _launch(out, *command)  # the same command, as a requeued job runs it
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    _assert_resumed_exactly(uninterrupted, out)
 
 
 def _group_members(pgids: List[int]) -> List[int]:

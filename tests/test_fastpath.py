@@ -13,7 +13,9 @@ from typing import Any, Dict, Iterator, List
 import numpy as np
 import pytest
 from helpers import (
+    _VERSION,
     IN_PROCESS,
+    LINE,
     ON_JAX,
     ON_TF,
     REPLICAS,
@@ -23,9 +25,12 @@ from helpers import (
     keras_module,
     mlp,
     requires,
+    seed_all,
 )
+from packaging.version import Version
 
 import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.training import steps
 
 pytestmark = requires(in_process=True)
@@ -119,3 +124,66 @@ def test_uneven_batch_size_takes_the_masked_step_every_batch(
     """A batch size that does not divide: every batch is padded and masked, exactly."""
     _fit_both(replicas, rows=20 * replicas * 6, batch=20 * replicas + 1)
     assert taken["masked"]
+
+
+# --- with accumulate_steps and sync_batchnorm -----------------------------------------
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not (ON_JAX and _VERSION is not None
+                         and Version(str(_VERSION)) >= Version("3.8")),
+                    reason="accumulate_steps > 1 needs Keras >= 3.8 on JAX in one process")
+def test_accumulation_keeps_the_masked_step_on_even_batches(
+        taken: Dict[str, List[Any]]) -> None:
+    """Every micro-batch divides by the replicas, yet each takes the masked step: its
+    loss weight is its share of the group's rows (the last group here is one batch of
+    6 rows and a masked filler). One device at the whole group's batch is the reference."""
+    replicas, batch, k = 3, 6, 2
+    x, y = classification_data(batch * 7)
+    one = mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+    h_one = one.fit(x, y, batch_size=batch * k, epochs=2, shuffle=False, verbose=0)
+    template = mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+    parallel = kerasmgpu.parallelize(template, gpus=replicas, accumulate_steps=k)
+    h_par = parallel.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    assert taken["plain"] == [], "a micro-batch took the plain step"
+    assert taken["masked"], "the micro-batches never took the masked step"
+    assert_history_close(h_one, h_par)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _norm_model() -> Any:
+    seed_all(keras, 3)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not (ON_JAX or (ON_TF and LINE is KerasLine.KERAS_3)),
+                    reason="sync_batchnorm needs Keras 3 on JAX or TensorFlow")
+@pytest.mark.parametrize("rows", [48, 47])
+def test_sync_batchnorm_on_even_batches_takes_the_plain_step(
+        rows: int, taken: Dict[str, List[Any]]) -> None:
+    """Even batches take the plain step with moments over every row of the global batch
+    (still synchronized); 47 rows leave a padded last batch (masked moments)."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(rows, 6)) * 3 + 1).astype("float32")
+    y = rng.normal(size=(rows, 1)).astype("float32")
+    one = _norm_model()
+    h_one = one.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    template = _norm_model()
+    parallel = kerasmgpu.parallelize(template, gpus=3, sync_batchnorm=True)
+    h_par = parallel.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    if rows == 48 or ON_JAX:
+        assert taken["plain"], "the even batches did not take the plain step"
+    assert bool(taken["masked"]) == (rows == 47), taken["masked"]
+    assert_history_close(h_one, h_par, rtol=1e-4)
+    for a, b in zip(one.get_weights(), template.get_weights()):  # moving statistics too
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, batch_size=12, verbose=0),
+                               rtol=1e-4, atol=1e-5)

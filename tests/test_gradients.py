@@ -23,6 +23,7 @@ from helpers import (
     assert_history_close,
     assert_weights_close,
     classification_data,
+    grid,
     keras_module,
     mlp,
     requires,
@@ -81,8 +82,7 @@ def _train_both(make: Callable[[], Any], replicas: int, x: Any, y: Any,
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("case", list(CASES))
+@grid(case=list(CASES), replicas=REPLICAS)
 def test_gradient_transforms_act_on_the_global_gradient(case: str, replicas: int) -> None:
     x, y = classification_data(rows=101)
     _train_both(CASES[case], replicas, x, y)
@@ -96,8 +96,7 @@ def _loss_scale(optimizer: Any) -> float:
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
-@pytest.mark.parametrize("clip", [False, True])
+@grid(replicas=REPLICAS, clip=[False, True])
 def test_a_non_finite_gradient_on_one_replica_skips_the_step_everywhere(replicas: int,
                                                                         clip: bool) -> None:
     """A LossScaleOptimizer (what mixed precision compiles in) skips a step whose

@@ -31,6 +31,7 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._errors", 0),
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),
+    ("kerasmgpu.accumulation", 0),  # pure, like batching
     ("kerasmgpu.env", 1),
     ("kerasmgpu.registry", 1),  # reads env.versions; env.devices reads it
     ("kerasmgpu.pins", 1),

@@ -25,6 +25,7 @@ from helpers import (
     assert_weights_close,
     classification_data,
     deterministic_weights,
+    grid,
     keras_module,
     mlp,
     requires,
@@ -140,8 +141,7 @@ def _call(model: Any, call: str) -> Any:
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("call", CALLS)
-@pytest.mark.parametrize("how", CHANGES)
+@grid(how=CHANGES, call=CALLS)
 def test_a_change_to_the_template_reaches_the_next_call(how: str, call: str,
                                                         tmp_path: Any) -> None:
     single, template = _pair()

@@ -72,6 +72,23 @@ def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
     return bad_value("class_weight", class_weight, allowed, fix)
 
 
+def following_save(save: Callable[..., Any], after_save: Callable[[], None],
+                   allow: Callable[[], bool], write: bool) -> Callable[..., Any]:
+    """`save` (a BackupAndRestore's own save method), run only when `allow()` says so
+    (`write`: False for a process that only counts), then `after_save()`. The original
+    stays reachable as `__wrapped__`, so a later fit replaces the wrapper, not stacks it."""
+
+    def saved(*args: Any, **kwargs: Any) -> Any:
+        if not allow():
+            return None
+        result = save(*args, **kwargs) if write else None
+        after_save()
+        return result
+
+    saved.__wrapped__ = save  # type: ignore[attr-defined]
+    return saved
+
+
 class Adapter:
     """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
 
@@ -195,6 +212,28 @@ class Adapter:
         (tf.keras 2.x and tf_keras keep it apart), else None."""
         return None
 
+    def own_accumulation(self, optimizer: Any) -> int:
+        """The micro-batches per step of the optimizer's own gradient accumulation (1:
+        none; only Keras 3 optimizers have it)."""
+        return 1
+
+    def accumulation_problem(self) -> Optional[str]:
+        """Why this release cannot accumulate gradients exactly (None: it can)."""
+        return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        """Make `optimizer` (not built yet) average its gradients over `steps` calls
+        before it applies them; False where this Keras cannot."""
+        return False
+
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        """Make every BatchNormalization layer of `model` (`every`; else those built with
+        `synchronized=True`) take its batch statistics over the whole global batch,
+        leaving out the rows that `row_mask()` marks 0 (padding), while it trains; False
+        where this Keras cannot."""
+        return False
+
     def optimizer_state(self, optimizer: Any) -> List[Any]:
         """Every variable of the optimizer's state: iterations, slots, learning rate."""
         variables = self.optimizer_variables(optimizer)
@@ -290,6 +329,40 @@ class Adapter:
     def write_values(self, variables: List[Any], values: List[Any]) -> None:
         for variable, value in zip(variables, values):
             variable.assign(value)
+
+    # --- BackupAndRestore (kerasmgpu.training.resume) ----------------------------------
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
+        """Make `backup` (a BackupAndRestore) call `after_save` after each backup it
+        writes, and write none while `allow()` is False; `write=False`: it writes nothing
+        itself, `after_save` still runs where it would have. False where this line's
+        BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
+        return False
+
+    def unfollow_backup(self, backup: Any) -> None:
+        """Undo `follow_backup` (after the fit: the callback is the user's again)."""
+
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        """(epoch, batch) that `backup`'s last backup records, None without one."""
+        return None
+
+    # True where Keras's fit itself continues a restored epoch at the next step (tf.keras
+    # 2.x): kerasmgpu then skips the batches already trained; False where it restarts
+    # the epoch at step 0 (Keras 3): kerasmgpu replays them and restores the state.
+    backup_resumes_mid_epoch = False
+    # True where every process of a job takes part in writing a backup (tf.keras under
+    # MultiWorkerMirroredStrategy): no process can write one alone at a signal.
+    backups_are_collective = False
+
+    def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
+        """Tell `backup` that training stands after `batch` of `epoch`, as it would if
+        it had trained there itself (where it next saves, what epoch it records)."""
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        """Write `backup`'s backup now, after `batch` of `epoch`; False where this
+        line cannot."""
+        return False
 
     def layers_of(self, model: Any) -> List[Any]:
         """The model and every layer inside it, each before the layers it holds."""

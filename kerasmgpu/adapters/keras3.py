@@ -23,12 +23,21 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   writes; on TensorFlow a hash of the tf.Variable (`tensorflow.value_hasher`).
 * `model._compile_config`: a new object at every `compile()` (3.3+).
 * `optimizer._distribution_strategy`: the tf.distribute strategy it was created under.
+* `BackupAndRestore` (the same in the sources of 3.3, 3.8, 3.10, 3.12 and 3.15; run
+  on 3.15): `_save_model` (wrapped on the instance: a backup
+  kerasmgpu follows, a save at SIGTERM) and its position counters `_current_epoch`,
+  `_last_batch_seen`, `_batches_seen_since_last_saving` (set after a mid-epoch resume:
+  Keras restores only the epoch and would record epoch 0 in its next backup).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from packaging.version import Version
 
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
@@ -38,6 +47,7 @@ from kerasmgpu.adapters.base import (
     Held,
     StateReader,
     class_weight_error,
+    following_save,
 )
 from kerasmgpu.registry import verified_range
 
@@ -264,6 +274,104 @@ class Keras3(Adapter):
             raise self.fail("a variable has no `_value`", "the backend value of a Variable")
         return variables
 
+    def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
+                              every: bool = True) -> bool:
+        # Public since Keras 3.0: `BatchNormalization.call(inputs, training, mask)` takes
+        # the moments over the rows the mask keeps (`_moments` with a mask, 3.3 - 3.15)
+        # and updates the moving statistics with them, as one device does with its rows.
+        ops = self.keras.ops
+        norm = self.keras.layers.BatchNormalization
+        for layer in self.layers_of(model):
+            if not isinstance(layer, norm) or layer.__dict__.get(HOOKED + "_moments"):
+                continue
+            if not every and not getattr(layer, "synchronized", False):
+                continue
+
+            def call(inputs: Any, training: Any = None, mask: Any = None,
+                     _original: Any = layer.call) -> Any:
+                rows = row_mask() if training else None
+                if rows is not None:
+                    shape = ops.shape(inputs)
+                    rows = ops.reshape(ops.cast(rows, inputs.dtype),
+                                       (-1,) + (1,) * (len(shape) - 2))
+                    rows = ops.broadcast_to(rows, shape[:-1])
+                    if mask is not None:
+                        rows = rows * ops.cast(mask, inputs.dtype)
+                    mask = rows
+                return _original(inputs, training=training, mask=mask)
+
+            layer.__dict__["call"] = call
+            if self.backend == "tensorflow":
+                layer.__dict__["_moments"] = self._synchronized_moments(layer)
+            layer.__dict__[HOOKED + "_moments"] = True
+        return True
+
+    def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
+
+        Under tf.distribute each replica holds its shard: the masked sums and row count
+        are all-reduced (a SUM across replicas), the mean taken, then the masked sum of
+        squared deviations from it - two passes, as one device's `tf.nn.moments` does,
+        not E[x^2] - E[x]^2. Keras's own `synchronized=True` keeps the padding rows in.
+        Verified on Keras 3.10 - 3.15 (`_moments`, `_reduction_axes`).
+        """
+        import tensorflow as tf
+
+        original = getattr(layer, "_moments", None)
+        if not callable(original) or not hasattr(layer, "_reduction_axes"):
+            raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
+                            "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            context = tf.distribute.get_replica_context()
+            if context is None:
+                return original(inputs, mask)
+            axes = layer._reduction_axes
+            # No mask: a step without padding rows (every row counts), still synchronized.
+            kept = tf.ones_like(inputs) if mask is None else tf.cast(
+                tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack([
+                tf.reduce_sum(inputs * kept, axes, keepdims=True),
+                tf.reduce_sum(kept, axes, keepdims=True)]))
+            mean = tf.math.divide_no_nan(total[0], total[1])
+            squares = context.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
+            variance = tf.math.divide_no_nan(squares, total[1])
+            return tf.squeeze(mean), tf.squeeze(variance)
+
+        return moments
+
+    def own_accumulation(self, optimizer: Any) -> int:
+        return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
+
+    def accumulation_problem(self) -> Optional[str]:
+        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter, and Adam's
+        # bias correction reads it: not one device's step over the whole group.
+        if self.version is not None and self.version < Version("3.8"):
+            return (f"Keras {self.version}'s optimizer counts micro-batches in `iterations`, "
+                    "which Adam's bias correction reads (Keras >= 3.8 counts steps)")
+        return None
+
+    def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
+        # Public since Keras 3.3: the accumulators are made when the optimizer is built,
+        # and `iterations` then counts optimizer steps (3.15: `_iterations // steps`).
+        if self.own_accumulation(optimizer) == steps:
+            return True
+        if getattr(optimizer, "built", False):
+            return False
+        optimizer.gradient_accumulation_steps = steps
+        return True
+
+    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+        # Gradient accumulators are left out of the state kerasmgpu mirrors: the template
+        # trains without them (its optimizer is the user's), and kerasmgpu's accumulation
+        # ends every epoch on a whole step, where they are zero.
+        variables = super().optimizer_variables(optimizer)
+        accumulators = getattr(optimizer, "_accumulated_gradients", None) or []
+        skip = {id(v) for v in accumulators}
+        return [v for v in variables if id(v) not in skip]
+
     def state_reader(self, variables: List[Any]) -> StateReader:
         variables = self._backend_values(list(variables))
         if self.backend == "jax":
@@ -382,3 +490,58 @@ class Keras3(Adapter):
         # one state.
         tf_internals.equalize_across_replicas(
             [getattr(v, "value", v) for v in model.non_trainable_variables], strategy)
+
+    # --- BackupAndRestore ----------------------------------------------------------------
+
+    _BACKUP_COUNTERS = ("_current_epoch", "_last_batch_seen", "_batches_seen_since_last_saving")
+
+    def _backup_internals(self, backup: Any) -> Any:
+        save = getattr(backup, "_save_model", None)
+        missing = [n for n in self._BACKUP_COUNTERS if not hasattr(backup, n)]
+        if not callable(save) or missing:
+            raise self.fail("BackupAndRestore has no `_save_model` or position counters "
+                            f"{missing}", "an exact mid-epoch resume")
+        # A wrapper from an earlier fit of the same callback is replaced, not stacked.
+        return getattr(save, "__wrapped__", save)
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
+        save = self._backup_internals(backup)
+        backup._save_model = following_save(save, after_save, allow, write)
+        return True
+
+    def set_backup_position(self, backup: Any, epoch: int, batch: int) -> None:
+        self._backup_internals(backup)
+        backup._current_epoch = epoch
+        backup._last_batch_seen = batch
+        backup._batches_seen_since_last_saving = 0
+
+    def unfollow_backup(self, backup: Any) -> None:
+        original = getattr(getattr(backup, "_save_model", None), "__wrapped__", None)
+        if original is not None:
+            backup._save_model = original
+
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        # Keras's own record beside the weights (a public file format).
+        path = os.path.join(os.fspath(backup.backup_dir), "training_metadata.json")
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            return int(record["epoch"]), int(record["batch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        self.set_backup_position(backup, epoch, batch)
+        # As the chief saves under a multi-process layout (engines.keras_distribution):
+        # on local arrays, not creating variables every process would have to create.
+        distribution: Any = getattr(self.keras, "distribution", None)
+        active = distribution.distribution() if distribution is not None else None
+        if active is not None:
+            distribution.set_distribution(None)
+        try:
+            backup._save_model()
+        finally:
+            if active is not None:
+                distribution.set_distribution(active)
+        return True

@@ -23,10 +23,18 @@ wrapped here:
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED, Adapter, StateReader, class_weight_error
+from kerasmgpu.adapters.base import (
+    COMPILE_KEYS,
+    HOOKED,
+    Adapter,
+    StateReader,
+    class_weight_error,
+    following_save,
+)
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -303,3 +311,50 @@ class TfKeras2(Adapter):
         # replica updates its own copy from its shard and reads outside a replica give
         # their mean, which the template receives; the replicas get it too.
         tf_internals.equalize_across_replicas(model.non_trainable_variables, strategy)
+
+    # --- BackupAndRestore ----------------------------------------------------------------
+    # tf.keras 2.x / tf_keras: `BackupAndRestore._backup(epoch, batch)` writes a TF
+    # checkpoint under `backup_dir/chief` holding `ckpt_saved_epoch`/`ckpt_saved_batch`;
+    # fit continues a restored epoch at the next step but reads the data from its start.
+    # The same in the sources of tf.keras 2.12, 2.13, 2.15 and tf_keras 2.16, 2.18, 2.21;
+    # run on tf_keras 2.21.
+
+    backup_resumes_mid_epoch = True
+    backups_are_collective = True
+    _RECORD = "{}/.ATTRIBUTES/VARIABLE_VALUE"
+
+    def _backup_save(self, backup: Any) -> Any:
+        save = getattr(backup, "_backup", None)
+        if not callable(save):
+            raise self.fail("BackupAndRestore has no `_backup`", "an exact mid-epoch resume")
+        return getattr(save, "__wrapped__", save)
+
+    def follow_backup(self, backup: Any, after_save: Callable[[], None],
+                      allow: Callable[[], bool], *, write: bool = True) -> bool:
+        if not isinstance(getattr(backup, "save_freq", None), int):
+            return False  # epoch backups: tf.keras resumes them exactly
+        save = self._backup_save(backup)
+        backup._backup = following_save(save, after_save, allow, write)
+        return True
+
+    def unfollow_backup(self, backup: Any) -> None:
+        original = getattr(getattr(backup, "_backup", None), "__wrapped__", None)
+        if original is not None:
+            backup._backup = original
+
+    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
+        tf = self._tf
+        path = tf.train.latest_checkpoint(os.path.join(os.fspath(backup.backup_dir), "chief"))
+        if path is None:
+            return None
+        reader = tf.train.load_checkpoint(path)
+        try:
+            return (int(reader.get_tensor(self._RECORD.format("ckpt_saved_epoch"))),
+                    int(reader.get_tensor(self._RECORD.format("ckpt_saved_batch"))))
+        except (KeyError, ValueError):
+            return None
+
+    def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
+        self._backup_save(backup)
+        backup._backup(epoch=epoch, batch=batch)
+        return True

@@ -173,6 +173,19 @@ def global_batch(batch_size: int, policy: str, replicas: int) -> int:
     return batch_size * replicas if policy == "per-replica" else batch_size
 
 
+def learning_rate_notes(batch_size: int, policy: str, counts: Sequence[int]) -> List[str]:
+    """What a global batch that grows with the replicas asks of the learning rate."""
+    if policy != "per-replica" or max(counts) <= 1:
+        return []
+    n = max(counts)
+    return [f"the global batch grows from {batch_size} to {batch_size * n} rows at "
+            f"{n} replicas (fewer, larger steps): scale the learning rate by {n} with a "
+            "warmup (linear scaling rule, Goyal et al. 2017), e.g. keras.optimizers."
+            f"schedules.CosineDecay(lr, decay_steps, warmup_target=lr * {n}, "
+            "warmup_steps=5 * steps_per_epoch); --batch-policy global keeps one device's "
+            "steps (README, Semantics)"]
+
+
 def scaling(rounds: Dict[int, Sequence[float]]) -> List[Dict[str, float]]:
     """Per count: samples/s median and min-max over the rounds, and the speedup over 1
     replica - each round's ratio to the 1-replica figure of the same round, so that
@@ -462,6 +475,7 @@ def run(args: argparse.Namespace, report: Report) -> Dict[str, Any]:
     _check_counts(counts, devices, text)
     route = _route(api, counts, text)
     notes += _device_notes(devices, asked)
+    notes += learning_rate_notes(args.batch_size, args.batch_policy, counts)
     summary = _common.environment_summary(env, devices)
     label = _device_label(devices, summary)
     _print_plan(report, args, env, counts, route, label)

@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from kerasmgpu import batching
+from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_type
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data.base import (
@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, order_key, plain, unpadded
+from kerasmgpu.data.bundle import PACKING_KEY, bundle, order_key, plain, unpadded
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -55,6 +55,7 @@ class ArrayPlan:
         shuffle: bool,
         planner: batching.Planner,
         seed: Optional[int] = None,
+        accumulate_steps: int = 1,
     ) -> None:
         self.x, self.y, self.weights = x, y, weights
         self.rows = num_rows({"x": x, "y": y, "sample_weight": weights})
@@ -64,6 +65,10 @@ class ArrayPlan:
         self.rng = np.random.default_rng(seed)
         self.order = np.arange(self.rows)
         self.sizes = batching.batch_sizes(self.rows, batch_size)
+        self.accumulate_steps = accumulate_steps
+        # With accumulation the feed is read by micro-batches (`kerasmgpu.accumulation`).
+        self.micro = (accumulation.micro_batches(self.sizes, accumulate_steps)
+                      if accumulate_steps > 1 else None)
         if shuffle:
             self.rng.shuffle(self.order)
 
@@ -81,6 +86,33 @@ class ArrayPlan:
     def reshuffle(self) -> None:
         if self.shuffle:
             self.rng.shuffle(self.order)
+
+    @property
+    def steps(self) -> int:
+        """Batches fed per epoch (micro-batches, fillers included, when accumulating)."""
+        return len(self.sizes) if self.micro is None else len(self.micro)
+
+    def fed_batch(self, index: int, plain_even: bool = False) -> Tuple[Any, ...]:
+        """Training batch `index` of the feed: the epoch's batch, or with accumulation its
+        micro-batch, weighted for the group's optimizer step.
+
+        With accumulation every micro-batch takes the masked step, even one without
+        padding: its loss weight (the scale column) is its share of the group's real rows,
+        not 1, and a filler's rows are all masked - the packing carries both.
+        """
+        if self.micro is None:
+            return self.batch(index, False, plain_even)
+        micro = self.micro[index]
+        x, packed = self.batch(micro.batch, False)
+        packed = dict(packed)
+        column = np.array(packed[PACKING_KEY], dtype=np.float32, copy=True)
+        padded = self.planner.plan(self.sizes[micro.batch]).plan.padded
+        column[:, batching.SCALE] = accumulation.group_scale(
+            padded, micro.group_rows, self.accumulate_steps)
+        if micro.filler:
+            column[:, batching.MASK] = 0.0
+        packed[PACKING_KEY] = column
+        return x, packed
 
     def batch(self, index: int, predict: bool, plain_even: bool = False) -> Tuple[Any, ...]:
         """Batch `index` as `(x, bundle)`; with `plain_even`, one that needs no padding
@@ -121,7 +153,8 @@ class Arrays(Input):
         check_inputs(x, request.inputs)
         size = 32 if request.batch_size is None else request.batch_size
         shuffle_rows = bool(request.shuffle) and not predict
-        self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, planner, request.seed)
+        self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, planner, request.seed,
+                              1 if predict else request.accumulate_steps)
 
     def python_feed(self) -> Feed:
         plan, predict, plain_even = self.plan, self.predict, self.plain_even
@@ -134,21 +167,26 @@ class Arrays(Input):
                     super().__init__(workers=1, use_multiprocessing=False)
 
             def __len__(self) -> int:
-                return len(plan.sizes)
+                return len(plan.sizes) if predict else plan.steps
 
             def __getitem__(self, index: int) -> Any:
-                return plan.batch(index, predict, plain_even)
+                if predict:
+                    return plan.batch(index, predict)
+                return plan.fed_batch(index, plain_even)
 
             def on_epoch_end(self) -> None:
                 plan.reshuffle()
 
         pads, example = plan.padding()
-        return Feed(ArrayBatches(), steps=len(plan.sizes), pads=pads, padding_example=example)
+        steps = len(plan.sizes) if predict else plan.steps
+        return Feed(ArrayBatches(), steps=steps, pads=pads, padding_example=example)
 
     def tf_feed(self) -> Feed:
         import tensorflow as tf
 
         plan, predict = self.plan, self.predict
+        if plan.micro is not None:  # the routes that accumulate read the PyDataset feed
+            raise NotImplementedError("accumulation is fed by python_feed() only")
 
         def tensors(structure: Any) -> Any:
             return map_structure(tf.convert_to_tensor, as_tuples(structure), skip_none=True)

@@ -60,6 +60,8 @@ class Request:
     predict: bool = False
     seed: Optional[int] = None
     inputs: InputSpecs = None
+    # Training batches per optimizer step (`kerasmgpu.accumulation`); arrays only.
+    accumulate_steps: int = 1
 
 
 class Input:

@@ -39,7 +39,7 @@ from kerasmgpu.data.python import Generator, Indexed
 from kerasmgpu.data.structure import is_array_like, map_structure, to_numpy
 from kerasmgpu.registry import FeedKind
 
-__all__ = ["Feed", "build", "check_inputs", "pad_batch", "repeated", "split_validation"]
+__all__ = ["Feed", "build", "check_inputs", "pad_batch", "repeated", "skipped", "split_validation"]
 
 
 def build(
@@ -55,6 +55,7 @@ def build(
     predict: bool = False,
     seed: Optional[int] = None,
     inputs: InputSpecs = None,
+    accumulate_steps: int = 1,
 ) -> Feed:
     """A padded feed for `x` (and `y`, weights), in the form the engine consumes (`kind`).
 
@@ -62,8 +63,16 @@ def build(
     model's declared (name, shape) inputs, to check array features against up front.
     """
     request = Request(x, y, sample_weight, class_weight, batch_size, shuffle, predict, seed,
-                      inputs)
-    return input_kind(request)(adapter, planner, request).feed(kind)
+                      inputs, accumulate_steps)
+    cls = input_kind(request)
+    if accumulate_steps > 1 and cls is not Arrays:
+        raise bad_value(
+            "x", f"a {cls.__name__.lower()} with accumulate_steps={accumulate_steps}",
+            "in-memory arrays when parallelize(accumulate_steps>1) trains (the rows of every "
+            "optimizer step must be known to weigh its batches exactly)",
+            "pass numpy arrays to fit(), or parallelize() with accumulate_steps=1",
+        )
+    return cls(adapter, planner, request).feed(kind)
 
 
 def input_kind(request: Request) -> Type[Input]:
@@ -99,6 +108,14 @@ def repeated(feed: Feed) -> Feed:
     if feed.steps is None or not is_dataset(feed.data) or feed.per_epoch_iterators:
         return feed
     return dataclasses.replace(feed, data=feed.data.repeat(), needs_steps=True)
+
+
+def skipped(feed: Feed, steps: int) -> Optional[Feed]:
+    """The repeated feed without its first `steps` batches (already trained before a
+    resume); None for a feed read epoch by epoch, which cannot skip them."""
+    if not feed.needs_steps or not is_dataset(feed.data) or feed.per_epoch_iterators:
+        return None
+    return dataclasses.replace(feed, data=feed.data.skip(steps))
 
 
 def split_validation(

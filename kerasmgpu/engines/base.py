@@ -168,6 +168,9 @@ def _restore_only(adapter: Adapter, backup: Any) -> Any:
     base = adapter.keras.callbacks.Callback
 
     class RestoreOnly(base):  # type: ignore[misc, valid-type]
+        # The backup it restores (kerasmgpu.training.resume follows it on every worker).
+        restores = backup
+
         def set_model(self, model: Any) -> None:
             super().set_model(model)
             backup.set_model(model)

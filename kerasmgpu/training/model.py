@@ -19,16 +19,20 @@ stay correct: each takes what another one wrote into the template.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
+from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.registry import Route
+from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
-from kerasmgpu.training import sync
 from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"
@@ -51,15 +55,19 @@ class ParallelState:
     custom_steps: set = field(default_factory=set)
     # The train metrics' results, read before fit's validation pass resets them.
     train_results: Optional[Dict[str, Any]] = None
+    # parallelize(accumulate_steps=k): training batches per optimizer step.
+    accumulate_steps: int = 1
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
-             **kwargs: Any) -> feeds.Feed:
+             position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
         """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
         after epoch by fit()."""
         if kwargs.get("shuffle"):
             # Every process must shuffle alike, or their shares would overlap.
             kwargs.setdefault("seed", self.engine.shuffle_seed())
         inputs = self.adapter.model_inputs(model) if model is not None else None
+        if kind == "train":
+            kwargs["accumulate_steps"] = self.accumulate_steps
         feed = feeds.build(self.adapter, self.engine.feed_kind, self.engine.planner, x,
                            inputs=inputs, predict=kind == "predict", **kwargs)
         if kind != "predict" and self.report is not None:
@@ -71,7 +79,36 @@ class ParallelState:
             # pipelines back to back. A user's tf.data pipeline is read as Keras reads
             # it on one device (`Feed.per_epoch_iterators`).
             feed = feeds.repeated(feed)
+        if position is not None:
+            feed = _skip_trained(feed, position)
         return self.engine.distribute_feed(feed)
+
+
+_options = threading.local()
+
+
+@contextlib.contextmanager
+def options(accumulate_steps: int = 1, sync_batchnorm: bool = False) -> Iterator[None]:
+    """What `parallelize()` asked for beyond the devices, for the parallel models made
+    in here (the engines make them; they need not know these options)."""
+    previous = (getattr(_options, "accumulate_steps", 1),
+                getattr(_options, "sync_batchnorm", False))
+    _options.accumulate_steps, _options.sync_batchnorm = accumulate_steps, sync_batchnorm
+    try:
+        yield
+    finally:
+        _options.accumulate_steps, _options.sync_batchnorm = previous
+
+def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
+    """A resumed fit's feed without the batches its restored epoch already trained."""
+    skip = position.skip_steps(feed.steps)
+    if not skip:
+        return feed
+    skipped = feeds.skipped(feed, skip)
+    if skipped is None:
+        position.cannot_skip()
+        return feed
+    return skipped
 
 
 def state_of(model: Any) -> Optional[ParallelState]:
@@ -168,8 +205,34 @@ def _replica_optimizer(state: ParallelState, replica: Any, given: Any) -> Any:
     state, as in Keras - else a fresh copy made there (an optimizer's variables belong
     to the devices it was created for: TF refuses to mix strategies, JAX devices)."""
     if given is None or isinstance(given, str) or not _in_scope(state, replica, given):
-        return state.adapter.fresh_optimizer(given)
-    return given
+        given = state.adapter.fresh_optimizer(given)
+    return accumulating(state, given)
+
+
+def accumulating(state: ParallelState, optimizer: Any) -> Any:
+    """`optimizer`, made to accumulate `state.accumulate_steps` micro-batches per step
+    (`kerasmgpu.accumulation`), or the error when it cannot be."""
+    steps = state.accumulate_steps
+    if steps == 1 or optimizer is None:
+        return optimizer
+    own = state.adapter.own_accumulation(optimizer)
+    if own > 1 and own != steps:
+        raise own_accumulation_error(own, steps)
+    if not state.adapter.accumulate_gradients(optimizer, steps):
+        raise bad_value(
+            "optimizer", f"{type(optimizer).__name__}, already built, with accumulate_steps="
+            f"{steps}", "an optimizer that has not trained yet when accumulate_steps > 1",
+            "compile with a new optimizer before parallelize(), or parallelize() before "
+            "the first fit()")
+    return optimizer
+
+
+def own_accumulation_error(own: int, steps: int) -> ValueError:
+    return bad_value(
+        "accumulate_steps", steps,
+        f"1 when the optimizer accumulates itself (gradient_accumulation_steps={own})",
+        "use one of the two: parallelize(accumulate_steps=k) - exact for any batch - or "
+        "the optimizer's gradient_accumulation_steps, not both")
 
 
 def _template_optimizer(state: ParallelState, given: Any, previous: Any) -> Any:
@@ -257,13 +320,26 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
          validation_steps: Any = None, validation_batch_size: Any = None,
          validation_freq: Any = 1, **kwargs: Any) -> Any:
     _compiled_for(self, "fit")
+    accumulate_state = state_of(self)
+    if accumulate_state is not None:
+        accumulation.check_steps_per_epoch(steps_per_epoch, accumulate_state.accumulate_steps)
+        accumulation.check_loss_reduction(getattr(self, "loss", None),
+                                          accumulate_state.accumulate_steps)
+        accumulation.check_callbacks(callbacks, accumulate_state.accumulate_steps)
     state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    environment = state.engine.environment
+    position = resume.plan(state.adapter, user_callbacks,
+                           rank=environment.global_rank() if environment.multi_process() else 0,
+                           alone=not environment.multi_process(),
+                           own_metrics=state.engine.route is Route.TORCH_DDP)
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
+        position=position,
     )
     if steps_per_epoch is None and train_feed.needs_steps:
         steps_per_epoch = train_feed.steps
@@ -277,10 +353,11 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
-    callbacks = ([_logs_callback(state, self), _to_template(state, self)]
-                 + state.engine.worker_callbacks(list(callbacks or []))
-                 + [_from_template(state)])
-    with state.engine.scope():
+    before, after = position.callbacks() if position is not None else ([], [])
+    callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
+                 + user_callbacks + after + [_from_template(state)])
+    preemption = position.preemption() if position is not None else contextlib.nullcontext()
+    with state.engine.scope(), preemption:
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,
@@ -370,6 +447,13 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
 def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                     class_weight: Any = None, **kwargs: Any) -> Any:
     _compiled_for(self, "train_on_batch")
+    held = state_of(self)
+    if held is not None and held.accumulate_steps > 1:
+        raise bad_value(
+            "train_on_batch", f"a call on a model parallelized with accumulate_steps="
+            f"{held.accumulate_steps}", "fit() when accumulate_steps > 1 (it weighs every "
+            "batch of an optimizer step by its rows and ends each epoch on a whole step)",
+            "train with fit(), or parallelize() with accumulate_steps=1")
     state = _state(self, training=True)
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight,
                                  state.engine.planner)
@@ -509,7 +593,8 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
         )
     klass = type(replica)
     report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__)
-    state = ParallelState(template=template, engine=engine, adapter=adapter, report=report)
+    state = ParallelState(template=template, engine=engine, adapter=adapter, report=report,
+                          accumulate_steps=getattr(_options, "accumulate_steps", 1))
     names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
                                "compute_metrics"]
     for name in names:
@@ -525,8 +610,27 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
     _install_steps(replica)
+    _synchronized_batchnorm(replica, adapter, getattr(_options, "sync_batchnorm", False))
     engine.prepare_replica(replica)
     return replica
+
+
+def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None:
+    """parallelize(sync_batchnorm=True) - `every` BatchNormalization layer - and a
+    layer's own `synchronized=True` (Keras 3 on TensorFlow): moments over the global
+    batch with the padding rows left out."""
+    from kerasmgpu.batching import MASK
+
+    def row_mask() -> Any:
+        frame = step_hooks.current()
+        # No packing (the fast path: a batch without padding rows): every row counts.
+        if frame is None or frame.packed is None:
+            return None
+        return adapter.column(frame.packed, MASK)
+
+    if not adapter.mask_batch_statistics(replica, row_mask, every) and every:
+        raise bad_value("sync_batchnorm", True, "False with this Keras",
+                        "leave sync_batchnorm out")
 
 
 def _install_steps(replica: Any) -> None:
@@ -579,6 +683,9 @@ def adopt(engine: EngineOps, adapter: Adapter, model: Any) -> Any:
         # Compiled in scope by the user (maybe through its own compile signature, as a
         # GAN's): hook what is there, recompile nothing.
         install_hooks(model, adapter.compile_args(model).get("loss"))
+        state = state_of(model)
+        assert state is not None
+        accumulating(state, getattr(model, "optimizer", None))
     _link(model)
     return model
 

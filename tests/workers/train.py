@@ -13,7 +13,11 @@ sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup
 a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
 rate, then every process fits one more epoch: the chief's template is the truth),
---clipnorm C (SGD(clipnorm=C)), --custom-step (the PyTorch guide's own train_step).
+--clipnorm C (SGD(clipnorm=C)), --accumulate K (accumulate_steps=K),
+--optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
+PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
+--crash-step K (fail after global step K instead, with --crash-epoch naming the epoch it
+falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, once).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
 """
 
@@ -40,11 +44,21 @@ parser.add_argument("--crash-epoch", type=int, default=-2)
 parser.add_argument("--crash-how", default="os_exit",
                     choices=["os_exit", "sys_exit", "raise", "sigkill"])
 parser.add_argument("--backup", default=None)
+parser.add_argument("--save-freq", type=int, default=None,
+                    help="BackupAndRestore(save_freq=N): a backup every N steps")
+parser.add_argument("--crash-step", type=int, default=0,
+                    help="fail after this global step instead of at an epoch's end (once)")
+parser.add_argument("--preempt-step", type=int, default=0,
+                    help="rank 0 sends SIGTERM to the launcher after this step (once)")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
+parser.add_argument("--accumulate", type=int, default=1,
+                    help="parallelize(accumulate_steps=K)")
+parser.add_argument("--optimizer-accumulates", type=int, default=0,
+                    help="SGD(gradient_accumulation_steps=K): Keras 3's own accumulation")
 parser.add_argument("--clipnorm", type=float, default=None,
                     help="SGD(clipnorm=...): clipping must act on the global gradient")
 args = parser.parse_args()
@@ -96,9 +110,12 @@ model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32") for w in model.get_weights()])
 clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
+if args.optimizer_accumulates:
+    clip["gradient_accumulation_steps"] = args.optimizer_accumulates
 model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
 
-pmodel = kerasmgpu.parallelize(model)
+pmodel = kerasmgpu.parallelize(
+    model, **({"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}))
 
 
 def crash_if_asked(epoch):
@@ -118,8 +135,22 @@ def crash_if_asked(epoch):
 
 
 class Crash(keras.callbacks.Callback):
+    steps = 0
+
     def on_epoch_end(self, epoch, logs=None):
-        crash_if_asked(epoch)
+        if not args.crash_step:
+            crash_if_asked(epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if args.crash_step and self.steps == args.crash_step:
+            crash_if_asked(args.crash_epoch)
+        marker = os.path.join(args.out, "preempted")
+        if (rank == 0 and self.steps == args.preempt_step
+                and not os.path.exists(marker)):
+            open(marker, "w").close()
+            os.kill(os.getppid(), signal.SIGTERM)  # the launcher: a scheduler's eviction
+            time.sleep(2)  # the launcher passes SIGTERM on to this worker meanwhile
 
 
 def listening_sockets():
@@ -151,7 +182,8 @@ crash_if_asked(-1)  # before fit: the other process is already waiting in fit
 
 callbacks = [Crash()]
 if args.backup:
-    callbacks.append(keras.callbacks.BackupAndRestore(args.backup))
+    callbacks.append(keras.callbacks.BackupAndRestore(args.backup,
+                                                      save_freq=args.save_freq or "epoch"))
 if args.tf_data:
     import tensorflow as tf
 

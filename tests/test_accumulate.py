@@ -1,0 +1,230 @@
+"""`parallelize(accumulate_steps=k)`: k batches of B rows make one step over k*B rows.
+
+Against plain Keras on one device with batch k*B on the same rows in the same order:
+47 rows, B=5 on 3 replicas (every batch padded), k=4 - two whole optimizer steps, then a
+short one of 7 rows (a batch of 5 and a padded batch of 2, completed by masked fillers).
+Keras 3's own `gradient_accumulation_steps` under parallelize() against itself on one
+device. Bad values and the routes that cannot accumulate yet are errors before any
+weight is touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import numpy as np
+import pytest
+from helpers import (
+    _VERSION,
+    IN_PROCESS,
+    ON_JAX,
+    assert_history_close,
+    classification_data,
+    keras_module,
+    mlp,
+    requires,
+)
+from packaging.version import Version
+
+import kerasmgpu
+from kerasmgpu.accumulation import check_accumulate_steps, micro_batches
+from kerasmgpu.env.versions import KerasLine
+
+if IN_PROCESS:
+    keras = keras_module()
+
+ROWS, BATCH, STEPS = 47, 5, 4
+# Keras < 3.8 counts micro-batches in `iterations` (Adam's bias correction): refused.
+ACCUMULATES = ON_JAX and _VERSION is not None and Version(str(_VERSION)) >= Version("3.8")
+accumulates = pytest.mark.skipif(not ACCUMULATES, reason=f"accumulate_steps > 1 needs "
+                                 f"Keras >= 3.8 on JAX here; this env: {_VERSION}")
+
+
+def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
+    """The optimizer's slots and step count, without Keras's gradient accumulators."""
+    skip = {id(v) for v in getattr(optimizer, "_accumulated_gradients", None) or []}
+    names = [v for v in optimizer.variables if id(v) not in skip
+             and "iteration" not in v.name]
+    return [np.asarray(v) for v in names] + [np.asarray(optimizer.iterations)]
+
+
+# --- the pure plan -----------------------------------------------------------------------
+
+
+@pytest.mark.core
+def test_micro_batches_complete_each_group_with_fillers() -> None:
+    sizes = [5] * 9 + [2]
+    micro = micro_batches(sizes, 4)
+    assert len(micro) == 12
+    assert [m.batch for m in micro] == list(range(10)) + [9, 9]
+    assert [m.filler for m in micro] == [False] * 10 + [True, True]
+    assert [m.group_rows for m in micro] == [20] * 8 + [7] * 4
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("value", [0, -2])
+def test_accumulate_steps_below_one_is_a_value_error(value: int) -> None:
+    with pytest.raises(ValueError, match=r"accumulate_steps=.*Allowed: an integer >= 1"):
+        check_accumulate_steps(value)
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("value", [True, 2.0, "4", None])
+def test_accumulate_steps_not_an_int_is_a_type_error(value: Any) -> None:
+    with pytest.raises(TypeError, match=r"accumulate_steps=.*Fix:"):
+        check_accumulate_steps(value)
+
+
+# --- through parallelize -----------------------------------------------------------------
+
+
+@pytest.mark.core
+@requires(in_process=True)
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-1, ValueError),
+                                          (True, TypeError), (4.0, TypeError)])
+def test_bad_accumulate_steps_fail_before_anything(value: Any, error: type) -> None:
+    model = mlp(keras)
+    before = model.get_weights()
+    with pytest.raises(error, match="accumulate_steps"):
+        kerasmgpu.parallelize(model, accumulate_steps=value)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not ON_JAX or ACCUMULATES, reason="needs Keras 3 < 3.8 on JAX")
+def test_accumulate_steps_before_keras_3_8_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"accumulate_steps=4.*Keras >= 3.8"):
+        kerasmgpu.parallelize(mlp(keras), accumulate_steps=4)
+
+
+@pytest.mark.core
+@requires(tf=True)
+def test_accumulate_steps_on_the_mirrored_route_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"accumulate_steps=4.*mirrored.*Fix:"):
+        kerasmgpu.parallelize(mlp(keras), accumulate_steps=4)
+
+
+@pytest.mark.core
+@requires(jax=True)
+def test_optimizer_accumulation_with_accumulate_steps_is_an_error() -> None:
+    model = mlp(keras, optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    with pytest.raises(ValueError, match=r"accumulate_steps=2.*gradient_accumulation_steps"):
+        kerasmgpu.parallelize(model, accumulate_steps=2)
+
+
+@requires(tf=True, lines=[KerasLine.KERAS_3])
+def test_optimizer_accumulation_on_the_mirrored_route_is_an_error() -> None:
+    # Plain Keras 3 fails there inside fit() (merge_call inside a cond): refused up front.
+    model = mlp(keras, optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=2.*mirrored"):
+        kerasmgpu.parallelize(model)
+
+
+@pytest.mark.core
+@accumulates
+def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
+    x, y = classification_data(ROWS)
+
+    def model() -> Any:
+        return mlp(keras, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"])
+
+    one = model()
+    h_one = one.fit(x, y, batch_size=BATCH * STEPS, epochs=2, shuffle=False, verbose=0)
+    template = model()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    h_par = parallel.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert int(parallel.optimizer.iterations) == 2 * 3  # optimizer steps, not batches
+    assert_history_close(h_one, h_par)
+    np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+@requires(jax=True)
+def test_keras_own_accumulation_equals_one_device() -> None:
+    x, y = classification_data(ROWS)
+
+    def model() -> Any:
+        return mlp(keras, optimizer=keras.optimizers.SGD(0.1, momentum=0.9,
+                                                         gradient_accumulation_steps=3))
+
+    one = model()
+    one.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    template = model()
+    kerasmgpu.parallelize(template).fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                                        verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.core
+@accumulates
+def test_what_cannot_be_weighed_exactly_is_an_error() -> None:
+    x, y = classification_data(ROWS)
+    parallel = kerasmgpu.parallelize(mlp(keras), accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"steps_per_epoch=6.*multiple of accumulate_steps"):
+        parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=6, verbose=0)
+    with pytest.raises(ValueError, match=r"train_on_batch.*fit\(\)"):
+        parallel.train_on_batch(x[:BATCH], y[:BATCH])
+
+    def batches() -> Any:
+        while True:
+            yield x[:BATCH], y[:BATCH]
+
+    with pytest.raises(ValueError, match=r"in-memory arrays"):
+        parallel.fit(batches(), steps_per_epoch=STEPS, verbose=0)
+
+
+@pytest.mark.core
+@accumulates
+def test_what_accumulation_cannot_weigh_is_an_error_before_training(tmp_path: Any) -> None:
+    """A sum has no mean to weigh by rows (its gradient would be off by accumulate_steps);
+    a mid-epoch resume counts batches, not optimizer steps (untested, so refused)."""
+    x, y = classification_data(ROWS)
+    template = mlp(keras)
+    template.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+        reduction="sum"))
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    before = template.get_weights()
+    with pytest.raises(ValueError, match=r"reduction='sum'.*accumulate_steps=4"):
+        parallel.fit(x, y, batch_size=BATCH, verbose=0)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    resumable = kerasmgpu.parallelize(mlp(keras), accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"BackupAndRestore with accumulate_steps=4"):
+        resumable.fit(x, y, batch_size=BATCH, verbose=0, callbacks=[backup])
+    assert not (tmp_path / "backup").exists()
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.core
+@accumulates
+def test_steps_per_epoch_counts_micro_batches() -> None:
+    x, y = classification_data(BATCH * STEPS * 3)
+    one = mlp(keras)
+    one.fit(x, y, batch_size=BATCH * STEPS, epochs=1, steps_per_epoch=2, shuffle=False,
+            verbose=0)
+    template = mlp(keras)
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=2 * STEPS, shuffle=False, verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+
+@pytest.mark.core
+@requires(legacy=True)
+@pytest.mark.parametrize("option", [{"accumulate_steps": 2}, {"sync_batchnorm": True}])
+def test_keras23_refuses_what_it_cannot_do_exactly(option: Any) -> None:
+    legacy = keras_module()
+    model = mlp(legacy)
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"multi_gpu_model.*Fix:"):
+        kerasmgpu.parallelize(model, **option)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
