@@ -33,6 +33,65 @@ def mlp(keras: Any, features: int = 64, width: int = 256, classes: int = 10,
     return keras.Model(inputs, outputs)
 
 
+def convnet(keras: Any, side: int = 16, classes: int = 10, seed: int = 0) -> Any:
+    """A small convnet on side x side x 3 images."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((side, side, 3))
+    hidden = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    hidden = keras.layers.MaxPooling2D()(hidden)
+    hidden = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(hidden)
+    hidden = keras.layers.GlobalAveragePooling2D()(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def lstm(keras: Any, vocabulary: int = 1000, length: int = 40, classes: int = 2,
+         seed: int = 0) -> Any:
+    """An LSTM text classifier on token ids."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((length,), dtype="int32")
+    hidden = keras.layers.Embedding(vocabulary, 32)(inputs)
+    hidden = keras.layers.LSTM(32)(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def transformer(keras: Any, vocabulary: int = 1000, length: int = 32, classes: int = 2,
+                seed: int = 0) -> Any:
+    """One transformer encoder block (self-attention, feed-forward, residuals and layer
+    norms) on token ids, pooled into a classifier."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    inputs = keras.Input((length,), dtype="int32")
+    tokens = layers.Embedding(vocabulary, 32)(inputs)
+    attended = layers.MultiHeadAttention(num_heads=2, key_dim=16)(tokens, tokens)
+    hidden = layers.LayerNormalization()(layers.Add()([tokens, attended]))
+    forward = layers.Dense(32)(layers.Dense(64, activation="relu")(hidden))
+    hidden = layers.LayerNormalization()(layers.Add()([hidden, forward]))
+    outputs = layers.Dense(classes, activation="softmax")(layers.GlobalAveragePooling1D()(hidden))
+    return keras.Model(inputs, outputs)
+
+
+# The suite's model shapes: builder, and the data each takes (see `model_data`).
+MODELS: Dict[str, Callable[..., Any]] = {
+    "mlp": mlp, "convnet": convnet, "lstm": lstm, "transformer": transformer}
+
+
+def model_data(name: str, rows: int) -> Tuple[Any, Any]:
+    """Inputs and integer targets for the suite's model `name`."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if name == "mlp":
+        return data(rows)
+    if name == "convnet":
+        return (rng.normal(size=(rows, 16, 16, 3)).astype("float32"),
+                rng.integers(0, 10, size=rows))
+    length = 40 if name == "lstm" else 32
+    return (rng.integers(0, 1000, size=(rows, length)).astype("int32"),
+            rng.integers(0, 2, size=rows))
+
+
 def compile_model(keras: Any, model: Any) -> Any:
     model.compile(optimizer=keras.optimizers.SGD(0.01),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])

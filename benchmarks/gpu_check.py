@@ -11,6 +11,14 @@ Runs, each in its own subprocess with a timeout (`--timeout`, seconds per step):
     monitor  this script --monitor-run: parallelize() a CNN on every GPU and fit it with
              DeviceMonitor(interval=0.2), printing the monitor's summary() - real NVML
              readings of how busy each GPU was, epoch by epoch
+    cnn, lstm, transformer
+             kerasmgpu bench --model M --replicas 1,2,4,8 (those <= N) --json: scaling
+             efficiency against one GPU for the other model shapes of benchmarks/suite.py
+    allreduce
+             this script --allreduce-run: the all-reduce bus bandwidth over every GPU
+             (JAX psum, or a tf.distribute all-reduce), 1 MiB to 256 MiB of float32
+    suite    benchmarks/suite.py --replicas N: kerasmgpu against the engine by hand,
+             four model shapes, even and padded batches (its table, not JSON)
 
 and writes everything (commands, exit codes, seconds, parsed JSON, output tails) into
 ONE JSON file, then prints a short summary. Exit 0 when every step exited 0.
@@ -42,7 +50,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-STEPS = ("doctor", "demo", "bench", "monitor")
+STEPS = ("doctor", "demo", "bench", "monitor", "cnn", "lstm", "transformer", "allreduce",
+         "suite")
+MODEL_STEPS = ("cnn", "lstm", "transformer")  # bench --model M (bench itself: the mlp)
 DEFAULT_OUTPUT = "gpu-check.json"
 DEFAULT_BENCH_DIR = "gpu-check-bench"
 DEFAULT_TIMEOUT = 900.0
@@ -79,6 +89,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--monitor-steps", type=int, default=100,
                         help="steps per epoch of the DeviceMonitor training (default 100)")
     parser.add_argument("--monitor-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--allreduce-run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
@@ -102,6 +113,11 @@ def replica_counts(gpus: int) -> List[int]:
     return list(range(1, max(1, gpus) + 1))
 
 
+def power_counts(gpus: int) -> List[int]:
+    """1, 2, 4, 8 (those up to `gpus`) and `gpus` itself: the model benches' --replicas."""
+    return sorted({n for n in (1, 2, 4, 8) if n <= gpus} | {max(1, gpus)})
+
+
 def build_commands(python: str, gpus: int, bench_dir: str, script: str,
                    monitor_epochs: int = 5, monitor_steps: int = 100) -> Dict[str, List[str]]:
     """The subprocess command of each step (pure: nothing runs)."""
@@ -113,6 +129,13 @@ def build_commands(python: str, gpus: int, bench_dir: str, script: str,
                               "--output", bench_dir, "--json"],
         "monitor": [python, script, "--monitor-run", "--monitor-epochs", str(monitor_epochs),
                     "--monitor-steps", str(monitor_steps)],
+        **{model: kerasmgpu + ["bench", "--model", model, "--replicas",
+                               ",".join(map(str, power_counts(gpus))),
+                               "--output", f"{bench_dir}-{model}", "--json"]
+           for model in MODEL_STEPS},
+        "allreduce": [python, script, "--allreduce-run"],
+        "suite": [python, os.path.join(os.path.dirname(script), "suite.py"),
+                  "--replicas", str(max(2, gpus))],
     }
 
 
@@ -217,7 +240,10 @@ def summarize(report: Mapping[str, Any]) -> List[str]:
                 detail = (f"max weight difference {data.get('max_weight_difference')}, "
                           + speed + ", val accuracy " + " vs ".join(
                               f"{r.get('val_accuracy', 0):.4f}" for r in runs if r))
-            elif name == "bench" and data:
+            elif name == "allreduce" and data:
+                detail = "; ".join(f"{r['bytes'] >> 20} MiB: {r['busbw_gbs']:.1f} GB/s"
+                                   for r in data.get("results", []))
+            elif name in ("bench",) + MODEL_STEPS and data:
                 detail = "; ".join(
                     f"{r['replicas']}: {r['samples_per_s']:.0f}/s ({100 * r['efficiency']:.0f}%)"
                     for r in data.get("results", []))
@@ -264,11 +290,72 @@ def monitor_run(epochs: int, steps: int) -> int:
     return 0
 
 
+def allreduce_run(sizes: Sequence[int] = (1 << 20, 16 << 20, 256 << 20), repeats: int = 10
+                  ) -> int:
+    """Print (JSON) the all-reduce bandwidth over every device of the active backend.
+
+    busbw = 2 (n - 1) / n * bytes / seconds, as nccl-tests reports it: comparable across
+    device counts, near the link's bandwidth when the all-reduce saturates it.
+    """
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        count = jax.device_count()
+        reduce = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
+
+        def timed(size: int) -> float:
+            value = jnp.ones((count, size // 4), jnp.float32)
+            reduce(value).block_until_ready()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                out = reduce(value)
+            out.block_until_ready()
+            return (time.perf_counter() - start) / repeats
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        strategy = tf.distribute.MirroredStrategy()
+        count = int(strategy.num_replicas_in_sync)
+
+        def timed(size: int) -> float:
+            with strategy.scope():
+                value = tf.Variable(tf.ones([size // 4]))
+
+            @tf.function
+            def step() -> Any:
+                def one() -> Any:
+                    context = tf.distribute.get_replica_context()
+                    return context.all_reduce(tf.distribute.ReduceOp.SUM, value.read_value())
+                return strategy.run(one)
+
+            strategy.experimental_local_results(step())[0].numpy()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                out = step()
+            strategy.experimental_local_results(out)[0].numpy()
+            return (time.perf_counter() - start) / repeats
+    else:
+        print(json.dumps({"backend": backend, "results": [],
+                          "note": "measured for JAX and TensorFlow only"}))
+        return 0
+    results = []
+    for size in sizes:
+        seconds = timed(size)
+        results.append({"bytes": size, "seconds": seconds, "algbw_gbs": size / seconds / 1e9,
+                        "busbw_gbs": 2 * (count - 1) / count * size / seconds / 1e9})
+    print(json.dumps({"backend": backend, "devices": count, "results": results}))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None, runner: Runner = run_step) -> int:
     """Run the steps and write the JSON file; `runner` is replaceable for tests."""
     args = parse_args(argv)
     if args.monitor_run:
         return monitor_run(args.monitor_epochs, args.monitor_steps)
+    if args.allreduce_run:
+        return allreduce_run()
     found = detect_gpus()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     gpus = args.gpus or found["count"]

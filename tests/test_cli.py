@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
+import numpy as np
 import pytest
 from helpers import BACKEND, IN_PROCESS, ON_LEGACY, requires
 
@@ -647,6 +648,19 @@ def test_bench_rejects_bad_replica_lists_before_training(
 
 
 @requires(in_process=True)
+@pytest.mark.parametrize("kind", bench.MODELS)
+def test_bench_models_train_on_their_data(kind: str) -> None:
+    from helpers import keras_module
+
+    keras = keras_module()
+    model = bench.build_model(keras, kind)
+    x, y = bench.make_data(kind, 16)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][-1])
+    assert model.predict(x[:4], verbose=0).shape == (4, 10)
+
+
+@requires(in_process=True)
 def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The progress line is drawn on a terminal only; pretend to be one.
@@ -785,7 +799,11 @@ def test_gpu_check_runs_every_step_into_one_file(
                               {"replicas": 2, "samples_per_s": 19.0, "efficiency": 0.95}]},
         "monitor": {"summary": [{"epoch": 0, "gpu0_util": 91.0, "gpu1_util": 89.0,
                                  "gpu_util_mean": 90.0}]},
+        "allreduce": {"results": [{"bytes": 16 << 20, "busbw_gbs": 80.0}]},
+        "suite": None,
     }
+    for model in gpu_check.MODEL_STEPS:
+        canned[model] = canned["bench"]
 
     def runner(name: str, command: Sequence[str], timeout: float,
                env: Mapping[str, str]) -> Dict[str, Any]:
@@ -796,11 +814,13 @@ def test_gpu_check_runs_every_step_into_one_file(
     output = tmp_path / "check.json"
     assert gpu_check.main(["--output", str(output), "--bench-dir", "b"], runner=runner) == 0
     report = json.loads(output.read_text())
-    assert list(report["steps"]) == ["doctor", "demo", "bench", "monitor"]
+    assert list(report["steps"]) == list(gpu_check.STEPS)
     assert report["ok"] is True and report["gpus"] == 2
     assert seen[2][-4:] == ["1,2", "--output", "b", "--json"]
     out = capsys.readouterr().out
     assert "2: 19/s (95%)" in out and "gpu0 91%" in out and "max weight difference" in out
+    assert "16 MiB: 80.0 GB/s" in out
+    assert ["--model", "transformer", "--replicas", "1,2"] == seen[6][4:8]
 
 
 def test_gpu_check_summary_of_a_demo_on_virtual_devices(gpu_check: Any) -> None:

@@ -38,7 +38,7 @@ counts this machine cannot run (checked before anything trains).
 bench.json (`--json` prints the same object on stdout; the table goes to stderr):
 
     {"kerasmgpu": str,
-     "config": {"replicas": [int], "model": "mlp" | "cnn", "batch_size": int,
+     "config": {"replicas": [int], "model": "mlp" | "cnn" | "lstm" | "transformer", "batch_size": int,
                 "batch_policy": "per-replica" | "global", "seconds": float,
                 "rounds": int, "steps": int | null, "warmup": int, "output": str},
      "environment": {"keras_line", "keras_version", "backend", "tensorflow_version",
@@ -76,7 +76,8 @@ from kerasmgpu._version import __version__
 from kerasmgpu.cli import _common
 from kerasmgpu.cli._common import Report, UsageError
 
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "lstm", "transformer")
+SEQUENCE, VOCABULARY = 64, 2000  # the lstm and transformer models' token ids
 POLICIES = ("per-replica", "global")
 DEFAULT_BATCH = 128
 # 30 steps (~0.2 s on a small CPU model) gave 1.37x and then 0.90x for the same
@@ -107,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated replica counts, e.g. 1,2,4 (default: 1, 2, "
                         "4... up to every device; 1 is always measured, as the baseline)")
     parser.add_argument("--model", choices=MODELS, default="mlp",
-                        help="mlp: 784-512-512-10 dense; cnn: two conv layers on 28x28x1 "
+                        help="mlp: 784-512-512-10 dense; cnn: two conv layers on 28x28x1; "
+                        "lstm: an LSTM(64) text classifier on 64 tokens; transformer: one "
+                        "encoder block (4-head self-attention, feed-forward) on 64 tokens "
                         "(default mlp)")
     parser.add_argument("--batch-size", type=_common.positive_int("--batch-size", "128"),
                         default=DEFAULT_BATCH,
@@ -288,6 +291,8 @@ def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Opti
 
 def build_model(keras: Any, kind: str) -> Any:
     """The benchmark model, seeded, compiled with SGD."""
+    if kind in ("lstm", "transformer"):
+        return _compiled(keras, _sequence_model(keras, kind))
     if kind == "cnn":
         inputs = keras.Input((28, 28, 1))
         x = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
@@ -300,7 +305,25 @@ def build_model(keras: Any, kind: str) -> Any:
         x = keras.layers.Dense(512, activation="relu")(inputs)
         x = keras.layers.Dense(512, activation="relu")(x)
     outputs = keras.layers.Dense(10, activation="softmax")(x)
-    model = keras.Model(inputs, outputs)
+    return _compiled(keras, keras.Model(inputs, outputs))
+
+
+def _sequence_model(keras: Any, kind: str) -> Any:
+    """A text classifier on SEQUENCE token ids: an LSTM, or one transformer encoder block."""
+    layers = keras.layers
+    inputs = keras.Input((SEQUENCE,), dtype="int32")
+    tokens = layers.Embedding(VOCABULARY, 64)(inputs)
+    if kind == "lstm":
+        x = layers.LSTM(64)(tokens)
+    else:
+        attended = layers.MultiHeadAttention(num_heads=4, key_dim=16)(tokens, tokens)
+        x = layers.LayerNormalization()(layers.Add()([tokens, attended]))
+        forward = layers.Dense(64)(layers.Dense(128, activation="relu")(x))
+        x = layers.GlobalAveragePooling1D()(layers.LayerNormalization()(layers.Add()([x, forward])))
+    return keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+
+
+def _compiled(keras: Any, model: Any) -> Any:
     _common.seeded_weights(model, SEED)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01),
                   loss="sparse_categorical_crossentropy")
@@ -311,6 +334,9 @@ def make_data(kind: str, rows: int) -> Tuple[Any, Any]:
     import numpy as np
 
     rng = np.random.default_rng(SEED)
+    if kind in ("lstm", "transformer"):
+        return (rng.integers(0, VOCABULARY, size=(rows, SEQUENCE)).astype(np.int32),
+                rng.integers(0, 10, size=rows))
     shape = (rows, 28, 28, 1) if kind == "cnn" else (rows, 784)
     return rng.random(shape, dtype=np.float32), rng.integers(0, 10, size=rows)
 

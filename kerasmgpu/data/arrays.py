@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import PACKING_KEY, bundle, order_key
+from kerasmgpu.data.bundle import PACKING_KEY, bundle, order_key, plain, unpadded
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -92,11 +92,16 @@ class ArrayPlan:
         """Batches fed per epoch (micro-batches, fillers included, when accumulating)."""
         return len(self.sizes) if self.micro is None else len(self.micro)
 
-    def fed_batch(self, index: int) -> Tuple[Any, ...]:
+    def fed_batch(self, index: int, plain_even: bool = False) -> Tuple[Any, ...]:
         """Training batch `index` of the feed: the epoch's batch, or with accumulation its
-        micro-batch, weighted for the group's optimizer step."""
+        micro-batch, weighted for the group's optimizer step.
+
+        With accumulation every micro-batch takes the masked step, even one without
+        padding: its loss weight (the scale column) is its share of the group's real rows,
+        not 1, and a filler's rows are all masked - the packing carries both.
+        """
         if self.micro is None:
-            return self.batch(index, False)
+            return self.batch(index, False, plain_even)
         micro = self.micro[index]
         x, packed = self.batch(micro.batch, False)
         packed = dict(packed)
@@ -109,7 +114,9 @@ class ArrayPlan:
         packed[PACKING_KEY] = column
         return x, packed
 
-    def batch(self, index: int, predict: bool) -> Tuple[Any, ...]:
+    def batch(self, index: int, predict: bool, plain_even: bool = False) -> Tuple[Any, ...]:
+        """Batch `index` as `(x, bundle)`; with `plain_even`, one that needs no padding
+        carries an empty packing (`bundle.unpadded`)."""
         start = index * self.batch_size
         ids = self.order[start : start + self.batch_size]
         share = self.planner.plan(len(ids))
@@ -117,6 +124,9 @@ class ArrayPlan:
         x = gather(self.x, take)
         if predict:
             return (x, bundle(share.packed(), order=order_key(index, len(take))))
+        if plain_even and not share.plan.pad:
+            return (x, bundle(unpadded(len(take)), gather(self.y, take),
+                              gather(self.weights, take)))
         return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
 
 
@@ -147,7 +157,7 @@ class Arrays(Input):
                               1 if predict else request.accumulate_steps)
 
     def python_feed(self) -> Feed:
-        plan, predict = self.plan, self.predict
+        plan, predict, plain_even = self.plan, self.predict, self.plain_even
         base = self.adapter.python_dataset_type()
         keras3 = self.adapter.keras3
 
@@ -160,7 +170,9 @@ class Arrays(Input):
                 return len(plan.sizes) if predict else plan.steps
 
             def __getitem__(self, index: int) -> Any:
-                return plan.batch(index, predict) if predict else plan.fed_batch(index)
+                if predict:
+                    return plan.batch(index, predict)
+                return plan.fed_batch(index, plain_even)
 
             def on_epoch_end(self) -> None:
                 plan.reshuffle()
@@ -185,6 +197,11 @@ class Arrays(Input):
         y = None if predict else tensors(plan.y)
         weights = None if predict else tensors(plan.weights)
         planner = plan.planner
+        pads, example = plan.padding()
+        # A traced step sees one structure for every element of a pipeline: the user's
+        # data alone (`bundle.plain`: the engine's plain step) when no batch of the epoch
+        # needs padding.
+        plain_all = not predict and not pads
         indices = tf.data.Dataset.range(plan.rows)
         if plan.shuffle:
             indices = indices.shuffle(plan.rows, seed=self.request.seed,
@@ -192,6 +209,12 @@ class Arrays(Input):
         indices = indices.batch(plan.batch_size).enumerate()
 
         def fetch(number: Any, ids: Any) -> Any:
+            if plain_all:
+                def same(structure: Any) -> Any:
+                    return map_structure(lambda t: tf.gather(t, ids), structure,
+                                         skip_none=True)
+
+                return plain(same(x), same(y), same(weights))
             rows, packed = tf_pad(tf, tf.size(ids), planner)
             take = tf.gather(ids, rows)
 
@@ -203,6 +226,5 @@ class Arrays(Input):
             return pick(x), bundle(packed, pick(y), pick(weights))
 
         data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-        pads, example = plan.padding()
         return Feed(no_autoshard(tf, data), steps=len(plan.sizes), pads=pads,
                     padding_example=example)

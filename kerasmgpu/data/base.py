@@ -72,10 +72,19 @@ class Input:
         self.planner = planner
         self.request = request
         self.predict = request.predict
+        # Whether each batch that divides by the replica count carries an empty packing
+        # (`bundle.unpadded`: the engine's plain step) - decided per batch where Python
+        # batches reach Keras 3 one at a time (JAX, torch). A tf.data pipeline's elements
+        # share one traced step, so the TensorFlow array feed decides once per feed
+        # (`bundle.plain`).
+        self.plain_even = False
 
     def feed(self, kind: FeedKind) -> Feed:
         """The padded feed in the form an engine of `kind` consumes."""
-        return self.tf_feed() if kind is FeedKind.TF else self.python_feed()
+        if kind is FeedKind.TF:
+            return self.tf_feed()
+        self.plain_even = self.adapter.keras3 and not self.predict
+        return self.python_feed()
 
     def tf_feed(self) -> Feed:
         """For TensorFlow's strategies (a tf.data pipeline where the input allows)."""

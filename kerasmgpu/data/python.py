@@ -26,13 +26,14 @@ from kerasmgpu.data.base import (
     num_rows,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, order_key
+from kerasmgpu.data.bundle import bundle, order_key, unpadded
 from kerasmgpu.data.structure import as_tuples, to_numpy, unpack
 
 
 def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
-                number: int = 0) -> Any:
-    """One element a Python source yields, as `(x, bundle)`, padded and packed."""
+                number: int = 0, plain_even: bool = False) -> Any:
+    """One element a Python source yields, as `(x, bundle)`, padded and packed; with
+    `plain_even`, a batch that needs no padding with an empty packing (`bundle.unpadded`)."""
     x, y, sw = unpack(element)
     x, y, sw = to_numpy(x), to_numpy(y), to_numpy(sw)
     weights = None if predict else user_weights(y, sw, weigh)
@@ -41,6 +42,9 @@ def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: 
     take = share.source_rows()
     if predict:
         return gather(x, take), bundle(share.packed(), order=order_key(number, len(take)))
+    if plain_even and not share.plan.pad:
+        return gather(x, take), bundle(unpadded(len(take)), gather(y, take),
+                                       gather(weights, take))
     return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take))
 
 
@@ -68,7 +72,7 @@ class Indexed(Input):
 
     def _batches(self, source: Any) -> Feed:
         weigh, planner, predict = self.weigh, self.planner, self.predict
-        keras3 = self.adapter.keras3
+        keras3, plain_even = self.adapter.keras3, self.plain_even
         base = self.adapter.python_dataset_type()
         if len(source) == 0:
             raise bad_value("x", f"a {type(source).__name__} of length 0", "at least one batch",
@@ -87,7 +91,7 @@ class Indexed(Input):
                 return len(source)
 
             def __getitem__(self, index: int) -> Any:
-                return pad_element(source[index], weigh, planner, predict, index)
+                return pad_element(source[index], weigh, planner, predict, index, plain_even)
 
             def on_epoch_end(self) -> None:
                 if hasattr(source, "on_epoch_end"):
@@ -109,10 +113,11 @@ class Generator(Input):
 
     def python_feed(self) -> Feed:
         source, weigh, planner, predict = self.request.x, self.weigh, self.planner, self.predict
+        plain_even = self.plain_even
 
         def generate() -> Iterator[Any]:
             for number, element in enumerate(source):
-                yield pad_element(element, weigh, planner, predict, number)
+                yield pad_element(element, weigh, planner, predict, number, plain_even)
 
         return Feed(generate())
 

@@ -623,7 +623,10 @@ def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None
 
     def row_mask() -> Any:
         frame = step_hooks.current()
-        return None if frame is None else adapter.column(frame.packed, MASK)
+        # No packing (the fast path: a batch without padding rows): every row counts.
+        if frame is None or frame.packed is None:
+            return None
+        return adapter.column(frame.packed, MASK)
 
     if not adapter.mask_batch_statistics(replica, row_mask, every) and every:
         raise bad_value("sync_batchnorm", True, "False with this Keras",

@@ -80,7 +80,8 @@ def active(packed: Any) -> Iterator[Frame]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
-    frame = Frame(packed)
+    # An empty packing (a batch without padding, `bundle.unpadded`) is no packing.
+    frame = Frame(None if packed is None or unpadded(packed) else packed)
     stack.append(frame)
     try:
         yield frame
@@ -113,8 +114,10 @@ def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
         frame = current()
         if frame is None:
             return sample_weight
-        on_call()
         frame.loss_weighted = True
+        if frame.packed is None:  # the fast path: no padding, the user's weights alone
+            return sample_weight
+        on_call()
         mask = adapter.column(frame.packed, MASK)
         weight = adapter.multiply(mask, adapter.column(frame.packed, SCALE)) if scaled else mask
         if not adapter.weights_follow_output_rank:
@@ -176,7 +179,7 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
 
         def update_state(*args: Any, **kwargs: Any) -> Any:
             frame = current()
-            if frame is None:
+            if frame is None or frame.packed is None:
                 return original(*args, **kwargs)
             if where is None:
                 frame.unweightable_metric = getattr(metric, "name", type(metric).__name__)
@@ -229,6 +232,8 @@ def tracker_update(adapter: Adapter, total: bool = True
                 if total and frame.loss_weighted:
                     values = adapter.unscale_for_replicas(values)
                 return original(values, **kwargs)
+            if frame.packed is None:  # the fast path: Keras's own row count is right
+                return original(values, sample_weight=sample_weight, **kwargs)
             scale = adapter.column(frame.packed, SCALE)[0]
             rows = adapter.to_float(sample_weight, like=scale)
             return original(values, sample_weight=rows / scale, **kwargs)
@@ -305,6 +310,24 @@ class StepReport:
 # --- the step overrides -------------------------------------------------------------------
 
 
+def unpadded(packed: Any) -> bool:
+    """Whether a batch's packing is the empty one of a batch without padding rows
+    (`bundle.unpadded`), from its static shape: a traced step decides without a value."""
+    shape = getattr(packed, "shape", None)
+    return shape is not None and len(shape) == 2 and shape[-1] is not None and \
+        int(shape[-1]) == 0
+
+
+def plain_step(data: Any, call: Callable[[Any], Any]) -> Any:
+    """The fast path: a batch that needs no padding runs the engine's own step on the
+    user's data - no packing, so the hooks weight no loss, mask no metric and reweight no
+    loss tracker (an even batch of N replicas is already one device's batch). The frame
+    without a packing only lets a loss tracker of the user's own step count the whole
+    loss where Keras scaled it for tf.distribute (`tracker_update`)."""
+    with active(None):
+        return call(data)
+
+
 def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
               before: Callable[[Any], None],
               after: Callable[[str, Frame, Any], None]) -> Callable[..., Any]:
@@ -312,9 +335,11 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
 
     def run(model: Any, data: Any, call: Callable[[Any], Any]) -> Any:
         parts = split(data)
-        if parts is None:
-            return call(data)
+        if parts is None:  # a feed without padding on TensorFlow (`bundle.plain`)
+            return plain_step(data, call)
         x, y, sample_weight, packed = parts
+        if unpadded(packed):
+            return plain_step(adapter.pack_data(x, y, sample_weight), call)
         with active(packed) as frame:
             before(model)
             result = call(adapter.pack_data(x, y, sample_weight))

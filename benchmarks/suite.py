@@ -1,0 +1,113 @@
+"""kerasmgpu against the same engine written by hand, on four model shapes, even and padded.
+
+    KERASMGPU_VIRTUAL_DEVICES=2 python benchmarks/suite.py [--models mlp,convnet,lstm,transformer]
+        [--cases even,padded] [--replicas 2] [--repeats 5]
+
+Run it once per route, in that route's environment (the active Keras decides):
+Keras 3 on JAX (baseline: the model built and fit under `keras.distribution.DataParallel`
+by hand), on TensorFlow, tf_keras and tf.keras 2 (baseline: built and fit in
+`tf.distribute.MirroredStrategy(devices).scope()` by hand). Keras 3 on PyTorch trains
+in several processes (`kerasmgpu launch`) and is not timed here: see the README.
+
+Models: `mlp` (64-256-256-10), `convnet` (two 3x3 convolutions on 16x16x3),
+`lstm` (embedding, LSTM(32) text classifier on 40 tokens) and `transformer` (one
+encoder block: 2-head self-attention, feed-forward, layer norms, on 32 tokens).
+Cases: `even` - both get the same rows, every batch divides by the replica count;
+`padded` - kerasmgpu gets one row more, so every epoch ends with a batch of 1 row that
+it pads to the replica count and masks (the baseline cannot take that batch and
+trains on the divisible rows). The contenders run alternately in one process; each
+line gives the median time of each, the median of the per-round ratios and their
+spread (min-max). Targets: even <= 1.03x, padded <= 1.05x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from typing import Any, Callable, Dict, List
+
+os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "2")
+
+from _common import MODELS, alternate, compile_model, keras_module, model_data
+
+import kerasmgpu
+
+TARGETS = {"even": 1.03, "padded": 1.05}
+# Rows per model: a timed fit of a second or so on a 2-core CPU.
+ROWS = {"mlp": 32768, "convnet": 4096, "lstm": 4096, "transformer": 8192}
+
+
+def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
+    """The same model on the route's own engine, as a user writes it without kerasmgpu."""
+    if kerasmgpu.environment().backend == "jax":
+        import jax
+
+        dist = keras.distribution.DataParallel(devices=jax.devices()[:replicas])
+        with dist.scope():
+            model = compile_model(keras, build())
+
+        class InScope:
+            def fit(self, *args: Any, **kwargs: Any) -> Any:
+                with dist.scope():
+                    return model.fit(*args, **kwargs)
+
+        return InScope()
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    with tf.distribute.MirroredStrategy(devices).scope():
+        return compile_model(keras, build())
+
+
+def one(keras: Any, name: str, case: str, args: argparse.Namespace) -> Dict[str, Any]:
+    rows = ROWS[name] // args.batch_size * args.batch_size
+    x, y = model_data(name, rows + (1 if case == "padded" else 0))
+    hx, hy = x[:rows], y[:rows]
+
+    def build() -> Any:
+        return MODELS[name](keras)
+
+    hand = by_hand(keras, build, args.replicas)
+    ours = kerasmgpu.parallelize(compile_model(keras, build()), gpus=args.replicas)
+    fit = dict(batch_size=args.batch_size, epochs=args.epochs, verbose=0, shuffle=False)
+    hand.fit(hx, hy, **fit)  # compile/trace both before timing
+    ours.fit(x, y, **fit)
+    times = alternate({"hand": lambda: hand.fit(hx, hy, **fit),
+                       "ours": lambda: ours.fit(x, y, **fit)}, args.repeats)
+    ratios = [a / b for a, b in zip(times["ours"], times["hand"])]
+    return {"model": name, "case": case, "hand": statistics.median(times["hand"]),
+            "ours": statistics.median(times["ours"]), "ratio": statistics.median(ratios),
+            "low": min(ratios), "high": max(ratios)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--cases", default="even,padded")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per timed fit()")
+    parser.add_argument("--batch-size", type=int, default=256)
+    args = parser.parse_args()
+    keras = keras_module()
+    env = kerasmgpu.environment()
+    print(f"{env.keras_line.value} ({env.backend}), {args.replicas} virtual devices, global "
+          f"batch {args.batch_size}, {args.epochs} epoch(s) per fit, {args.repeats} "
+          "alternating rounds")
+    print(f"{'model':<12}{'case':<8}{'hand ms':>9}{'ours ms':>9}{'ratio':>8}  spread"
+          "         target")
+    results: List[Dict[str, Any]] = []
+    for name in args.models.split(","):
+        for case in args.cases.split(","):
+            r = one(keras, name, case, args)
+            results.append(r)
+            target = TARGETS[case]
+            print(f"{name:<12}{case:<8}{r['hand'] * 1000:9.0f}{r['ours'] * 1000:9.0f}"
+                  f"{r['ratio']:7.3f}x  {r['low']:.2f}-{r['high']:.2f}x  <= {target:.2f}x "
+                  f"{'ok' if r['ratio'] <= target else 'ABOVE'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
