@@ -28,8 +28,10 @@ import pytest
 from helpers import LINE, ON_JAX, ON_TORCH, wait_until
 from test_distributed import (
     LOCAL_DEVICES,
+    MID_EPOCH,
     MULTI_WORKER_LINES,
     WORKER,
+    _assert_resumed_exactly,
     _assert_same,
     _env,
     _group_members,
@@ -171,6 +173,28 @@ def test_two_processes_of_an_external_launcher_train_as_one_job(
     run = _run(_command(launcher, out, "--listeners"), _env())
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     _check_job(out, reference, name)
+    _assert_nothing_left(out)
+
+
+@needs["torchrun"]
+def test_torchrun_restarts_a_killed_worker_and_the_job_resumes_exactly(
+        tmp_path: Path, reference: Path) -> None:
+    """`torchrun --max-restarts 1`: rank 1 SIGKILLs itself at step 17 (epoch 1, its 6th
+    step; the last backup holds step 16); torchrun starts both workers again, they
+    resume from the BackupAndRestore and end with the uninterrupted run's weights and
+    History of the epochs they train."""
+    assert TORCHRUN is not None
+    out, backup = tmp_path / "job", tmp_path / "backup"
+    out.mkdir()
+    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
+               "--no-python", sys.executable, WORKER, str(out), *MID_EPOCH,
+               "--backup", str(backup), "--crash-rank", "1", "--crash-step", "17",
+               "--crash-epoch", "1", "--crash-how", "sigkill"]
+    run = _run(command, _env())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-8000:]
+    assert (out / "crashed").exists() and (out / "pid1.run1").exists(), sorted(
+        p.name for p in out.iterdir())
+    _assert_resumed_exactly(reference, out)
     _assert_nothing_left(out)
 
 

@@ -17,6 +17,13 @@ restores such a backup then either
 From there on, training and its History are the uninterrupted run's. A backup without
 the file (written by plain Keras, or another position) resumes as Keras resumes it.
 
+The chief's file also records the job (`Layout`: processes, replicas, the model's weight
+shapes). A backup of another model, or of a job of another number of processes (with
+several processes: of replicas), is refused before Keras restores anything: exact on
+JAX (measured), but a torch process's share of the metrics, or a tf.keras worker's part
+of the backup, has no place in a job of another size. One process on other devices is
+exact (the global batch is fixed).
+
 `Plan.preemption` also makes SIGTERM during the fit end the current step, back it up
 through the user's callback, and exit 143 (what `kerasmgpu launch` reports as requeue).
 Private names of each Keras line's BackupAndRestore are in the adapters.

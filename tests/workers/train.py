@@ -18,7 +18,8 @@ rate, then every process fits one more epoch: the chief's template is the truth)
 PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
 --crash-step K (fail after global step K instead, with --crash-epoch naming the epoch it
 falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, once).
-Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
+Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
+(and to pid<R>.run<N> under a restarting launcher, N its restart count).
 """
 
 import argparse
@@ -65,6 +66,11 @@ args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
+# Under a restarting launcher each run's pids too, so no run's process goes unchecked.
+restart = os.environ.get("KERASMGPU_RESTART_COUNT", os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+if restart is not None:
+    with open(os.path.join(args.out, f"pid{rank}.run{restart}"), "w") as f:
+        f.write(str(os.getpid()))
 
 line = str(kerasmgpu.environment().keras_line)
 if line == "tf_keras":
