@@ -234,7 +234,7 @@ def torch_process_group(environment: cluster.ClusterEnvironment) -> Any:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     at = environment.torch_store()
     if at is None:
-        restarted = _torchrun_attempt_store(dist, world, timeout)
+        restarted = _torchrun_attempt_store(dist, environment, world, timeout)
         if restarted is not None:
             dist.init_process_group(backend=backend, store=restarted, rank=rank,
                                     world_size=world, timeout=timeout)
@@ -249,7 +249,8 @@ def torch_process_group(environment: cluster.ClusterEnvironment) -> Any:
     return dist
 
 
-def _torchrun_attempt_store(dist: Any, world: int, timeout: datetime.timedelta) -> Any:
+def _torchrun_attempt_store(dist: Any, environment: cluster.ClusterEnvironment, world: int,
+                            timeout: datetime.timedelta) -> Any:
     """torchrun's store, with this run's keys apart from an earlier run's (None: not a
     torchrun worker on its agent's store).
 
@@ -258,12 +259,12 @@ def _torchrun_attempt_store(dist: Any, world: int, timeout: datetime.timedelta) 
     earlier run's rank 0 published and wait on it until gloo gives up ("Connection
     refused", measured 2 of 4 restarted jobs on a loaded machine).
     """
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    agent = environment.torch_agent_store()
+    if agent is None:
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          False, timeout)
-    return dist.PrefixStore(f"kerasmgpu/run_{attempt}", store)
+    host, port, run = agent
+    store = dist.TCPStore(host, port, world, False, timeout)
+    return dist.PrefixStore(f"kerasmgpu/run_{run}", store)
 
 
 def _tcp_store(dist: Any, host: str, port: int, rank: int, world: int, bind: str,
