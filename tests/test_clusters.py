@@ -101,6 +101,13 @@ def test_torchrun_on_one_machine_uses_loopback_and_torchruns_store() -> None:
     assert job.jax_coordinator() == "127.0.0.1:29401"  # MASTER_PORT + 1, loopback
     assert job.tf_workers() == ["127.0.0.1:29402", "127.0.0.1:29403"]
     assert job.bind_host() == "127.0.0.1"
+    # Its restarts keep the agent's store: each run joins it under its own prefix.
+    assert job.torch_agent_store() is None  # no restart count: not torchrun's worker
+    restarted = cluster.detect({**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert restarted.torch_agent_store() == ("vm", 29400, 1)
+    own_store = {**TORCHRUN, "TORCHELASTIC_RESTART_COUNT": "1",
+                 "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    assert cluster.detect(own_store).torch_agent_store() is None
 
 
 def test_torchrun_on_two_machines_and_a_pytorchjob_pod() -> None:

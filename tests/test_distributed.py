@@ -63,9 +63,11 @@ def _env() -> dict:
     return env
 
 
-def _single(out: Path, *args: str) -> subprocess.CompletedProcess:
+def _single(out: Path, *args: str, env: Optional[Dict[str, str]] = None
+            ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, WORKER, str(out), *args], env=_env(),
+    return subprocess.run([sys.executable, WORKER, str(out), *args],
+                          env={**_env(), **(env or {})},
                           capture_output=True, text=True, timeout=300)
 
 
@@ -346,6 +348,30 @@ def test_a_preempted_job_run_again_resumes_exactly(tmp_path: Path,
     again = _launch(out, *command)  # the same command, as a requeued job runs it
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     _assert_resumed_exactly(uninterrupted, out)
+
+
+@trains_in_processes
+@pytest.mark.skipif(ON_TORCH, reason="one torch process trains its one device as plain "
+                    "Keras does: no kerasmgpu backup to resume from")
+def test_a_backup_of_one_process_is_refused_by_two(tmp_path: Path) -> None:
+    """A backup records the job that wrote it; a job of another number of processes
+    stops before training, naming the fix, in every process (on torch the metrics each
+    process keeps would be lost or doubled; kerasmgpu refuses it on every line)."""
+    backup = tmp_path / "backup"
+    crashed = _single(tmp_path / "one", *MID_EPOCH, "--backup", str(backup),
+                      "--crash-rank", "0", "--crash-step", "17", "--crash-epoch", "1",
+                      "--crash-how", "raise", env={"KERASMGPU_VIRTUAL_DEVICES": "2"})
+    assert crashed.returncode != 0 and "fails on purpose" in crashed.stderr, \
+        crashed.stderr[-3000:]
+    assert (backup / "kerasmgpu_position.npz").exists()
+    refused = _launch(tmp_path / "two", *MID_EPOCH, "--backup", str(backup))
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    assert "written by 1 process(es) and 2 replica(s): resume it with 1 process" in output, \
+        output[-4000:]
+    assert not (tmp_path / "two" / "rank0.npz").exists()
+    pids = [int((tmp_path / "two" / f"pid{rank}").read_text()) for rank in (0, 1)]
+    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
 
 
 def _group_members(pgids: List[int]) -> List[int]:

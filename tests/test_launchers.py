@@ -182,6 +182,34 @@ def test_two_processes_of_an_external_launcher_train_as_one_job(
     _assert_nothing_left(out)
 
 
+@needs["torchrun"]
+# On torch only in CI, torchrun's own line: 2.5-4 min an env; it also passed on Keras 3
+# JAX and tf_keras 2.21 when it was built (the same resume code is tested there under
+# `kerasmgpu launch --max-restarts` and a SLURM requeue).
+@pytest.mark.skipif(not ON_TORCH, reason="torchrun's restarts are tested on Keras 3 torch "
+                    "(CI time); the resume path of the other lines runs under kerasmgpu "
+                    "launch and SLURM")
+def test_torchrun_restarts_a_killed_worker_and_the_job_resumes_exactly(
+        tmp_path: Path, reference: Path) -> None:
+    """`torchrun --max-restarts 1`: rank 1 SIGKILLs itself at step 17 (epoch 1, its 6th
+    step; the last backup holds step 16); torchrun starts both workers again, they
+    resume from the BackupAndRestore and end with the uninterrupted run's weights and
+    History of the epochs they train."""
+    assert TORCHRUN is not None
+    out, backup = tmp_path / "job", tmp_path / "backup"
+    out.mkdir()
+    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
+               "--no-python", sys.executable, WORKER, str(out), *MID_EPOCH,
+               "--backup", str(backup), "--crash-rank", "1", "--crash-step", "17",
+               "--crash-epoch", "1", "--crash-how", "sigkill"]
+    run = _run(command, _env())
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-8000:]
+    assert (out / "crashed").exists() and (out / "pid1.run1").exists(), sorted(
+        p.name for p in out.iterdir())
+    _assert_resumed_exactly(reference, out)
+    _assert_nothing_left(out)
+
+
 @pytest.mark.skipif(LINE not in MULTI_WORKER_LINES,
                     reason="TF_CONFIG drives TensorFlow's MultiWorkerMirroredStrategy")
 def test_a_cluster_tf_config_trains_as_one_job(tmp_path: Path, reference: Path) -> None:

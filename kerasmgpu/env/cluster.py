@@ -181,6 +181,11 @@ class ClusterEnvironment:
         """(host, port) of a TCPStore rank 0 starts, or None when the launcher runs one."""
         return self.main_address, self.main_port
 
+    def torch_agent_store(self) -> Optional[Tuple[str, int, int]]:
+        """(host, port, run) of a launcher's store kept over its restarts, that this
+        process joins for run `run` (torchrun's agent store), or None."""
+        return None
+
     def tf_workers(self) -> Optional[List[str]]:
         """Every rank's "host:port" for TensorFlow, or None when it cannot be known."""
         if self.multi_node():
@@ -357,6 +362,13 @@ class TorchElastic(ClusterEnvironment):
         # torchrun's agent already serves MASTER_ADDR:MASTER_PORT (and a PyTorchJob's
         # rank 0 pod is named by MASTER_ADDR): torch's own env:// joins it as it is.
         return None
+
+    def torch_agent_store(self) -> Optional[Tuple[str, int, int]]:
+        run = self.env.get("TORCHELASTIC_RESTART_COUNT")
+        if run is None or self.env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return None
+        return self.env["MASTER_ADDR"], self.main_port, _int(self.env,
+                                                             "TORCHELASTIC_RESTART_COUNT")
 
     def run_id(self) -> str:
         return (f"{self.env.get('TORCHELASTIC_RUN_ID', '')}:{self.env['MASTER_ADDR']}:"

@@ -335,7 +335,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     position = resume.plan(state.adapter, user_callbacks,
                            rank=environment.global_rank() if environment.multi_process() else 0,
                            alone=not environment.multi_process(),
-                           own_metrics=state.engine.route is Route.TORCH_DDP)
+                           own_metrics=state.engine.route is Route.TORCH_DDP,
+                           layout=resume.Layout.of(self, state.engine.planner.process_count,
+                                                   state.engine.planner.replicas))
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,

@@ -17,6 +17,13 @@ restores such a backup then either
 From there on, training and its History are the uninterrupted run's. A backup without
 the file (written by plain Keras, or another position) resumes as Keras resumes it.
 
+The chief's file also records the job (`Layout`: processes, replicas, the model's weight
+shapes). A backup of another model, or of a job of another number of processes (with
+several processes: of replicas), is refused before Keras restores anything: exact on
+JAX (measured), but a torch process's share of the metrics, or a tf.keras worker's part
+of the backup, has no place in a job of another size. One process on other devices is
+exact (the global batch is fixed).
+
 `Plan.preemption` also makes SIGTERM during the fit end the current step, back it up
 through the user's callback, and exit 143 (what `kerasmgpu launch` reports as requeue).
 Private names of each Keras line's BackupAndRestore are in the adapters.
@@ -26,12 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -47,6 +55,24 @@ class Position:
     epoch: int
     steps: int  # steps done in `epoch`
     metrics: List[Any]
+
+
+@dataclass
+class Layout:
+    """The job a backup was written by: what a resume must match to be exact."""
+    processes: int
+    replicas: int
+    weights: List[List[int]]  # the model's weight shapes, in order
+
+    def to_text(self) -> str:
+        return json.dumps({"processes": self.processes, "replicas": self.replicas,
+                           "weights": self.weights})
+
+    @classmethod
+    def of(cls, model: Any, processes: int, replicas: int) -> Layout:
+        shapes = [[-1 if d is None else int(d) for d in v.shape]
+                  for v in getattr(model, "weights", None) or []]
+        return cls(processes, replicas, shapes)
 
 
 def _local_dir(backup: Any) -> Optional[str]:
@@ -93,9 +119,62 @@ def _read(path: str) -> Optional[Tuple[Tuple[int, ...], List[Any]]]:
         return position, [data[f"metric_{i}"] for i in range(int(data["metric_count"]))]
 
 
+def read_layout(backup: Any) -> Optional[Layout]:
+    """The job that wrote `backup`'s last backup, where the chief recorded it beside
+    Keras's files (None: no such backup, or one written without kerasmgpu)."""
+    directory = _local_dir(backup)
+    path = os.path.join(directory, POSITION_FILE) if directory is not None else ""
+    if not path or not os.path.exists(path):
+        return None
+    with np.load(path) as data:
+        if "layout" not in data.files:
+            return None
+        fields = json.loads(str(data["layout"]))
+    return Layout(int(fields["processes"]), int(fields["replicas"]),
+                  [list(s) for s in fields["weights"]])
+
+
+def check_layout(backup: Any, job: Layout) -> None:
+    """A backup resumed by another model, or by a job with another number of processes,
+    fails here, before Keras restores anything into the model."""
+    written = read_layout(backup)
+    if written is None:  # no backup, or one kerasmgpu did not write: Keras's resume
+        return
+    directory = _local_dir(backup)
+    if written.weights and job.weights and written.weights != job.weights:
+        raise bad_value(
+            "BackupAndRestore(backup_dir)", directory,
+            f"a backup of this model (weight shapes {_shapes(job.weights)})",
+            f"it holds another model's weights (shapes {_shapes(written.weights)}): "
+            "resume with the model that wrote it, or pass a new backup_dir to start "
+            "this model from its first epoch")
+    # The global batch, hence the mathematics, would be the same, but what a process
+    # keeps of its own (torch: its share of the metrics; tf.keras multi-worker: its
+    # part of the backup) would be lost or doubled; several processes on another
+    # number of devices each is not tested. One process on other devices is exact.
+    if written.processes != job.processes or (
+            job.processes > 1 and written.replicas != job.replicas):
+        raise bad_value(
+            "BackupAndRestore(backup_dir)", directory,
+            f"a backup written by a job of {job.processes} process(es) and "
+            f"{job.replicas} replica(s), as this one (in one process, any number of "
+            "devices)",
+            f"it was written by {written.processes} process(es) and {written.replicas} "
+            f"replica(s): resume it with {written.processes} process(es) (kerasmgpu launch "
+            f"--nproc {written.processes}, on as many devices each), or pass a new "
+            "backup_dir to start again from the first epoch")
+
+
+def _shapes(weights: List[List[int]]) -> str:
+    text = ", ".join("x".join(str(d) for d in shape) or "scalar" for shape in weights)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def _write_position(path: str, epoch: int, steps: int, batch: int,
-                    metrics: List[Any]) -> None:
-    arrays = {f"metric_{i}": np.asarray(m) for i, m in enumerate(metrics)}
+                    metrics: List[Any], layout: Optional[Layout] = None) -> None:
+    arrays: Dict[str, Any] = {f"metric_{i}": np.asarray(m) for i, m in enumerate(metrics)}
+    if layout is not None:
+        arrays["layout"] = np.array(layout.to_text())
     os.makedirs(os.path.dirname(path), exist_ok=True)  # the chief may not have made it yet
     temporary = path + ".tmp.npz"
     np.savez(temporary, position=np.array([epoch, steps, batch]),
@@ -104,11 +183,13 @@ def _write_position(path: str, epoch: int, steps: int, batch: int,
 
 
 def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
-         alone: bool = True, own_metrics: bool = False) -> Optional[Plan]:
+         alone: bool = True, own_metrics: bool = False,
+         layout: Optional[Layout] = None) -> Optional[Plan]:
     """How a fit with these callbacks keeps its position: None without a (local)
     BackupAndRestore kerasmgpu can follow. `rank`: this process's; the chief (0) writes
     the backups, every process reads them. `alone`: the only process of its job.
-    `own_metrics`: each process's metrics hold its share (summed when read)."""
+    `own_metrics`: each process's metrics hold its share (summed when read). `layout`:
+    this job's, recorded with each backup and checked against a restored one."""
     found = [getattr(c, "restores", c) for c in user_callbacks]
     backups = [b for b in found
                if type(b).__name__ == "BackupAndRestore" and _local_dir(b) is not None]
@@ -121,7 +202,10 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
         # makes it without exist_ok, and a process writing its share of the metrics into
         # it (torch) could make it in between (FileExistsError on the chief, measured).
         os.makedirs(directory, exist_ok=True)
+    if layout is not None:
+        check_layout(backups[0], layout)
     tracker = Plan(adapter, backups[0], rank)
+    tracker.layout = layout
     # A worker that only restores (kerasmgpu's RestoreOnly) and holds its own share of
     # the metrics still counts the steps as the chief's backup does, to keep its share
     # where the chief backs up (elsewhere the metrics are the chief's).
@@ -174,6 +258,7 @@ class Plan:
         self.saves_at_signal = False
         self.preempted = False  # SIGTERM came: back up at the end of this step, then exit
         self.ended_batch = 0  # the last batch of the epoch that ended last
+        self.layout: Optional[Layout] = None  # the job's, written by the chief
 
     def skip_steps(self, steps_per_epoch: Optional[int]) -> int:
         """Batches the feed must skip: where Keras continues the restored epoch at its
@@ -196,7 +281,8 @@ class Plan:
         """After the backup wrote: where training stands, and the epoch's metrics."""
         values = self.adapter.read_values(_metric_variables(self.model))
         _write_position(os.path.join(self.directory, _metrics_file(self.rank)),
-                        self.epoch, self.steps, self.batch, values)
+                        self.epoch, self.steps, self.batch, values,
+                        self.layout if self.rank == 0 else None)
 
     def state(self) -> List[Any]:
         model = self.model

@@ -22,7 +22,8 @@ with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR
 at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 (a BatchNormalization layer after the hidden Dense), --sync-batchnorm
 (parallelize(sync_batchnorm=True)).
-Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks.
+Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
+(and to pid<R>.run<N> under a restarting launcher, N its restart count).
 """
 
 import argparse
@@ -75,6 +76,11 @@ args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
+# Under a restarting launcher each run's pids too, so no run's process goes unchecked.
+restart = os.environ.get("KERASMGPU_RESTART_COUNT", os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+if restart is not None:
+    with open(os.path.join(args.out, f"pid{rank}.run{restart}"), "w") as f:
+        f.write(str(os.getpid()))
 
 line = str(kerasmgpu.environment().keras_line)
 if line == "tf_keras":
