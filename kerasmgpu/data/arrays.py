@@ -200,8 +200,12 @@ class Arrays(Input):
         pads, example = plan.padding()
         # A traced step sees one structure for every element of a pipeline: the user's
         # data alone (`bundle.plain`: the engine's plain step) when no batch of the epoch
-        # needs padding.
-        plain_all = not predict and not pads
+        # needs padding. One process only: with several, the packing is what gives each
+        # process its own slice of the global batch (auto-sharding is off), and a plain
+        # element made every tf.keras worker train on the whole global batch - the same
+        # weights, each process doing all the work (tests/test_distributed.py,
+        # test_every_sample_once_per_epoch, measured on tf_keras 2.21).
+        plain_all = not predict and not pads and planner.process_count == 1
         indices = tf.data.Dataset.range(plan.rows)
         if plan.shuffle:
             indices = indices.shuffle(plan.rows, seed=self.request.seed,
