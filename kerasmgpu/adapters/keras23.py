@@ -106,7 +106,7 @@ class Keras23(Adapter):
     def accumulation_problem(self) -> Optional[str]:
         return None  # 2.3.1: `accumulate_train_calls` below
 
-    def accumulate_train_calls(self, model: Any, steps: int) -> "GroupPlan":
+    def accumulate_train_calls(self, model: Any, steps: int) -> GroupPlan:
         """`model`'s train function made to accumulate `steps` micro-batches per
         optimizer step; returns the plan the host sets before each batch.
 
@@ -134,7 +134,7 @@ class Keras23(Adapter):
         return plan
 
     def _two_train_functions(self, model: Any, own: Callable[[], None],
-                             plan: "GroupPlan") -> List[Any]:
+                             plan: GroupPlan) -> List[Any]:
         """Keras's train function built twice: accumulating, then applying."""
         backend, optimizer = self.keras.backend, model.optimizer
         own_get_gradients = optimizer.get_gradients
@@ -199,8 +199,9 @@ class GroupPlan:
         backend = self.backend
         for p in params:
             if id(p) not in self._totals:
-                self._totals[id(p)] = backend.zeros(backend.int_shape(p), dtype=p.dtype.base_dtype.name,
-                                                    name="kerasmgpu_gradient_sum")
+                self._totals[id(p)] = backend.zeros(
+                    backend.int_shape(p), dtype=p.dtype.base_dtype.name,
+                    name="kerasmgpu_gradient_sum")
         return [self._totals[id(p)] for p in params]
 
     def at(self, batch: int, sizes: Sequence[int]) -> None:
