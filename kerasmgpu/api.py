@@ -149,8 +149,10 @@ _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORE
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow and PyTorch the masked
 # moments are all-reduced over the replicas / processes (`adapters.keras3`,
-# `adapters.tfkeras2`; not legacy Keras 2.3's multi_gpu_model).
-_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP)
+# `adapters.tfkeras2`); on Keras 2.3 multi_gpu_model's replicas are built layer by layer
+# so one BatchNormalization node sees them all (`adapters.keras23_batchnorm`).
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP,
+                          Route.MULTI_GPU_MODEL)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,

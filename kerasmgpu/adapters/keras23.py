@@ -101,6 +101,17 @@ class Keras23(Adapter):
     def write_values(self, variables: List[Any], values: List[Any]) -> None:
         self.keras.backend.batch_set_value(list(zip(variables, values)))
 
+    # --- sync_batchnorm: the replicas built layer by layer (`keras23_batchnorm`) -----------
+
+    def synchronized_multi_gpu_model(self, model: Any, gpus: Sequence[int],
+                                     cpu_merge: bool) -> Any:
+        """multi_gpu_model(model, gpus) whose BatchNormalization layers normalize over
+        the whole global batch and update their moving statistics once with it."""
+        from kerasmgpu.adapters import keras23_batchnorm
+
+        return keras23_batchnorm.synchronized_multi_gpu_model(self.keras, model, gpus,
+                                                              cpu_merge)
+
     # --- accumulate_steps: two train functions, chosen per batch by the host ---------------
 
     def accumulation_problem(self) -> Optional[str]:

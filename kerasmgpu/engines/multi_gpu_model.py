@@ -82,10 +82,15 @@ class MultiGpuModelEngine(Engine):
             with tf.device("/cpu:0"):
                 inner = self.adapter.keras.models.clone_model(model)
             inner.set_weights(model.get_weights())
-        with self._gpu_names_for_virtual_devices():
-            parallel = keras_multi_gpu_model(
-                inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
-            )
+        if parallel_model.requested_sync_batchnorm():
+            # BatchNormalization over the global batch: the replicas built layer by
+            # layer (Keras's own builds them one after the other).
+            parallel = self.adapter.synchronized_multi_gpu_model(inner, ids, self.cpu_merge)
+        else:
+            with self._gpu_names_for_virtual_devices():
+                parallel = keras_multi_gpu_model(
+                    inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
+                )
         if self.adapter.is_compiled(model):
             parallel.compile(**self.adapter.compile_args(model))
         parallel_model.hold(parallel, model, self, self.adapter)

@@ -104,6 +104,11 @@ def requested_accumulate_steps() -> int:
     return int(getattr(_options, "accumulate_steps", 1))
 
 
+def requested_sync_batchnorm() -> bool:
+    """sync_batchnorm of the `parallelize()` call under way (False outside one)."""
+    return bool(getattr(_options, "sync_batchnorm", False))
+
+
 def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
     """A resumed fit's feed without the batches its restored epoch already trained."""
     skip = position.skip_steps(feed.steps)
