@@ -318,17 +318,3 @@ def test_steps_per_epoch_counts_micro_batches() -> None:
     parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=2 * STEPS, shuffle=False, verbose=0)
     for a, b in zip(one.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-
-
-
-@pytest.mark.core
-@requires(legacy=True)
-@pytest.mark.parametrize("option", [{"sync_batchnorm": True}])
-def test_keras23_refuses_what_it_cannot_do_exactly(option: Any) -> None:
-    legacy = keras_module()
-    model = mlp(legacy)
-    before = model.get_weights()
-    with pytest.raises(ValueError, match=r"multi_gpu_model.*Fix:"):
-        kerasmgpu.parallelize(model, **option)
-    for a, b in zip(before, model.get_weights()):
-        np.testing.assert_array_equal(a, b)

@@ -49,9 +49,9 @@ def _nodes(keras: Any, model: Any) -> List[Any]:
     by_depth = getattr(model, "_nodes_by_depth", None)
     if not getattr(model, "_is_graph_network", False) or not by_depth:
         raise bad_value(
-            "sync_batchnorm", f"True with a subclassed {type(model).__name__} on Keras 2.3",
-            "sync_batchnorm=True with a functional or Sequential model on Keras 2.3 "
-            "(its layers are rebuilt one by one for all replicas)",
+            "sync_batchnorm", True, f"False for the subclassed {type(model).__name__} on "
+            "Keras 2.3 (sync_batchnorm=True: a functional or Sequential model, whose layers "
+            "are rebuilt one by one for all replicas)",
             "build the model with keras.Model(inputs, outputs) or Sequential, or leave "
             "sync_batchnorm out")
     nodes = [node for depth in sorted(by_depth, reverse=True) for node in by_depth[depth]]
@@ -59,9 +59,9 @@ def _nodes(keras: Any, model: Any) -> List[Any]:
         layer = node.outbound_layer
         if hasattr(layer, "layers") and _holds_batchnorm(keras, layer):
             raise bad_value(
-                "sync_batchnorm", f"True with a BatchNormalization inside the nested model "
-                f"{layer.name!r} on Keras 2.3", "sync_batchnorm=True with BatchNormalization "
-                "layers of the model itself on Keras 2.3",
+                "sync_batchnorm", True, f"False with a BatchNormalization inside the nested "
+                f"model {layer.name!r} on Keras 2.3 (sync_batchnorm=True: BatchNormalization "
+                "layers of the model itself)",
                 "build the model flat (call the nested model's layers directly), or leave "
                 "sync_batchnorm out")
     return nodes
@@ -135,7 +135,7 @@ def synchronized_layer(keras: Any) -> Any:
     K = keras.backend
     import tensorflow as tf
 
-    class SynchronizedBatchNormalization(keras.layers.Layer):  # type: ignore[misc, valid-type]
+    class SynchronizedBatchNormalization(keras.layers.Layer):
         """All replicas' inputs of one BatchNormalization node in, each normalized with
         the moments of all their rows out; its weights are the layer's own."""
 
@@ -165,7 +165,7 @@ def synchronized_layer(keras: Any) -> Any:
             for where, x in zip(placed, inputs):
                 with tf.device(where):
                     inference.append(norm.call(x, training=False))
-            if training in {0, False}:
+            if isinstance(training, (bool, int)) and not training:  # static inference
                 return inference
             ndim = len(K.int_shape(inputs[0]))
             axis = norm.axis % ndim
