@@ -120,8 +120,8 @@ def parallelize(
     `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
     equal to one step over their rows together on one device (README, Semantics).
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
-    padding rows left out, as one device does (every line but legacy Keras 2.3, where
-    it raises).
+    padding rows left out, as one device does (every line; on Keras 2.3 a functional or
+    Sequential model).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
 

@@ -2,8 +2,9 @@
 
 Against plain Keras on one device with batch k*B on the same rows in the same order:
 47 rows, B=5 on 3 replicas (every batch padded), k=4 - two whole optimizer steps, then a
-short one of 7 rows (a batch of 5 and a padded batch of 2, completed by masked fillers).
-Keras 3's own `gradient_accumulation_steps` under parallelize() against itself on one
+short one of 7 rows (a batch of 5 and a padded batch of 2, completed by masked fillers;
+on Keras 2.3's multi_gpu_model, which does not pad, a batch of 5 and a short one of 2,
+against plain Keras 2.3.1). Keras 3's own `gradient_accumulation_steps` under parallelize() against itself on one
 device. Bad values and the routes that cannot accumulate yet are errors before any
 weight is touched.
 """
