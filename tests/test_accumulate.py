@@ -156,9 +156,11 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
 
 @pytest.mark.core
 @requires(legacy=True)
-def test_keras23_accumulation_with_shuffle_and_validation_equals_one_device() -> None:
+@pytest.mark.parametrize("gpus", [None, [1]], ids=["3 replicas", "gpus=[1]"])
+def test_keras23_accumulation_with_shuffle_and_validation_equals_one_device(gpus: Any) -> None:
     """Keras 2.3's fit shuffles its batches and holds out validation_split rows: the
-    groups follow its own batch plan (38 training rows: 2 groups of 20, 18)."""
+    groups follow its own batch plan (38 training rows: 2 groups of 20, 18). Also on
+    one named device (a copy placed there, its fit wrapped twice)."""
     x, y = classification_data(ROWS)
 
     def model() -> Any:
@@ -171,7 +173,7 @@ def test_keras23_accumulation_with_shuffle_and_validation_equals_one_device() ->
     one = model()
     h_one = fit(one, BATCH * STEPS)
     template = model()
-    h_par = fit(kerasmgpu.parallelize(template, accumulate_steps=STEPS), BATCH)
+    h_par = fit(kerasmgpu.parallelize(template, gpus=gpus, accumulate_steps=STEPS), BATCH)
     for a, b in zip(one.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     assert_history_close(h_one, h_par)

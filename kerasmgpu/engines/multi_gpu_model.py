@@ -192,7 +192,9 @@ def _accumulate(model: Any, adapter: Keras23) -> None:
         if adapter.is_compiled(model):
             accumulation.check_loss_reduction(model.loss, steps)
         given["callbacks"] = [schedule] + list(given.get("callbacks") or [])
-        return fit(*bound.args[1:], **bound.kwargs)
+        # All by keyword: the wrappers below (`_synced`) add to `callbacks` by name.
+        named = {k: v for k, v in given.items() if k not in ("self", "kwargs")}
+        return fit(**named, **extra)
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise bad_value(
