@@ -120,8 +120,8 @@ def parallelize(
     `accumulate_steps=k`: k consecutive batches of `fit()` make one optimizer step,
     equal to one step over their rows together on one device (README, Semantics).
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
-    padding rows left out, as one device does (every line but legacy Keras 2.3, where
-    it raises).
+    padding rows left out, as one device does (every line; on Keras 2.3 a functional or
+    Sequential model).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
 
@@ -142,13 +142,17 @@ def parallelize(
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
 # optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
 # kerasmgpu weighs the batches. On the mirrored route (Keras 3, tf.keras, tf_keras)
-# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`).
-_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED)
+# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`); on Keras 2.3's
+# multi_gpu_model it builds the train function twice (`adapters.keras23`).
+_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED,
+                        Route.MULTI_GPU_MODEL)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow and PyTorch the masked
 # moments are all-reduced over the replicas / processes (`adapters.keras3`,
-# `adapters.tfkeras2`; not legacy Keras 2.3's multi_gpu_model).
-_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP)
+# `adapters.tfkeras2`); on Keras 2.3 multi_gpu_model's replicas are built layer by layer
+# so one BatchNormalization node sees them all (`adapters.keras23_batchnorm`).
+_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP,
+                          Route.MULTI_GPU_MODEL)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,

@@ -7,8 +7,10 @@ and tf_keras multi-worker, JAX) three processes of `kerasmgpu launch` train
 Dense -> BatchNormalization -> Dense model, 47 rows at batch 10 on 3 replicas (every
 batch padded to 12, the last one of 7 rows to 9), against plain Keras on one device
 from the same weights: weights, moving mean and variance, History, evaluate. Without
-the option the padding rows enter the statistics (the check can fail). Legacy Keras 2.3
-refuses the option (test_accumulate).
+the option the padding rows enter the statistics (the check can fail). Keras 2.3
+(multi_gpu_model) slices each batch unpadded, the last replica taking the remainder
+(batches of 10 as 3+3+4, the last of 7 as 2+2+3): against plain Keras 2.3.1 on one
+device, without the option each replica's slice has its own moments (the check can fail).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from helpers import (
     IN_PROCESS,
     LINE,
     ON_JAX,
+    ON_LEGACY,
     ON_TF,
     ON_TORCH,
     assert_history_close,
+    deterministic_weights,
     keras_module,
     requires,
     seed_all,
@@ -38,10 +42,10 @@ from kerasmgpu.env.versions import KerasLine, detect_keras_line
 from kerasmgpu.registry import below_multi_process_floor
 
 TF_KERAS_2 = LINE in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)
-needs_sync = pytest.mark.skipif(not IN_PROCESS, reason="synchronized BatchNorm in one "
-                                "process: TensorFlow or JAX")
+needs_sync = pytest.mark.skipif(not (IN_PROCESS or ON_LEGACY), reason="synchronized "
+                                "BatchNorm in one process: TensorFlow, JAX or Keras 2.3")
 
-if IN_PROCESS:
+if IN_PROCESS or ON_LEGACY:
     keras = keras_module()
 
 ROWS, BATCH = 47, 10
@@ -53,8 +57,20 @@ def _model(**norm: Any) -> Any:
     hidden = keras.layers.BatchNormalization(**norm)(keras.layers.Dense(8)(inputs))
     outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
     model = keras.Model(inputs, outputs)
+    if ON_LEGACY:  # no global seed: the same weights by hand (gamma 1, not 0)
+        deterministic_weights(model, 3)
+        norm_layer = [layer for layer in model.layers
+                      if isinstance(layer, keras.layers.BatchNormalization)][0]
+        norm_layer.set_weights([np.ones(w.shape) if i in (0, 3) else w
+                                for i, w in enumerate(norm_layer.get_weights())])
     model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse", metrics=["mae"])
     return model
+
+
+def _value(variable: Any) -> np.ndarray:
+    if ON_LEGACY:  # graph mode: a variable of Keras's session
+        return np.asarray(keras.backend.get_value(variable))
+    return np.asarray(variable)
 
 
 def _data() -> Any:
@@ -80,15 +96,16 @@ def _synchronized(layer_own: bool) -> None:
     reference = [layer for layer in one.layers
                  if isinstance(layer, keras.layers.BatchNormalization)][0]
     for name in ("moving_mean", "moving_variance"):
-        np.testing.assert_allclose(np.asarray(getattr(norm, name)),
-                                   np.asarray(getattr(reference, name)),
+        np.testing.assert_allclose(_value(getattr(norm, name)),
+                                   _value(getattr(reference, name)),
                                    atol=1e-4, rtol=1e-4, err_msg=name)
     assert _max_difference(one, template) < 1e-4
     assert_history_close(h_one, h_par, rtol=1e-4)
     np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
                                parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
                                rtol=1e-4, atol=1e-5)
-    # Without the option the padding rows count in the moments: the check above can fail.
+    # Without the option the padding rows count in the moments (Keras 2.3: each replica's
+    # slice has its own): the check above can fail.
     other = _model()
     kerasmgpu.parallelize(other).fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
                                      verbose=0)
@@ -110,7 +127,7 @@ def test_a_layers_own_synchronized_is_honoured_with_padding_left_out() -> None:
 
 
 @pytest.mark.core
-@requires(in_process=True)
+@needs_sync
 def test_sync_batchnorm_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"sync_batchnorm=.*Allowed: True or False"):
         kerasmgpu.parallelize(_model(), sync_batchnorm="yes")
@@ -135,8 +152,60 @@ def test_sync_batchnorm_refuses_ghost_batches_before_training() -> None:
         np.testing.assert_array_equal(a, b)
 
 
-# Legacy Keras 2.3 (multi_gpu_model) refuses the option before anything is touched:
-# test_accumulate.test_keras23_refuses_what_it_cannot_do_exactly.
+@pytest.mark.core
+@requires(legacy=True)
+def test_keras23_sync_batchnorm_with_a_sequential_model_equals_one_device() -> None:
+    """Keras 2.3: a Sequential template, a convnet's 4-D BatchNormalization (moments
+    over rows and pixels), validation data; 3 replicas against plain Keras 2.3.1.
+    Every batch has a row per replica: a Conv2D on an empty slice fails on Keras 2.3's
+    multi_gpu_model with or without the option (TensorFlow 2.15 on the CPU)."""
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(29, 5, 5, 2)) * 2 + 1).astype("float32")
+    y = rng.normal(size=(29, 1)).astype("float32")
+
+    def model() -> Any:
+        m = keras.Sequential([
+            # No bias before the BatchNormalization: its gradient is zero but for
+            # rounding, which Adam would turn into whole steps.
+            keras.layers.Conv2D(4, 3, use_bias=False, input_shape=(5, 5, 2)),
+            keras.layers.BatchNormalization(momentum=0.5),
+            keras.layers.Activation("relu"), keras.layers.Flatten(), keras.layers.Dense(1)])
+        deterministic_weights(m, 5)
+        norm_layer = m.layers[1]
+        norm_layer.set_weights([np.ones(w.shape) if i in (0, 3) else w
+                                for i, w in enumerate(norm_layer.get_weights())])
+        m.compile(keras.optimizers.Adam(0.01), "mse")
+        return m
+
+    one = model()
+    h_one = one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                    validation_data=(x[:11], y[:11]))
+    template = model()
+    h_par = kerasmgpu.parallelize(template, sync_batchnorm=True).fit(
+        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+        validation_data=(x[:11], y[:11]))
+    assert _max_difference(one, template) < 1e-4
+    assert_history_close(h_one, h_par, rtol=1e-4)
+    other = model()  # Keras's own multi_gpu_model: each slice's moments
+    kerasmgpu.parallelize(other).fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert _max_difference(one, other) > 1e-2
+
+
+@pytest.mark.core
+@requires(legacy=True)
+def test_keras23_sync_batchnorm_refuses_a_nested_batchnorm_before_anything() -> None:
+    # Its replicas are rebuilt layer by layer: a nested model's BatchNormalization would
+    # still see one slice, so it is refused rather than half synchronized.
+    inner = keras.Sequential([keras.layers.Dense(8, input_shape=(6,)),
+                              keras.layers.BatchNormalization()])
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inner(inputs)))
+    model.compile("sgd", "mse")
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"sync_batchnorm=True.*nested model.*Fix:"):
+        kerasmgpu.parallelize(model, sync_batchnorm=True)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 WORKER = str(Path(__file__).parent / "workers" / "train.py")

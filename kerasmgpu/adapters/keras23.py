@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import Adapter, StateReader
@@ -100,3 +100,131 @@ class Keras23(Adapter):
 
     def write_values(self, variables: List[Any], values: List[Any]) -> None:
         self.keras.backend.batch_set_value(list(zip(variables, values)))
+
+    # --- sync_batchnorm: the replicas built layer by layer (`keras23_batchnorm`) -----------
+
+    def synchronized_multi_gpu_model(self, model: Any, gpus: Sequence[int],
+                                     cpu_merge: bool) -> Any:
+        """multi_gpu_model(model, gpus) whose BatchNormalization layers normalize over
+        the whole global batch and update their moving statistics once with it."""
+        from kerasmgpu.adapters import keras23_batchnorm
+
+        return keras23_batchnorm.synchronized_multi_gpu_model(self.keras, model, gpus,
+                                                              cpu_merge)
+
+    # --- accumulate_steps: two train functions, chosen per batch by the host ---------------
+
+    def accumulation_problem(self) -> Optional[str]:
+        return None  # 2.3.1: `accumulate_train_calls` below
+
+    def accumulate_train_calls(self, model: Any, steps: int) -> GroupPlan:
+        """`model`'s train function made to accumulate `steps` micro-batches per
+        optimizer step; returns the plan the host sets before each batch.
+
+        Keras 2.3's own `_make_train_function` (wrapped on the instance, so a later
+        `compile` keeps it) builds two functions over the same forward graph: one adds
+        the micro-batch's gradient, weighted by its share of the group's rows, to sums
+        kept in variables (`optimizer.get_updates` stood in for while it builds: no
+        update, no step counted); the other hands the optimizer, through its own
+        `get_updates`, the group's gradient (`get_gradients` of a loss whose gradient
+        is the sums plus this micro-batch's share), so clipping sees the whole group's
+        gradient and `iterations` counts optimizer steps, as on one device.
+        """
+        own = getattr(model, "_make_train_function", None)
+        if own is None or not hasattr(model, "train_function"):
+            raise self.fail("`Model._make_train_function` is missing",
+                            "the train function accumulate_steps builds twice")
+        plan = GroupPlan(self.keras.backend, steps)
+
+        def make_train_function() -> None:
+            if model.train_function is None and getattr(model, "optimizer", None) is not None:
+                model.train_function = plan.switching(*self._two_train_functions(model, own, plan))
+            own()
+
+        model.__dict__["_make_train_function"] = make_train_function
+        return plan
+
+    def _two_train_functions(self, model: Any, own: Callable[[], None],
+                             plan: GroupPlan) -> List[Any]:
+        """Keras's train function built twice: accumulating, then applying."""
+        backend, optimizer = self.keras.backend, model.optimizer
+        own_get_gradients = optimizer.get_gradients
+        asked: List[bool] = []
+
+        def accumulating(loss: Any, params: Sequence[Any]) -> List[Any]:
+            grads = backend.gradients(loss, list(params))
+            return [backend.update(total, plan.keep * total + plan.scale * g)
+                    for total, g in zip(plan.sums(params), grads) if g is not None]
+
+        def group_gradients(loss: Any, params: Sequence[Any]) -> List[Any]:
+            asked.append(True)
+            # d/dp of (scale * loss + sum(keep * sums * p)) = scale * dloss/dp + keep * sums
+            carried = [backend.sum(backend.stop_gradient(plan.keep * total) * p)
+                       for total, p in zip(plan.sums(params), params)]
+            return list(own_get_gradients(plan.scale * loss + sum(carried), params))
+
+        functions = []
+        for name, replacement in (("get_updates", accumulating),
+                                  ("get_gradients", group_gradients)):
+            optimizer.__dict__[name] = replacement
+            try:
+                own()
+            finally:
+                del optimizer.__dict__[name]
+            functions.append(model.train_function)
+            model.train_function = None
+        if not asked:
+            raise self.fail(f"{type(optimizer).__name__}.get_updates does not call "
+                            "get_gradients", "where accumulate_steps hands the optimizer "
+                            "the group's gradient; use a Keras optimizer")
+        return functions
+
+
+class GroupPlan:
+    """Where a micro-batch stands in its optimizer step: its share of the group's real
+    rows (`scale`), whether the sums carry over (`keep`: not on a group's first), and
+    whether the optimizer applies after it (a group's last, or the epoch's last batch,
+    so an incomplete group is applied over the rows it has)."""
+
+    def __init__(self, backend: Any, steps: int) -> None:
+        self.backend, self.steps = backend, steps
+        self.apply = True
+        self._totals: Dict[int, Any] = {}
+        self._scale: Any = None
+        self._keep: Any = None
+
+    @property
+    def scale(self) -> Any:
+        if self._scale is None:
+            self._scale = self.backend.variable(1.0, name="kerasmgpu_group_share")
+        return self._scale
+
+    @property
+    def keep(self) -> Any:
+        if self._keep is None:
+            self._keep = self.backend.variable(0.0, name="kerasmgpu_group_keep")
+        return self._keep
+
+    def sums(self, params: Sequence[Any]) -> List[Any]:
+        """The gradient sums of `params`, one zero variable each, made once."""
+        backend = self.backend
+        for p in params:
+            if id(p) not in self._totals:
+                self._totals[id(p)] = backend.zeros(
+                    backend.int_shape(p), dtype=p.dtype.base_dtype.name,
+                    name="kerasmgpu_gradient_sum")
+        return [self._totals[id(p)] for p in params]
+
+    def at(self, batch: int, sizes: Sequence[int]) -> None:
+        """Before batch `batch` of an epoch whose batches have `sizes` rows."""
+        first = batch - batch % self.steps
+        group = list(sizes[first:first + self.steps])
+        self.backend.batch_set_value([(self.scale, sizes[batch] / sum(group)),
+                                      (self.keep, 0.0 if batch == first else 1.0)])
+        self.apply = batch == first + len(group) - 1
+
+    def switching(self, accumulate: Any, apply: Any) -> Callable[[Any], Any]:
+        def train_function(inputs: Any) -> Any:
+            return (apply if self.apply else accumulate)(inputs)
+
+        return train_function

@@ -21,11 +21,15 @@ the CPU, so the slicing and merging still run for real.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
-from kerasmgpu._errors import not_compiled
-from kerasmgpu.adapters.keras23 import Keras23
+import numpy as np
+
+from kerasmgpu import accumulation
+from kerasmgpu._errors import bad_value, not_compiled
+from kerasmgpu.adapters.keras23 import GroupPlan, Keras23
 from kerasmgpu.engines.base import Engine
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -78,10 +82,15 @@ class MultiGpuModelEngine(Engine):
             with tf.device("/cpu:0"):
                 inner = self.adapter.keras.models.clone_model(model)
             inner.set_weights(model.get_weights())
-        with self._gpu_names_for_virtual_devices():
-            parallel = keras_multi_gpu_model(
-                inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
-            )
+        if parallel_model.requested_sync_batchnorm():
+            # BatchNormalization over the global batch: the replicas built layer by
+            # layer (Keras's own builds them one after the other).
+            parallel = self.adapter.synchronized_multi_gpu_model(inner, ids, self.cpu_merge)
+        else:
+            with self._gpu_names_for_virtual_devices():
+                parallel = keras_multi_gpu_model(
+                    inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
+                )
         if self.adapter.is_compiled(model):
             parallel.compile(**self.adapter.compile_args(model))
         parallel_model.hold(parallel, model, self, self.adapter)
@@ -89,6 +98,7 @@ class MultiGpuModelEngine(Engine):
             _keep_equal(parallel, sync.link(model, inner, self.adapter, self,
                                             with_optimizer=False))
         _compile_first(parallel, self.adapter)
+        _accumulate(parallel, self.adapter)
         return parallel
 
     def _on_one_device(self, model: Any) -> Any:
@@ -109,6 +119,7 @@ class MultiGpuModelEngine(Engine):
         _keep_equal(replica, sync.link(model, replica, self.adapter, self,
                                        with_optimizer=False), device)
         _compile_first(replica, self.adapter)
+        _accumulate(replica, self.adapter)
         return replica
 
     def describe(self) -> Dict[str, str]:
@@ -155,6 +166,80 @@ def _compile_first(model: Any, adapter: Keras23) -> None:
 _TRAINING_CALLS = ("fit", "fit_generator", "train_on_batch")
 _EVALUATION_CALLS = ("evaluate", "evaluate_generator", "test_on_batch")
 _OTHER_CALLS = _EVALUATION_CALLS + ("predict", "predict_generator", "predict_on_batch")
+
+
+def _accumulate(model: Any, adapter: Keras23) -> None:
+    """parallelize(accumulate_steps=k): k batches of `fit()` make one optimizer step over
+    their rows (README, Semantics). Keras 2.3 slices each batch itself, unpadded, so
+    every micro-batch's loss is its real rows' mean; it is weighted by its share of its
+    group's rows, which a callback (first of fit's) tells the train function from
+    fit's own batch plan (`samples`, `batch_size`, the batch's index and size)."""
+    held = parallel_model.state_of(model)
+    steps = parallel_model.requested_accumulate_steps()
+    if held is None or steps == 1:
+        return
+    held.accumulate_steps = steps
+    plan = adapter.accumulate_train_calls(model, steps)
+    schedule = _group_schedule(adapter, plan)
+    fit = model.fit
+
+    def accumulating_fit(*args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(type(model).fit).bind(model, *args, **kwargs)
+        given = bound.arguments
+        extra = given.get("kwargs", {})
+        _check_accumulable(given.get("x"), extra.get("steps_per_epoch",
+                                                     given.get("steps_per_epoch")), steps)
+        if adapter.is_compiled(model):
+            accumulation.check_loss_reduction(model.loss, steps)
+        given["callbacks"] = [schedule] + list(given.get("callbacks") or [])
+        # All by keyword: the wrappers below (`_synced`) add to `callbacks` by name.
+        named = {k: v for k, v in given.items() if k not in ("self", "kwargs")}
+        return fit(**named, **extra)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise bad_value(
+            "train_on_batch", f"a call on a model parallelized with accumulate_steps={steps}",
+            "fit() with in-memory arrays when accumulate_steps > 1 (it weighs every batch "
+            "of an optimizer step by its rows and ends each epoch on a whole step)",
+            "train with fit(), or parallelize() with accumulate_steps=1")
+
+    model.__dict__["fit"] = accumulating_fit
+    model.__dict__["train_on_batch"] = refused
+    model.__dict__["fit_generator"] = refused
+
+
+def _check_accumulable(x: Any, steps_per_epoch: Any, steps: int) -> None:
+    """In-memory arrays only (the rows of every optimizer step must be known up
+    front); Keras 2.3's `steps_per_epoch` feeds whole tensors, so it is refused too."""
+    parts = list(x.values()) if isinstance(x, dict) else (
+        list(x) if isinstance(x, (list, tuple)) else [x])
+    if not all(isinstance(part, np.ndarray) for part in parts):
+        raise bad_value(
+            "x", f"a {type(x).__name__} with accumulate_steps={steps}",
+            "in-memory arrays when parallelize(accumulate_steps>1) trains (the rows of every "
+            "optimizer step must be known to weigh its batches exactly)",
+            "pass numpy arrays to fit(), or parallelize() with accumulate_steps=1")
+    if steps_per_epoch is not None:
+        raise bad_value(
+            "steps_per_epoch", steps_per_epoch, f"None with accumulate_steps={steps} on "
+            "Keras 2.3 (fit's steps_per_epoch reads whole tensors, not batches of arrays)",
+            "leave steps_per_epoch out (fit then goes over the arrays in batches)")
+
+
+def _group_schedule(adapter: Keras23, plan: GroupPlan) -> Any:
+    base = adapter.keras.callbacks.Callback
+
+    class GroupSchedule(base):  # type: ignore[misc, valid-type]
+        sizes: List[int] = []
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            rows, batch = int(self.params["samples"]), int(self.params["batch_size"])
+            self.sizes = [batch] * (rows // batch) + ([rows % batch] if rows % batch else [])
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            plan.at(batch, self.sizes)
+
+    return GroupSchedule()
 
 
 def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None) -> None:

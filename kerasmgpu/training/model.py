@@ -99,6 +99,16 @@ def options(accumulate_steps: int = 1, sync_batchnorm: bool = False) -> Iterator
     finally:
         _options.accumulate_steps, _options.sync_batchnorm = previous
 
+def requested_accumulate_steps() -> int:
+    """accumulate_steps of the `parallelize()` call under way (1 outside one)."""
+    return int(getattr(_options, "accumulate_steps", 1))
+
+
+def requested_sync_batchnorm() -> bool:
+    """sync_batchnorm of the `parallelize()` call under way (False outside one)."""
+    return bool(getattr(_options, "sync_batchnorm", False))
+
+
 def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
     """A resumed fit's feed without the batches its restored epoch already trained."""
     skip = position.skip_steps(feed.steps)
