@@ -7,7 +7,9 @@ Run it once per route, in that route's environment (the active Keras decides):
 Keras 3 on JAX (baseline: the model built and fit under `keras.distribution.DataParallel`
 by hand), on TensorFlow, tf_keras and tf.keras 2 (baseline: built and fit in
 `tf.distribute.MirroredStrategy(devices).scope()` by hand). Keras 3 on PyTorch trains
-in several processes (`kerasmgpu launch`) and is not timed here: see the README.
+in several processes: `kerasmgpu launch --nproc 2 benchmarks/suite.py ...` (baseline:
+Keras's own fit in each process on its share of every global batch, gradients averaged
+by one hand-written all-reduce per step; see `_torch_by_hand`).
 
 Models: `mlp` (64-256-256-10), `convnet` (two 3x3 convolutions on 16x16x3),
 `lstm` (embedding, LSTM(32) text classifier on 40 tokens) and `transformer` (one
@@ -48,6 +50,8 @@ ROWS = {"mlp": 32768, "convnet": 4096, "lstm": 4096, "transformer": 8192}
 
 def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
     """The same model on the route's own engine, as a user writes it without kerasmgpu."""
+    if kerasmgpu.environment().backend == "torch":
+        return _torch_by_hand(keras, build)
     if kerasmgpu.environment().backend == "jax":
         import jax
 
@@ -68,6 +72,46 @@ def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
         return compile_model(keras, build())
 
 
+def _torch_by_hand(keras: Any, build: Callable[[], Any]) -> Any:
+    """Keras 3 on PyTorch has no multi-device form of its own: Keras's own `fit` in
+    every process (`kerasmgpu launch --nproc N`) on that process's contiguous share of
+    each global batch, the gradients averaged by hand over the processes - one flat
+    `torch.distributed.all_reduce` per step before the optimizer applies them. That is
+    kerasmgpu's torch engine without kerasmgpu (its feed, padding, metric sums and
+    template), so the ratio is kerasmgpu's overhead. Call it after `parallelize()`,
+    which has joined the process group."""
+    import torch
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = compile_model(keras, build())
+    for variable in model.weights:  # built from one seed everywhere; make sure
+        dist.broadcast(variable.value.data, 0)
+    optimizer = model.optimizer
+    own_apply = optimizer.apply
+
+    def apply(grads: Any, trainable_variables: Any = None) -> Any:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= world
+        averaged, start = [], 0
+        for g in grads:
+            averaged.append(flat[start:start + g.numel()].view_as(g))
+            start += g.numel()
+        return own_apply(averaged, trainable_variables)
+
+    optimizer.apply = apply
+
+    class Shares:
+        def fit(self, x: Any, y: Any, batch_size: int, **kwargs: Any) -> Any:
+            share = batch_size // world  # the suite's hand rows divide by the batch
+            rows = [i + rank * share for start in range(0, len(x), batch_size)
+                    for i in range(start, start + share)]
+            return model.fit(x[rows], y[rows], batch_size=share, **kwargs)
+
+    return Shares()
+
+
 def one(keras: Any, name: str, case: str, args: argparse.Namespace) -> Dict[str, Any]:
     rows = ROWS[name] // args.batch_size * args.batch_size
     extra = 1 if case == "padded" else 0
@@ -82,8 +126,10 @@ def one(keras: Any, name: str, case: str, args: argparse.Namespace) -> Dict[str,
     def build() -> Any:
         return MODELS[name](keras)
 
+    # On torch, one device per process of `kerasmgpu launch`: all of them.
+    gpus = None if kerasmgpu.environment().backend == "torch" else args.replicas
+    ours = kerasmgpu.parallelize(compile_model(keras, build()), gpus=gpus)
     hand = by_hand(keras, build, args.replicas)
-    ours = kerasmgpu.parallelize(compile_model(keras, build()), gpus=args.replicas)
     fit = dict(batch_size=args.batch_size, epochs=args.epochs, verbose=0, shuffle=False)
     hand.fit(hx, hy, **fit)  # compile/trace both before timing
     ours.fit(x, y, **fit)
@@ -129,10 +175,18 @@ def main() -> int:
     args = parser.parse_args()
     keras = keras_module()
     env = kerasmgpu.environment()
-    print(f"{env.keras_line.value} ({env.backend}), {args.replicas} virtual devices, global "
-          f"batch {args.batch_size}, {args.epochs} epoch(s) per fit, {args.repeats} "
-          "alternating rounds")
-    print(f"{'model':<12}{'case':<8}{'hand ms':>9}{'ours ms':>9}{'ratio':>8}  spread"
+    if env.backend == "torch":
+        args.replicas = int(os.environ.get("WORLD_SIZE", "1"))
+        if args.replicas < 2:
+            raise SystemExit("Keras 3 on PyTorch: run the suite with `kerasmgpu launch "
+                             "--nproc 2 benchmarks/suite.py ...` (one process per replica)")
+    quiet = os.environ.get("RANK", "0") != "0"  # several processes: rank 0 reports
+    where = "processes" if env.backend == "torch" else "virtual devices"
+    say = (lambda *a, **k: None) if quiet else print
+    say(f"{env.keras_line.value} ({env.backend}), {args.replicas} {where}, global "
+        f"batch {args.batch_size}, {args.epochs} epoch(s) per fit, {args.repeats} "
+        "alternating rounds")
+    say(f"{'model':<12}{'case':<8}{'hand ms':>9}{'ours ms':>9}{'ratio':>8}  spread"
           "       target        | steps  per-step ratio (spread)  fixed ms/fit")
     results: List[Dict[str, Any]] = []
     for name in args.models.split(","):
@@ -140,7 +194,7 @@ def main() -> int:
             r = one(keras, name, case, args)
             results.append(r)
             target = TARGETS[case]
-            print(f"{name:<12}{case:<8}{r['hand'] * 1000:9.0f}{r['ours'] * 1000:9.0f}"
+            say(f"{name:<12}{case:<8}{r['hand'] * 1000:9.0f}{r['ours'] * 1000:9.0f}"
                   f"{r['ratio']:7.3f}x  {r['low']:.2f}-{r['high']:.2f}x  <= {target:.2f}x "
                   f"{'ok   ' if r['ratio'] <= target else 'ABOVE'} | {r['steps']:5d}  "
                   f"{r['step_ratio']:6.3f}x ({r['step_low']:.2f}-{r['step_high']:.2f}x) "
