@@ -425,6 +425,51 @@ def test_a_predict_loop_copies_nothing_when_nothing_changed(
     assert len(copied) == 1 and copied[0] is bias  # one variable, not the model
 
 
+@pytest.mark.core
+@pytest.mark.parametrize("side", ["the model being fit", "the template"])
+def test_a_change_made_at_train_end_is_kept(side: str) -> None:
+    """fit() ends by giving the template the replica's state unless the replica still
+    holds what the last epoch end copied: a callback's on_train_end changes one side."""
+    single, template = _pair()
+    pmodel = kerasmgpu.parallelize(template, gpus=N)
+
+    class SetBias(keras.callbacks.Callback):
+        def on_train_end(self, logs: Any = None) -> None:
+            model = template if side == "the template" and self.model is pmodel else self.model
+            bias = model.layers[-1].bias
+            bias.assign(np.full(bias.shape, 0.5, "float32"))
+
+    history = pmodel.fit(X, Y, callbacks=[SetBias()], **FIT)
+    expected = single.fit(X, Y, callbacks=[SetBias()], **FIT)
+    assert_history_close(history, expected)
+    # A change to the template is kept: the replica takes it at the next call.
+    assert_weights_close(template, single)
+    _assert_optimizers_close(template, single)
+    _assert_same_outputs(single, pmodel)
+
+
+@pytest.mark.core
+@requires(jax=True)
+def test_fit_copies_its_state_to_the_template_once_per_epoch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not once more at fit()'s end when nothing changed after the last epoch end (JAX:
+    the change tokens of both sides are free to read)."""
+    single, template = _pair()
+    pmodel = kerasmgpu.parallelize(template, gpus=N)
+    pmodel.fit(X, Y, **FIT)
+    copied = _count_copies(monkeypatch, pmodel)
+    pmodel.fit(X, Y, **FIT)
+    once = len(copied)
+    assert once >= len(template.weights)
+    pmodel.fit(X, Y, **dict(FIT, epochs=2))
+    assert len(copied) == 3 * once  # before: 2 + 3 copies
+    for _ in range(2):
+        single.fit(X, Y, **FIT)
+    single.fit(X, Y, **dict(FIT, epochs=2))
+    assert_weights_close(template, single)
+    _assert_optimizers_close(template, single)
+
+
 # --- kerasmgpu.scope(): recompiling (issue 15, item 8) ---------------------------------------
 
 

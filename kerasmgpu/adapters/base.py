@@ -131,6 +131,13 @@ class Adapter:
         """Expand the padding weights to each output's rank (see Keras3)."""
         return False
 
+    @property
+    def identity_tokens(self) -> bool:
+        """`state_reader` tokens are taken without running anything on a device (the
+        identity of a JAX array, a torch tensor's version), so reading them for the
+        replica too costs nothing (`kerasmgpu.training.sync.after_training`)."""
+        return False
+
     def fail(self, what: str, detail: str) -> InternalsChanged:
         """The error for an internal that moved: names the release and the fix."""
         low, below = self.VERIFIED

@@ -70,6 +70,10 @@ class Keras3(Adapter):
         return self.backend == "jax"
 
     @property
+    def identity_tokens(self) -> bool:
+        return self.backend in ("jax", "torch")  # see state_reader
+
+    @property
     def weights_follow_output_rank(self) -> bool:
         # Keras 3 multiplies a (batch,) sample weight into the loss values as they are:
         # a per-element loss of shape (batch, 4) does not broadcast against it (tf.keras

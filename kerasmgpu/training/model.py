@@ -317,10 +317,11 @@ def _compiled_for(model: Any, call: str) -> None:
         raise not_compiled(model, call)
 
 
-def _trained(state: ParallelState) -> None:
-    """After the replica's state changed: the template receives it."""
+def _trained(state: ParallelState, *, unless_unchanged: bool = False) -> None:
+    """After the replica's state changed: the template receives it (`unless_unchanged`:
+    not again when the replica still holds what the last epoch end copied)."""
     if state.mirror is not None:
-        sync.after_training(state.mirror)
+        sync.after_training(state.mirror, unless_unchanged=unless_unchanged)
 
 
 def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs: int = 1,
@@ -377,7 +378,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
             validation_freq=validation_freq, **kwargs,
         )
-    _trained(state)
+    # The last epoch end already copied; a callback's on_train_end may have changed
+    # the replica since.
+    _trained(state, unless_unchanged=True)
     return history
 
 

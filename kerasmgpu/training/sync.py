@@ -42,6 +42,9 @@ class Part:
     replica: List[Any]
     reader: StateReader
     seen: List[Any] = field(default_factory=list)
+    # The replica's tokens when it last gave its state to the template (only where
+    # tokens cost nothing to read: `Adapter.identity_tokens`), else None.
+    replica_seen: Optional[List[Any]] = None
 
 
 @dataclass
@@ -213,8 +216,16 @@ def _copy_flags(mirror: Mirror) -> None:
 # --- after a call that trains: the replica's state into the template ---------------------
 
 
-def after_training(mirror: Mirror) -> None:
-    """The replica's whole training state into the template (epoch ends, after calls)."""
+def after_training(mirror: Mirror, *, unless_unchanged: bool = False) -> None:
+    """The replica's whole training state into the template (epoch ends, after calls).
+
+    `unless_unchanged` (fit()'s end, right after its last epoch end copied everything):
+    nothing when the replica did not change since it last gave its state - copying it
+    again copied equal values, and on a small model that second copy was most of
+    kerasmgpu's fixed cost per fit. A change a callback made to the template since
+    (on_train_end) is then kept and reaches the replica at the next call, as on one
+    device. Known only where tokens are free (`Adapter.identity_tokens`).
+    """
     # Every replica's copy of the BatchNorm statistics becomes their mean, also when
     # the parallel model is the template.
     mirror.engine.equalize(mirror.replica)
@@ -225,9 +236,21 @@ def after_training(mirror: Mirror) -> None:
             part.seen = part.reader()
         return
     _refresh(mirror)  # the call may have built the replica or its optimizer
-    for part in mirror.parts():
+    parts = mirror.parts()
+    if unless_unchanged and parts and all(_replica_unchanged(mirror, p) for p in parts):
+        return
+    identity = mirror.adapter.identity_tokens
+    for part in parts:
         _copy(mirror, part, to_replica=False)
         part.seen = part.reader()
+        part.replica_seen = mirror.adapter.state_reader(part.replica)() if identity else None
+
+
+def _replica_unchanged(mirror: Mirror, part: Part) -> bool:
+    """Whether the replica's side of `part` holds what it held when it last gave it."""
+    seen = part.replica_seen
+    return (seen is not None and len(seen) == len(part.replica)
+            and mirror.adapter.state_reader(part.replica)() == seen)
 
 
 # --- the variables of each side, and copying them ------------------------------------------
@@ -272,6 +295,8 @@ def _refresh(mirror: Mirror) -> None:
 def _part(old: Optional[Part], template: List[Any], replica: List[Any],
           adapter: Adapter) -> Part:
     if old is not None and _same(tuple(old.template), tuple(template)):
+        if not _same(tuple(old.replica), tuple(replica)):
+            old.replica_seen = None
         old.replica = replica
         return old  # the same variables: keep the reader (a traced function on TF)
     return Part(template, replica, adapter.state_reader(template))
