@@ -132,6 +132,9 @@ RUNS: Dict[str, List[str]] = {
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
     **{f"ids-{inputs}": ["ids.py", "--input", inputs] for inputs in SHUFFLED},
+    # Last: refused in every process (runs.py records what each raised).
+    **({"accumulate-refused!": ["train.py", "--batch", "10", "--accumulate", "4"]}
+       if LINE in MULTI_WORKER_LINES else {}),
 }
 # Their one-process references, all in one process (each run its own model, trained as
 # `python train.py` trains it): "arrays" is also the uninterrupted run of the resume tests
@@ -216,7 +219,7 @@ def test_two_workers_equal_one_process(job: Job, one: Path, inputs: str) -> None
         "kerasmgpu launch: process 1 of 2")
     # Only the chief wrote the template, though both processes asked to (in every run).
     for name, (script, *_) in RUNS.items():
-        if script == "train.py":
+        if script == "train.py" and not name.endswith("!"):
             written = sorted(p.name for p in (job[0] / name).glob("template-from-rank*"))
             assert written == ["template-from-rank0.weights.h5"], (name, written)
     # ... and the other process said so, once a process (not once a call: every run
@@ -290,12 +293,16 @@ def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
 @trains_in_processes
 @pytest.mark.skipif(LINE not in MULTI_WORKER_LINES, reason="needs tf.keras or tf_keras "
                     "(several processes on the mirrored route)")
-def test_accumulation_on_several_tf_processes_is_an_error(tmp_path: Path) -> None:
-    # One process accumulates exactly on TF; several are refused before training.
-    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
-    assert run.returncode != 0
-    assert "several processes" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
-    assert not (tmp_path / "two" / "rank0.npz").exists()
+def test_accumulation_on_several_tf_processes_is_an_error(job: Job) -> None:
+    # One process accumulates exactly on TF; several are refused before training, in
+    # every process (a ValueError saying why and what to do).
+    out = _finished(job, "accumulate-refused")
+    for rank in (0, 1):
+        raised = (out / f"raised{rank}.txt").read_text()
+        assert raised.startswith("ValueError: ") and "several processes" in raised, raised
+        assert "Fix: " in raised, raised
+    assert not (out / "rank0.npz").exists()
+    assert not (out / "rank1.npz").exists()
 
 
 @trains_in_processes
