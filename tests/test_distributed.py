@@ -10,6 +10,12 @@ from BackupAndRestore. `tests/workers/ids.py` records the samples each process t
 on: every sample once per epoch, each step's rows from one global batch. Every test is
 bounded in time, and the launcher stops every worker it started (SIGTERM, then SIGKILL
 by process group).
+
+CI time goes to starting processes (importing the framework), so the checks that train
+to completion share one job: its two processes run every such check's model one after
+another (tests/workers/runs.py, one folder each), and the one-process references of this
+module and test_launchers.py are trained in one process, once a session. A job that fails
+or is stopped on purpose is still a job of its own.
 """
 
 from __future__ import annotations
@@ -108,6 +114,85 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
 INPUTS: Dict[str, List[str]] = {"arrays": []}
 if LINE in MULTI_WORKER_LINES:
     INPUTS["tf.data"] = ["--tf-data"]
+# accumulate_steps > 1 in several processes: Keras >= 3.8 on JAX or torch.
+ACCUMULATES = (ON_JAX or ON_TORCH) and _VERSION is not None and Version(str(_VERSION)) >= \
+    Version("3.8")
+# Several TensorFlow workers take tf.data, arrays or generators, not a PyDataset.
+SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["pydataset"])
+
+# The job of two processes that trains to completion: its runs (one model each, one after
+# another in the same two processes: tests/workers/runs.py) -> script and options; each
+# test checks its own run. One job start-up instead of one per test.
+RUNS: Dict[str, List[str]] = {
+    **{inputs: ["train.py", *extra, "--listeners"] for inputs, extra in INPUTS.items()},
+    "chief": ["train.py", "--chief-sets"],
+    "clip": ["train.py", "--clipnorm", "0.05"],
+    **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
+    **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
+       if ACCUMULATES else {}),
+    **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
+    **{f"ids-{inputs}": ["ids.py", "--input", inputs] for inputs in SHUFFLED},
+    # Last: refused in every process (runs.py records what each raised).
+    **({"accumulate-refused!": ["train.py", "--batch", "10", "--accumulate", "4"]}
+       if LINE in MULTI_WORKER_LINES else {}),
+}
+# Their one-process references, all in one process (each run its own model, trained as
+# `python train.py` trains it): "arrays" is also the uninterrupted run of the resume tests
+# (3 epochs) and the unclipped run of the clipping test.
+REFERENCES: Dict[str, List[str]] = {
+    **{inputs: ["train.py", *extra] for inputs, extra in INPUTS.items()},
+    "chief": RUNS["chief"], "clip": RUNS["clip"],
+    **({"custom": RUNS["custom"]} if ON_TORCH else {}),
+    **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
+    **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
+}
+
+
+def _several(runs: Dict[str, List[str]]) -> List[str]:
+    """tests/workers/runs.py's arguments for these runs."""
+    args: List[str] = []
+    for name, run in runs.items():
+        args += ["--", name, *run] if args else [name, *run]
+    return args
+
+
+_REFERENCE_ROOT: List[Path] = []  # computed once a session (test_launchers.py shares it)
+
+
+def one_process_references(factory: pytest.TempPathFactory) -> Path:
+    """The folder of REFERENCES' results (NAME/rank0.npz), trained in one process."""
+    if not _REFERENCE_ROOT:
+        root = factory.mktemp("one-process")
+        single = subprocess.run([sys.executable, str(WORKERS / "runs.py"), str(root),
+                                 *_several(REFERENCES)],
+                                env=_env(), capture_output=True, text=True, timeout=420)
+        assert single.returncode == 0, single.stderr[-3000:]
+        _REFERENCE_ROOT.append(root)
+    return _REFERENCE_ROOT[0]
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """REFERENCES, trained in one process (once a session)."""
+    return one_process_references(tmp_path_factory)
+
+
+Job = Tuple[Path, subprocess.CompletedProcess]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The two-process job of RUNS, launched once for the module's tests."""
+    root = tmp_path_factory.mktemp("two-processes")
+    run = _launch(root, *_several(RUNS), worker=str(WORKERS / "runs.py"), timeout=480)
+    return root, run
+
+
+def _finished(job: Job, name: str) -> Path:
+    """The folder of run `name` of the job, which must have ended well."""
+    root, run = job
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return root / name
 
 
 def _loopback(host: str) -> bool:
@@ -119,45 +204,41 @@ def _loopback(host: str) -> bool:
 @pytest.mark.core
 @trains_in_processes
 @pytest.mark.parametrize("inputs", list(INPUTS))
-def test_two_workers_equal_one_process(tmp_path: Path, inputs: str) -> None:
-    extra = INPUTS[inputs]
-    single = _single(tmp_path / "one", *extra)
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", *extra, "--listeners")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    assert "[rank 0]" in run.stdout and "[rank 1]" in run.stdout  # rank-prefixed output
-    rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
+def test_two_workers_equal_one_process(job: Job, one: Path, inputs: str) -> None:
+    two = _finished(job, inputs)
+    output = job[1].stdout + job[1].stderr
+    assert "[rank 0]" in output and "[rank 1]" in output  # rank-prefixed output
+    rank0, rank1 = two / "rank0.npz", two / "rank1.npz"
     # Identical on both workers (to the bit, up to all-reduce order) ...
     for u, v in _paired_weights(rank0, rank1):
         np.testing.assert_allclose(u, v, atol=1e-6)
     # ... and equal to one process on the same global batches.
-    _assert_same(tmp_path / "one" / "rank0.npz", rank0)
+    _assert_same(one / inputs / "rank0.npz", rank0)
     assert str(np.load(rank0, allow_pickle=True)["replicas"]) == str(2 * LOCAL_DEVICES)
     assert str(np.load(rank1, allow_pickle=True)["cluster"]).startswith(
         "kerasmgpu launch: process 1 of 2")
-    # Only the chief wrote the template, though both processes asked to.
-    written = sorted(p.name for p in (tmp_path / "two").glob("template-from-rank*"))
-    assert written == ["template-from-rank0.weights.h5"]
-    # ... and the other process said so, once, naming the call (not a silent no-op).
-    output = run.stdout + run.stderr
+    # Only the chief wrote the template, though both processes asked to (in every run).
+    for name, (script, *_) in RUNS.items():
+        if script == "train.py" and not name.endswith("!"):
+            written = sorted(p.name for p in (job[0] / name).glob("template-from-rank*"))
+            assert written == ["template-from-rank0.weights.h5"], (name, written)
+    # ... and the other process said so, once a process (not once a call: every run
+    # asked), naming the call (not a silent no-op).
     assert output.count("did not write save_weights(") == 1, output[-4000:]
     assert "process 1 of 2 did not write save_weights(" in output
-    _assert_listeners(tmp_path / "two")
+    _assert_listeners(two)
 
 
 @pytest.mark.core
 @trains_in_processes
-def test_the_chiefs_template_is_the_truth(tmp_path: Path) -> None:
+def test_the_chiefs_template_is_the_truth(job: Job, one: Path) -> None:
     """Between two fits rank 0 alone changes its template (weights halved, a new
     learning rate): both workers continue from rank 0's, as one process does."""
-    single = _single(tmp_path / "one", "--chief-sets")
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", "--chief-sets")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    rank0, rank1 = tmp_path / "two" / "rank0.npz", tmp_path / "two" / "rank1.npz"
+    two = _finished(job, "chief")
+    rank0, rank1 = two / "rank0.npz", two / "rank1.npz"
     for u, v in _paired_weights(rank0, rank1):
         np.testing.assert_allclose(u, v, atol=1e-6)
-    _assert_same(tmp_path / "one" / "rank0.npz", rank0)
+    _assert_same(one / "chief" / "rank0.npz", rank0)
 
 
 @pytest.mark.core
@@ -177,48 +258,34 @@ def test_an_old_keras_on_jax_refuses_several_processes(tmp_path: Path) -> None:
 
 @pytest.mark.core
 @requires(torch=True)
-def test_custom_train_step_on_two_torch_processes(tmp_path: Path) -> None:
+def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
     """The PyTorch guide's own train_step (zero_grad, backward, optimizer.apply) on two
     processes - 101 rows, batch 10: a padded last batch of 1 - equals one process."""
-    single = _single(tmp_path / "one", "--custom-step")
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", "--custom-step")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    assert "cannot keep padding rows out" not in run.stdout + run.stderr
-    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+    two = _finished(job, "custom")
+    assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr
+    _assert_same(one / "custom" / "rank0.npz", two / "rank0.npz")
 
 
 @pytest.mark.core
 @trains_in_processes
-def test_clipping_acts_on_the_global_gradient_of_two_processes(tmp_path: Path) -> None:
+def test_clipping_acts_on_the_global_gradient_of_two_processes(job: Job, one: Path) -> None:
     """SGD(clipnorm) on two processes clips the all-reduced gradient, as one process
     clips its batch's (the clip is active: it changes the weights)."""
-    clipped = _single(tmp_path / "one", "--clipnorm", "0.05")
-    assert clipped.returncode == 0, clipped.stderr[-3000:]
-    free = _single(tmp_path / "free")
-    assert free.returncode == 0, free.stderr[-3000:]
     assert max(np.abs(u - v).max() for u, v in _paired_weights(
-        tmp_path / "one" / "rank0.npz", tmp_path / "free" / "rank0.npz")) > 1e-3
-    run = _launch(tmp_path / "two", "--clipnorm", "0.05")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+        one / "clip" / "rank0.npz", one / "arrays" / "rank0.npz")) > 1e-3
+    _assert_same(one / "clip" / "rank0.npz", _finished(job, "clip") / "rank0.npz")
 
 
 @pytest.mark.core
 @trains_in_processes
-@pytest.mark.skipif(not (ON_JAX or ON_TORCH) or _VERSION is None
-                    or Version(str(_VERSION)) < Version("3.8"),
+@pytest.mark.skipif(not ACCUMULATES,
                     reason="accumulate_steps > 1 needs Keras >= 3.8 on JAX or torch (the "
                     "mirrored routes and older releases refuse it)")
 def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
-        tmp_path: Path) -> None:
+        job: Job, one: Path) -> None:
     """accumulate_steps=4 at batch 10 on two processes = one process at batch 40: 101
     rows make groups of 40, 40 and 21 rows (the last with a padded batch of 1 row)."""
-    single = _single(tmp_path / "one", "--batch", "40")
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz",
+    _assert_same(one / "accumulate" / "rank0.npz", _finished(job, "accumulate") / "rank0.npz",
                  keys=("loss",))
 
 
@@ -226,25 +293,26 @@ def test_accumulation_on_two_processes_equals_one_process_with_the_whole_batch(
 @trains_in_processes
 @pytest.mark.skipif(LINE not in MULTI_WORKER_LINES, reason="needs tf.keras or tf_keras "
                     "(several processes on the mirrored route)")
-def test_accumulation_on_several_tf_processes_is_an_error(tmp_path: Path) -> None:
-    # One process accumulates exactly on TF; several are refused before training.
-    run = _launch(tmp_path / "two", "--batch", "10", "--accumulate", "4")
-    assert run.returncode != 0
-    assert "several processes" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
-    assert not (tmp_path / "two" / "rank0.npz").exists()
+def test_accumulation_on_several_tf_processes_is_an_error(job: Job) -> None:
+    # One process accumulates exactly on TF; several are refused before training, in
+    # every process (a ValueError saying why and what to do).
+    out = _finished(job, "accumulate-refused")
+    for rank in (0, 1):
+        raised = (out / f"raised{rank}.txt").read_text()
+        assert raised.startswith("ValueError: ") and "several processes" in raised, raised
+        assert "Fix: " in raised, raised
+    assert not (out / "rank0.npz").exists()
+    assert not (out / "rank1.npz").exists()
 
 
 @trains_in_processes
 @pytest.mark.skipif(not (ON_JAX or ON_TORCH), reason="an optimizer's own "
                     "gradient_accumulation_steps is Keras 3's (refused on the mirrored route)")
-def test_keras_own_accumulation_on_two_processes_equals_one_process(tmp_path: Path) -> None:
+def test_keras_own_accumulation_on_two_processes_equals_one_process(job: Job, one: Path
+                                                                     ) -> None:
     """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
     gradients are all-reduced before the optimizer accumulates them)."""
-    single = _single(tmp_path / "one", "--optimizer-accumulates", "3")
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _launch(tmp_path / "two", "--optimizer-accumulates", "3")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    _assert_same(tmp_path / "one" / "rank0.npz", tmp_path / "two" / "rank0.npz")
+    _assert_same(one / "own" / "rank0.npz", _finished(job, "own") / "rank0.npz")
 
 
 def _assert_listeners(out: Path) -> None:
@@ -268,9 +336,9 @@ def _assert_listeners(out: Path) -> None:
 
 
 @trains_in_processes
-def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> None:
+def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path, one: Path) -> None:
     out, backup = tmp_path / "run", tmp_path / "backup"
-    crashed = _launch(out, "--epochs", "4", "--crash-rank", "1", "--crash-epoch", "1",
+    crashed = _launch(out, "--epochs", "3", "--crash-rank", "1", "--crash-epoch", "1",
                       "--backup", str(backup))
     returned = time.time()
     assert crashed.returncode == 3, (crashed.stdout + crashed.stderr)[-4000:]
@@ -282,14 +350,12 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path) -> Non
     assert returned - died < 60, f"launch returned {returned - died:.0f} s after rank 1 died"
     assert not (out / "rank0.npz").exists()
     # Relaunch: training resumes from the last backup and ends where an uninterrupted
-    # run ends (at most one epoch is redone).
-    resumed = _launch(out, "--epochs", "4", "--backup", str(backup))
+    # run (one process, 3 epochs) ends (at most one epoch is redone).
+    resumed = _launch(out, "--epochs", "3", "--backup", str(backup))
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
     history = np.load(out / "rank0.npz", allow_pickle=True)["loss"]
-    assert 1 <= len(history) < 4  # resumed, not restarted
-    reference = _single(tmp_path / "ref", "--epochs", "4")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    _assert_same(tmp_path / "ref" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
+    assert 1 <= len(history) < 3  # resumed, not restarted
+    _assert_same(one / "arrays" / "rank0.npz", out / "rank0.npz", keys=("evaluation",))
 
 
 # 101 rows, global batch 10: 11 steps an epoch. Backups every 4 steps; the last one
@@ -299,12 +365,9 @@ MID_EPOCH = ["--epochs", "3", "--save-freq", "4"]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def uninterrupted(one: Path) -> Path:
     """One process, one device, 3 epochs without a stop: the reference of a resume."""
-    out = tmp_path_factory.mktemp("uninterrupted")
-    reference = _single(out, "--epochs", "3")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    return out / "rank0.npz"
+    return one / "arrays" / "rank0.npz"
 
 
 def _assert_resumed_exactly(expected: Path, out: Path) -> None:
@@ -420,16 +483,10 @@ def test_a_failing_worker_ends_the_job(tmp_path: Path, failure: str) -> None:
     assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
 
 
-# Several TensorFlow workers take tf.data, arrays or generators, not a PyDataset.
-SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["pydataset"])
-
-
 @trains_in_processes
 @pytest.mark.parametrize("inputs", SHUFFLED)
-def test_every_sample_once_per_epoch(tmp_path: Path, inputs: str) -> None:
-    out = tmp_path / "run"
-    run = _launch(out, "--input", inputs, worker=str(WORKERS / "ids.py"))
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+def test_every_sample_once_per_epoch(job: Job, inputs: str) -> None:
+    out = _finished(job, f"ids-{inputs}")
     seen = [json.loads((out / f"ids{rank}.json").read_text()) for rank in (0, 1)]
     rows, batch, share = 64, 8, 4  # share: rows of each global batch per process
     for epoch in range(2):
@@ -446,19 +503,33 @@ def test_every_sample_once_per_epoch(tmp_path: Path, inputs: str) -> None:
     assert seen[0]["weights"] == seen[1]["weights"]
 
 
+# The torch line's misuses (tests/workers/misuse.py) share one job too: the refused
+# unbuilt model is recorded and the job goes on; the lonely evaluate comes last (it
+# leaves rank 0's collectives timed out).
+MISUSES: Dict[str, List[str]] = {"uncompiled": ["misuse.py", "uncompiled"],
+                                 "unbuilt!": ["misuse.py", "unbuilt"],
+                                 "evaluate-alone": ["misuse.py", "evaluate-alone"]}
+
+
+@pytest.fixture(scope="module")
+def misuse(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    root = tmp_path_factory.mktemp("misuse")
+    run = _launch(root, *_several(MISUSES), worker=str(WORKERS / "runs.py"),
+                  env={"KERASMGPU_COLLECTIVE_TIMEOUT": "10"})
+    return root, run
+
+
 @requires(torch=True)
 @pytest.mark.parametrize("mode", ["unbuilt", "evaluate-alone"])
 def test_torch_refuses_an_unbuilt_model_and_bounds_a_lonely_evaluate(
-        tmp_path: Path, mode: str) -> None:
-    out = tmp_path / "run"
-    run = _launch(out, mode, worker=str(WORKERS / "misuse.py"),
-                  env={"KERASMGPU_COLLECTIVE_TIMEOUT": "10"})
-    if mode == "unbuilt":
-        assert run.returncode == 1
-        assert "Invalid `model`. Received: model=an unbuilt Sequential" in run.stderr
-        assert "model.build(input_shape)" in run.stderr
+        misuse: Job, mode: str) -> None:
+    out = _finished(misuse, mode)
+    if mode == "unbuilt":  # refused in every process
+        for rank in (0, 1):
+            raised = (out / f"raised{rank}.txt").read_text()
+            assert "Invalid `model`. Received: model=an unbuilt Sequential" in raised, raised
+            assert "model.build(input_shape)" in raised
         return
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     outcome = (out / "evaluate-alone.txt").read_text()
     assert outcome.startswith("raised after"), outcome
     assert "KERASMGPU_COLLECTIVE_TIMEOUT (10 s)" in outcome
@@ -466,11 +537,8 @@ def test_torch_refuses_an_unbuilt_model_and_bounds_a_lonely_evaluate(
 
 
 @requires(torch=True)
-def test_torch_says_to_compile_an_uncompiled_parallel_model(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run = _launch(out, "uncompiled", worker=str(WORKERS / "misuse.py"))
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    outcome = json.loads((out / "uncompiled.json").read_text())
+def test_torch_says_to_compile_an_uncompiled_parallel_model(misuse: Job) -> None:
+    outcome = json.loads((_finished(misuse, "uncompiled") / "uncompiled.json").read_text())
     assert outcome.pop("predict_same") is True  # predict works uncompiled, as in Keras
     assert sorted(outcome) == ["evaluate", "fit", "test_on_batch", "train_on_batch"]
     for name, result in outcome.items():

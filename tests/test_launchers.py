@@ -42,7 +42,7 @@ from test_distributed import (
     _group_members,
     _loopback,
     _paired_weights,
-    _single,
+    one_process_references,
     trains_in_processes,
 )
 
@@ -138,12 +138,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process on the same global batches (shared by every launcher's test)."""
-    out = tmp_path_factory.mktemp("one")
-    single = subprocess.run([sys.executable, WORKER, str(out)], env=_env(),
-                            capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert single.returncode == 0, single.stderr[-3000:]
-    return out / "rank0.npz"
+    """One process on the same global batches, 3 epochs without a stop (shared by every
+    launcher's test, and with test_distributed.py: trained once a session)."""
+    return one_process_references(tmp_path_factory) / "arrays" / "rank0.npz"
 
 
 def _check_job(out: Path, reference: Path, name: str) -> None:
@@ -275,15 +272,6 @@ _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_ME
           "BOOT_FAIL", "DEADLINE")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process, 3 epochs without a stop (as in test_distributed.py's resume tests)."""
-    out = tmp_path_factory.mktemp("uninterrupted")
-    run = _single(out, "--epochs", "3")
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out / "rank0.npz"
-
-
 def _job(job_id: str) -> Dict[str, str]:
     """`scontrol show job` as a dict ({} once SLURM has forgotten the job)."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
@@ -323,7 +311,7 @@ def _sbatch_script(out: Path, *args: str) -> str:
 
 @needs["srun"]
 def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly(
-        tmp_path: Path, uninterrupted: Path) -> None:
+        tmp_path: Path, reference: Path) -> None:
     out, backup, log = tmp_path / "run", tmp_path / "backup", tmp_path / "slurm.log"
     out.mkdir()
     (tmp_path / "job.sbatch").write_text(_sbatch_script(
@@ -364,7 +352,7 @@ def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly
     assert state["JobState"] == "COMPLETED", f"{state}\n{text[-4000:]}"
     assert state["Restarts"] == "1" and state["ExitCode"] == "0:0", state
     assert "received SIGUSR1" in text and "exit 143: preempted, not restarted" in text, text
-    _assert_resumed_exactly(uninterrupted, out)
+    _assert_resumed_exactly(reference, out)
     for u, v in _paired_weights(out / "rank0.npz", out / "rank1.npz"):
         np.testing.assert_allclose(u, v, atol=1e-6)
     # Nothing of either run is left: no job step, no worker, no launcher.

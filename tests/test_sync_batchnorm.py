@@ -208,22 +208,27 @@ def test_keras23_sync_batchnorm_refuses_a_nested_batchnorm_before_anything() -> 
         np.testing.assert_array_equal(a, b)
 
 
-WORKER = str(Path(__file__).parent / "workers" / "train.py")
+RUNS = str(Path(__file__).parent / "workers" / "runs.py")
 
 
-def _run(out: Path, *args: str, nproc: int = 0) -> None:
-    """tests/workers/train.py in one process (`nproc` 0) or `kerasmgpu launch`ed."""
-    out.mkdir(parents=True, exist_ok=True)
+def _run(root: Path, nproc: int = 0, **runs: List[str]) -> None:
+    """tests/workers/train.py --batchnorm, 47 rows, 2 epochs, in one process (`nproc` 0)
+    or `kerasmgpu launch`ed: each of `runs` (NAME=[options], one model each, one after
+    another in the same processes: tests/workers/runs.py) writes root/NAME."""
+    root.mkdir(parents=True, exist_ok=True)
     # One device per process (conftest's virtual devices would make the reference 3).
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p)
     launch: List[str] = [] if not nproc else [
-        "-m", "kerasmgpu", "launch", "--nproc", str(nproc), "--timeout", "240", "--grace", "3"]
-    run = subprocess.run([sys.executable, *launch, WORKER, str(out), "--batchnorm",
-                          "--rows", str(ROWS), "--epochs", "2", *args],
-                         env=env, capture_output=True, text=True, timeout=360)
+        "-m", "kerasmgpu", "launch", "--nproc", str(nproc), "--timeout", "300", "--grace", "3"]
+    several: List[str] = []
+    for name, options in runs.items():
+        several += [*(["--"] if several else []), name, "train.py", "--batchnorm",
+                    "--rows", str(ROWS), "--epochs", "2", *options]
+    run = subprocess.run([sys.executable, *launch, RUNS, str(root), *several],
+                         env=env, capture_output=True, text=True, timeout=420)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
 
 
@@ -248,8 +253,9 @@ MULTI_PROCESS = ON_TORCH or TF_KERAS_2 or (
 def test_sync_batchnorm_on_three_processes_equals_one_process(tmp_path: Path) -> None:
     """47 rows at batch 10 on 3 processes (4 rows each, the last batch of 7 padded to 9):
     weights with the moving statistics, History, evaluate and predict equal one process."""
-    _run(tmp_path / "one")
-    _run(tmp_path / "three", "--sync-batchnorm", nproc=3)
+    _run(tmp_path, one=[])
+    # One job of three processes, two runs: with the option, and without it.
+    _run(tmp_path, nproc=3, three=["--sync-batchnorm"], apart=[])
     one, one_data = _saved(tmp_path / "one")
     three, three_data = _saved(tmp_path / "three")
     assert len(one) == len(three) == 8  # 2 Dense x 2, gamma, beta, moving mean, variance
@@ -259,6 +265,5 @@ def test_sync_batchnorm_on_three_processes_equals_one_process(tmp_path: Path) ->
         np.testing.assert_allclose(one_data[key], three_data[key], rtol=1e-4, atol=1e-5,
                                    err_msg=key)
     # Without the option each process normalizes its own rows: the check above can fail.
-    _run(tmp_path / "apart", nproc=3)
     apart, _ = _saved(tmp_path / "apart")
     assert max(float(np.abs(u - v).max()) for u, v in zip(one, apart)) > 1e-2
