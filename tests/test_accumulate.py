@@ -25,6 +25,7 @@ from helpers import (
     keras_module,
     mlp,
     requires,
+    seed_all,
 )
 from packaging.version import Version
 
@@ -287,3 +288,166 @@ def test_keras23_refuses_what_it_cannot_do_exactly(option: Any) -> None:
         kerasmgpu.parallelize(model, **option)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# --- with synchronized BatchNorm -----------------------------------------------------------
+# One device accumulating k batches of B rows normalizes each batch by its own B rows and
+# updates the moving statistics once per batch; k*B rows in one batch would normalize by
+# all k*B, which no accumulation can reproduce. So the reference here is one device with
+# batch B accumulating k batches: Keras 3's own `gradient_accumulation_steps` where the
+# groups are whole (it averages k gradients and carries an incomplete group over the
+# epoch end), and a `GradientTape` loop of plain Keras on TensorFlow, which also applies
+# an incomplete group at the epoch's end over the rows it has (the mean over its rows).
+
+BN_FEATURES = 6
+
+
+def _bn_model(accumulation: int = 0) -> Any:
+    seed_all(keras, 3)
+    inputs = keras.Input((BN_FEATURES,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
+    model = keras.Model(inputs, outputs)
+    own = {"gradient_accumulation_steps": accumulation} if accumulation else {}
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9, **own), "mse", metrics=["mae"])
+    return model
+
+
+def _bn_data(rows: int) -> Any:
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(rows, BN_FEATURES)) * 3 + 1).astype("float32")
+    return x, rng.normal(size=(rows, 1)).astype("float32")
+
+
+def _moving_statistics(model: Any) -> List[np.ndarray]:
+    norm = [layer for layer in model.layers
+            if isinstance(layer, keras.layers.BatchNormalization)][0]
+    return [np.asarray(norm.moving_mean), np.asarray(norm.moving_variance)]
+
+
+def _tape_reference(x: Any, y: Any, epochs: int) -> Any:
+    """Plain Keras on one TensorFlow device, batch BATCH, STEPS batches per optimizer step:
+    each group's gradient is the mean over its rows; the last group of an epoch is applied
+    over the rows it has."""
+    import tensorflow as tf
+
+    model = _bn_model()
+    variables = model.trainable_variables
+    for _ in range(epochs):
+        starts = list(range(0, len(x), BATCH))
+        for first in range(0, len(starts), STEPS):
+            group = starts[first:first + STEPS]
+            rows = sum(len(x[s:s + BATCH]) for s in group)
+            total = [tf.zeros_like(v) for v in variables]
+            for s in group:
+                with tf.GradientTape() as tape:
+                    pred = model(x[s:s + BATCH], training=True)
+                    loss = tf.reduce_sum(tf.square(pred - y[s:s + BATCH])) / rows
+                total = [t + g for t, g in zip(total, tape.gradient(loss, variables))]
+            model.optimizer.apply_gradients(zip(total, variables))
+    return model
+
+
+def _assert_bn_close(one: Any, template: Any) -> None:
+    for name, a, b in zip(("moving_mean", "moving_variance"), _moving_statistics(one),
+                          _moving_statistics(template)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=name)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.core
+@accumulates
+@pytest.mark.skipif(LINE is not KerasLine.KERAS_3, reason="needs Keras 3's own "
+                    "gradient_accumulation_steps as the one-device reference")
+def test_sync_batchnorm_with_accumulation_equals_one_device_accumulating() -> None:
+    # 40 rows: 8 batches of 5 (each padded to 6 on 3 replicas), two whole groups of 4.
+    x, y = _bn_data(BATCH * STEPS * 2)
+    one = _bn_model(accumulation=STEPS)
+    h_one = one.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    template = _bn_model()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True)
+    h_par = parallel.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_bn_close(one, template)
+    assert_history_close(h_one, h_par, rtol=1e-4)
+    np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.core
+@accumulates
+@requires(tf=True)
+def test_sync_batchnorm_with_accumulation_and_a_short_group_equals_one_device() -> None:
+    # 47 rows: groups of 4, 4 and 2 batches (the last of 2 rows): fillers complete the
+    # last group and must leave the moving statistics alone.
+    x, y = _bn_data(ROWS)
+    one = _tape_reference(x, y, epochs=2)
+    template = _bn_model()
+    kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True).fit(
+        x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_bn_close(one, template)
+
+
+@pytest.mark.core
+@accumulates
+@requires(jax=True)
+def test_fillers_leave_the_moving_statistics_alone() -> None:
+    # 45 rows: two whole groups, then one batch and three masked fillers. The moving
+    # statistics see the 9 batches, as on one device accumulating (whose weights differ
+    # only by the last group, which Keras carries over the epoch end).
+    x, y = _bn_data(BATCH * (2 * STEPS + 1))
+    one = _bn_model(accumulation=STEPS)
+    one.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    template = _bn_model()
+    kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True).fit(
+        x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for name, a, b in zip(("moving_mean", "moving_variance"), _moving_statistics(one),
+                          _moving_statistics(template)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+# --- a fit stopped inside a group ----------------------------------------------------------
+
+
+def _stop_after(batches: int) -> Any:
+    class Stop(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.seen += 1
+            if self.seen == batches:
+                self.model.stop_training = True
+
+    return Stop()
+
+
+@pytest.mark.core
+@accumulates
+def test_a_fit_stopped_inside_a_group_applies_it_over_its_rows() -> None:
+    """Stopped after 6 batches of 5 in its second epoch (k=4): the second group has 10
+    rows and is applied over them, as one device's epoch of batches of 20 ending on a
+    batch of 10; a later fit starts a new group (the optimizer's counters realigned)."""
+    x, y = classification_data(ROWS)
+
+    def model() -> Any:
+        return mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+
+    one = model()
+    one.fit(x, y, batch_size=BATCH * STEPS, epochs=1, shuffle=False, verbose=0)
+    one.fit(x[:6 * BATCH], y[:6 * BATCH], batch_size=BATCH * STEPS, shuffle=False,
+            verbose=0)
+    template = model()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    per_epoch = 3 * STEPS  # 10 batches, completed by 2 fillers
+    parallel.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+                 callbacks=[_stop_after(per_epoch + 6)])
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert int(np.asarray(parallel.optimizer.iterations)) == 3 + 2
+    one.fit(x, y, batch_size=BATCH * STEPS, shuffle=False, verbose=0)
+    parallel.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)

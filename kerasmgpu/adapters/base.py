@@ -230,6 +230,12 @@ class Adapter:
         """Where kerasmgpu accumulates between the calls of `model`'s train function
         (Keras 3 on TensorFlow), set that up; elsewhere nothing."""
 
+    def finish_group(self, model: Any, factor: float) -> None:
+        """Apply the incomplete group of a fit that stops inside it: the gradient
+        accumulated so far, times `factor` (the mean over the rows it has), as one
+        optimizer step. Only lines that accumulate are asked."""
+        raise NotImplementedError(f"{self.LABEL} does not accumulate gradients")
+
     def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
                               every: bool = True) -> bool:
         """Make every BatchNormalization layer of `model` (`every`; else those built with

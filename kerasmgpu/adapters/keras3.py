@@ -308,8 +308,42 @@ class Keras3(Adapter):
                 layer.__dict__["_moments"] = self._synchronized_moments(layer)
             elif self.backend == "torch":
                 layer.__dict__["_moments"] = self._torch_synchronized_moments(layer)
+            else:
+                layer.__dict__["_moments"] = self._idle_keeps_moving(layer)
             layer.__dict__[HOOKED + "_moments"] = True
         return True
+
+    def _idle_keeps_moving(self, layer: Any,
+                           original: Optional[Callable[[Any, Any], Any]] = None
+                           ) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` that, for a batch whose mask keeps
+        no row (an accumulation filler: one device never runs it), returns the moving
+        mean and variance, so the moving averages stay as they are. The mask must be the
+        whole global batch's (JAX's one program, or one process/replica)."""
+        ops = self.keras.ops
+        original = original or getattr(layer, "_moments", None)
+        if not callable(original):
+            raise self.fail("`BatchNormalization._moments` is missing", "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            mean, variance = original(inputs, mask)
+            if mask is None:
+                return mean, variance
+            return self._kept_moving(layer, ops.sum(ops.cast(mask, inputs.dtype)),
+                                     mean, variance)
+
+        return moments
+
+    def _kept_moving(self, layer: Any, count: Any, mean: Any, variance: Any) -> Any:
+        """(mean, variance), or the layer's moving ones where `count` (kept rows) is 0."""
+        ops = self.keras.ops
+        empty = count <= 0
+
+        def kept(moving: Any, value: Any) -> Any:
+            return ops.where(empty, ops.reshape(ops.cast(moving, value.dtype),
+                                                ops.shape(value)), value)
+
+        return kept(layer.moving_mean, mean), kept(layer.moving_variance, variance)
 
     def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
         """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
@@ -330,7 +364,8 @@ class Keras3(Adapter):
             if context is None:
                 return original(inputs, mask)
             mean, variance = tf_internals.replica_moments(
-                context, inputs, mask, layer._reduction_axes)
+                context, inputs, mask, layer._reduction_axes,
+                idle=(layer.moving_mean, layer.moving_variance))
             return tf.squeeze(mean), tf.squeeze(variance)
 
         return moments
@@ -355,10 +390,11 @@ class Keras3(Adapter):
         if not callable(original) or not hasattr(layer, "_reduction_axes"):
             raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
                             "synchronized BatchNorm")
+        alone = self._idle_keeps_moving(layer, original)
 
         def moments(inputs: Any, mask: Any) -> Any:
             if not (dist.is_available() and dist.is_initialized()):
-                return original(inputs, mask)
+                return alone(inputs, mask)
             axes = tuple(layer._reduction_axes)
             # No mask: a step without padding rows (every row counts), still synchronized.
             kept = torch.ones_like(inputs) if mask is None else (
@@ -370,7 +406,9 @@ class Keras3(Adapter):
             mean = total[0] / count
             squares = all_reduce(
                 torch.sum(torch.square(inputs - mean) * kept, dim=axes, keepdim=True))
-            return torch.squeeze(mean), torch.squeeze(squares / count)
+            # A filler (no kept row in any process) leaves the moving statistics alone.
+            return self._kept_moving(layer, torch.squeeze(total[1]), torch.squeeze(mean),
+                                     torch.squeeze(squares / count))
 
         return moments
 
@@ -415,6 +453,35 @@ class Keras3(Adapter):
             return False
         optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(steps)
         return True
+
+    def finish_group(self, model: Any, factor: float) -> None:
+        """TF: kerasmgpu's sums (`tensorflow.finish_group`). JAX and torch: Keras's own
+        accumulators (`_accumulated_gradients`, the sum of the group's gradients, and
+        `_iterations`, which counts micro-batches; 3.8 - 3.15) - scaled, the counter set
+        to a group's last micro-batch, and `apply` given zero gradients, which then
+        applies their mean and clears them as at any group's end."""
+        optimizer = model.optimizer
+        if self.backend == "tensorflow":
+            tf_internals.finish_group(optimizer.__dict__[HOOKED + "_accumulation"],
+                                      optimizer, list(model.trainable_variables), factor)
+            return
+        sums = getattr(optimizer, "_accumulated_gradients", None)
+        counter = getattr(optimizer, "_iterations", None)
+        if sums is None or counter is None:
+            raise self.fail("`_accumulated_gradients` / `_iterations` are missing",
+                            "accumulate_steps")
+        sync = getattr(model, "jax_state_sync", None)
+        if callable(sync):  # JAX: the loop's state into the variables (public method)
+            sync()
+        ops = self.keras.ops
+        for total in sums:
+            if total is not None:
+                total.assign(total * factor)
+        steps = self.own_accumulation(optimizer)
+        done = int(ops.convert_to_numpy(counter))
+        counter.assign(done + steps - 1 - done % steps)
+        variables = list(model.trainable_variables)
+        optimizer.apply([ops.zeros(v.shape, v.dtype) for v in variables], variables)
 
     def accumulate_by_calls(self, model: Any) -> None:
         """Keras 3 on TF, accumulating: the train function, traced twice (accumulating,

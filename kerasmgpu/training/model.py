@@ -24,7 +24,7 @@ import inspect
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
@@ -357,7 +357,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
             validation_steps = val_feed.steps
     before, after = position.callbacks() if position is not None else ([], [])
     callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
-                 + user_callbacks + after + [_from_template(state)])
+                 + user_callbacks + after + [_from_template(state)]
+                 + _stopped_group(state, self, train_feed))
     preemption = position.preemption() if position is not None else contextlib.nullcontext()
     with state.engine.scope(), preemption:
         history = state.originals["fit"](
@@ -571,6 +572,30 @@ def _from_template(state: ParallelState) -> Any:
             sync.before_call(state.mirror, training=True, collective=True)
 
     return StateFromTemplate()
+
+
+def _stopped_group(state: ParallelState, replica: Any, feed: feeds.Feed) -> List[Any]:
+    """Accumulating, after every other callback: a fit stopped inside an optimizer
+    step's group (a callback set `stop_training` in on_train_batch_end) applies the group
+    over the rows it has, at once - before validation and the epoch end, as one device's
+    short last batch would be."""
+    if feed.stopped_group is None:
+        return []
+    stopped: Callable[[int], Optional[float]] = feed.stopped_group
+    base = state.adapter.keras.callbacks.Callback
+
+    class StoppedGroup(base):  # type: ignore[misc, valid-type]
+        fed = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.fed += 1
+            if not getattr(replica, "stop_training", False):
+                return
+            factor = stopped(self.fed)
+            if factor is not None:
+                state.adapter.finish_group(replica, factor)
+
+    return [StoppedGroup()]
 
 
 _REPLACED: Dict[str, Callable[..., Any]] = {
