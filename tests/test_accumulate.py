@@ -37,12 +37,20 @@ if IN_PROCESS:
     keras = keras_module()
 
 ROWS, BATCH, STEPS = 47, 5, 4
-# Keras < 3.8 counts micro-batches in `iterations` (Adam's bias correction): refused.
 # In process: JAX and the TensorFlow lines (kerasmgpu accumulates there itself).
-ACCUMULATES = ON_TF or (ON_JAX and _VERSION is not None
-                        and Version(str(_VERSION)) >= Version("3.8"))
+ACCUMULATES = ON_TF or ON_JAX
 accumulates = pytest.mark.skipif(not ACCUMULATES, reason=f"accumulate_steps > 1 needs "
-                                 f"Keras >= 3.8 or TensorFlow here; this env: {_VERSION}")
+                                 f"Keras 3 on JAX or TensorFlow here; this env: {_VERSION}")
+# Keras 3.3 - 3.7 count micro-batches in `iterations` (read by Adam's bias correction)
+# and clip and decay each micro-batch: there only SGD and RMSprop without either.
+STEP_COUNTS = ON_TF or (ON_JAX and Version(str(_VERSION)) >= Version("3.8"))
+counts_steps = pytest.mark.skipif(not STEP_COUNTS, reason="needs Keras >= 3.8 on JAX or "
+                                  f"TensorFlow (iterations counts steps); this env: {_VERSION}")
+
+
+def _optimizer() -> Any:
+    """Adam where the optimizer counts steps; RMSprop (a state, no step count) before."""
+    return keras.optimizers.Adam(0.01) if STEP_COUNTS else keras.optimizers.RMSprop(0.01)
 
 
 def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
@@ -51,7 +59,14 @@ def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
     variables = optimizer.variables
     variables = variables() if callable(variables) else variables  # tf.keras 2.x: a method
     names = [v for v in variables if id(v) not in skip and "iteration" not in v.name]
-    return [np.asarray(v) for v in names] + [np.asarray(optimizer.iterations)]
+    # Keras < 3.8 counts micro-batches (checked apart).
+    steps = [np.asarray(optimizer.iterations)] if STEP_COUNTS else []
+    return [np.asarray(v) for v in names] + steps
+
+
+def _optimizer_steps(optimizer: Any) -> int:
+    """Optimizer steps taken (Keras < 3.8: micro-batches // accumulate_steps)."""
+    return int(np.asarray(optimizer.iterations)) // (1 if STEP_COUNTS else STEPS)
 
 
 # --- the pure plan -----------------------------------------------------------------------
@@ -98,10 +113,21 @@ def test_bad_accumulate_steps_fail_before_anything(value: Any, error: type) -> N
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not ON_JAX or ACCUMULATES, reason="needs Keras 3 < 3.8 on JAX")
-def test_accumulate_steps_before_keras_3_8_is_an_error() -> None:
-    with pytest.raises(ValueError, match=r"accumulate_steps=4.*Keras >= 3.8"):
-        kerasmgpu.parallelize(mlp(keras), accumulate_steps=4)
+@pytest.mark.skipif(not ON_JAX or STEP_COUNTS, reason="needs Keras 3 < 3.8 on JAX")
+@pytest.mark.parametrize("optimizer, why", [
+    ("Adam", r"Adam's update reads `iterations`"),
+    ("SGD(clipnorm)", r"clipnorm=1.0.*each micro-batch"),
+    ("RMSprop(weight_decay)", r"weight_decay=0.1.*each micro-batch")])
+def test_what_keras_before_3_8_cannot_accumulate_is_an_error(optimizer: str, why: str) -> None:
+    made = {"Adam": lambda: keras.optimizers.Adam(0.01),
+            "SGD(clipnorm)": lambda: keras.optimizers.SGD(0.1, clipnorm=1.0),
+            "RMSprop(weight_decay)": lambda: keras.optimizers.RMSprop(0.01, weight_decay=0.1)}
+    model = mlp(keras, optimizer=made[optimizer]())
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=rf"accumulate_steps=4.*{why}.*Keras >= 3.8.*Fix:"):
+        kerasmgpu.parallelize(model, accumulate_steps=4)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.core
@@ -126,7 +152,7 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
     x, y = classification_data(ROWS)
 
     def model() -> Any:
-        return mlp(keras, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"])
+        return mlp(keras, optimizer=_optimizer(), metrics=["accuracy"])
 
     one = model()
     h_one = one.fit(x, y, batch_size=BATCH * STEPS, epochs=2, shuffle=False, verbose=0)
@@ -137,7 +163,7 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-    assert int(np.asarray(parallel.optimizer.iterations)) == 2 * 3  # steps, not batches
+    assert _optimizer_steps(parallel.optimizer) == 2 * 3  # steps, not batches
     assert_history_close(h_one, h_par)
     np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
                                parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
@@ -145,7 +171,7 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
 
 
 @pytest.mark.core
-@accumulates
+@counts_steps
 def test_clipping_applies_to_the_group_gradient() -> None:
     """global_clipnorm clips the whole group's gradient, as one device clips its batch's
     (a per-micro-batch or per-replica clip would give other weights)."""
@@ -263,7 +289,21 @@ def test_what_accumulation_cannot_weigh_is_an_error_before_training(tmp_path: An
 
 
 @pytest.mark.core
-@accumulates
+@pytest.mark.skipif(not ON_JAX or STEP_COUNTS, reason="needs Keras 3 < 3.8 on JAX")
+def test_steps_per_epoch_before_keras_3_8_is_an_error() -> None:
+    # Keras 3.3 leaves an epoch's first batch out given steps_per_epoch: a micro-batch.
+    x, y = classification_data(ROWS)
+    template = mlp(keras)
+    before = template.get_weights()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"steps_per_epoch=8.*first batch.*Fix:"):
+        parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=2 * STEPS, verbose=0)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.core
+@counts_steps
 def test_steps_per_epoch_counts_micro_batches() -> None:
     x, y = classification_data(BATCH * STEPS * 3)
     one = mlp(keras)
@@ -431,7 +471,7 @@ def test_a_fit_stopped_inside_a_group_applies_it_over_its_rows() -> None:
     x, y = classification_data(ROWS)
 
     def model() -> Any:
-        return mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+        return mlp(keras, optimizer=_optimizer())
 
     one = model()
     one.fit(x, y, batch_size=BATCH * STEPS, epochs=1, shuffle=False, verbose=0)
@@ -446,7 +486,7 @@ def test_a_fit_stopped_inside_a_group_applies_it_over_its_rows() -> None:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-    assert int(np.asarray(parallel.optimizer.iterations)) == 3 + 2
+    assert _optimizer_steps(parallel.optimizer) == 3 + 2
     one.fit(x, y, batch_size=BATCH * STEPS, shuffle=False, verbose=0)
     parallel.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     for a, b in zip(one.get_weights(), template.get_weights()):

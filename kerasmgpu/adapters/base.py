@@ -221,6 +221,14 @@ class Adapter:
         """Why this release cannot accumulate gradients exactly (None: it can)."""
         return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"
 
+    def steps_per_epoch_accumulation_problem(self) -> Optional[str]:
+        """Why `fit(steps_per_epoch=)` cannot accumulate exactly here (None: it can)."""
+        return None
+
+    def optimizer_accumulation_problem(self, optimizer: Any) -> Optional[str]:
+        """Why `optimizer` cannot accumulate exactly with this release (None: it can)."""
+        return None
+
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         """Make `optimizer` (not built yet) average its gradients over `steps` calls
         before it applies them; False where this Keras cannot."""

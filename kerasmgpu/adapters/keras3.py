@@ -415,13 +415,46 @@ class Keras3(Adapter):
     def own_accumulation(self, optimizer: Any) -> int:
         return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
+    # Keras 3.3 - 3.7: the optimizers whose update does not read `iterations` (measured
+    # exact on 3.3 against one device at k*B; SGD with momentum too).
+    _STEPLESS = ("SGD", "RMSprop")
+
     def accumulation_problem(self) -> Optional[str]:
-        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter, and Adam's
-        # bias correction reads it: not one device's step over the whole group.
-        if self.version is not None and self.version < Version("3.8"):
-            return (f"Keras {self.version}'s optimizer counts micro-batches in `iterations`, "
-                    "which Adam's bias correction reads (Keras >= 3.8 counts steps)")
-        return None
+        return None  # 3.3+; before 3.8 per optimizer (optimizer_accumulation_problem)
+
+    def steps_per_epoch_accumulation_problem(self) -> Optional[str]:
+        # Measured on 3.3: given steps_per_epoch, fit on arrays trains on batches 1 .. s
+        # (the first is read and left out); accumulating, that batch is a micro-batch,
+        # so every group would start one micro-batch late. 3.8+ trains on 0 .. s-1.
+        if self.version is None or self.version >= Version("3.8"):
+            return None
+        return (f"Keras {self.version} leaves the first batch of an epoch out when given "
+                "steps_per_epoch, which with accumulate_steps is one micro-batch of a "
+                "group, not one device's batch of k*B (Keras >= 3.8 does not)")
+
+    def optimizer_accumulation_problem(self, optimizer: Any) -> Optional[str]:
+        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter (3.8+: steps,
+        # `_iterations // k`), and Adam's bias correction (Adamax, Nadam, Adafactor) and
+        # EMA read it: k times one device's step count there. An update that does not
+        # read it is one device's.
+        # It also clips and decays the weights at every micro-batch (3.8+: the group's
+        # gradient, once per step).
+        if self.version is None or self.version >= Version("3.8"):
+            return None
+        name = type(optimizer).__name__
+        stepless = any(type(optimizer) is getattr(self.keras.optimizers, each, None)
+                       for each in self._STEPLESS)
+        per_micro = [f"{option}={getattr(optimizer, option)}" for option in (
+            "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+            if getattr(optimizer, option, None)]
+        if stepless and not per_micro:
+            return None
+        why = (f"it clips, decays or averages ({', '.join(per_micro)}) each micro-batch"
+               if stepless else f"{name}'s update reads `iterations` (Adam's bias "
+               "correction), which counts micro-batches here")
+        return (f"on Keras {self.version} {why}, not once per optimizer step as one device "
+                f"at k*B (Keras >= 3.8 does; here {' and '.join(self._STEPLESS)} without "
+                "clipping, weight decay or EMA accumulate exactly)")
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         if self.backend == "tensorflow":
@@ -457,7 +490,8 @@ class Keras3(Adapter):
     def finish_group(self, model: Any, factor: float) -> None:
         """TF: kerasmgpu's sums (`tensorflow.finish_group`). JAX and torch: Keras's own
         accumulators (`_accumulated_gradients`, the sum of the group's gradients, and
-        `_iterations`, which counts micro-batches; 3.8 - 3.15) - scaled, the counter set
+        `_iterations`, which counts micro-batches; 3.8 - 3.15; on 3.3 - 3.7 `iterations`
+        counts them) - scaled, the counter set
         to a group's last micro-batch, and `apply` given zero gradients, which then
         applies their mean and clears them as at any group's end."""
         optimizer = model.optimizer
@@ -466,7 +500,9 @@ class Keras3(Adapter):
                                       optimizer, list(model.trainable_variables), factor)
             return
         sums = getattr(optimizer, "_accumulated_gradients", None)
-        counter = getattr(optimizer, "_iterations", None)
+        # 3.8+: `_iterations` (`iterations` is steps); 3.3 - 3.7: `iterations` itself.
+        counter = getattr(optimizer, "_iterations", None) if self.version is None or (
+            self.version >= Version("3.8")) else getattr(optimizer, "iterations", None)
         if sums is None or counter is None:
             raise self.fail("`_accumulated_gradients` / `_iterations` are missing",
                             "accumulate_steps")

@@ -218,6 +218,12 @@ def accumulating(state: ParallelState, optimizer: Any) -> Any:
     own = state.adapter.own_accumulation(optimizer)
     if own > 1 and own != steps:
         raise own_accumulation_error(own, steps)
+    problem = state.adapter.optimizer_accumulation_problem(optimizer)
+    if problem is not None:
+        raise bad_value(
+            "accumulate_steps", steps, f"1 with {type(optimizer).__name__} here: {problem}",
+            "upgrade Keras 3 to 3.8+, or compile with one of those optimizers, or raise "
+            "batch_size instead")
     if not state.adapter.accumulate_gradients(optimizer, steps):
         raise bad_value(
             "optimizer", f"{type(optimizer).__name__}, already built, with accumulate_steps="
@@ -326,6 +332,14 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         accumulation.check_loss_reduction(getattr(self, "loss", None),
                                           accumulate_state.accumulate_steps)
         accumulation.check_callbacks(callbacks, accumulate_state.accumulate_steps)
+        problem = accumulate_state.adapter.steps_per_epoch_accumulation_problem()
+        # (Other inputs are refused with accumulate_steps anyway, saying so.)
+        if (steps_per_epoch is not None and accumulate_state.accumulate_steps > 1 and problem
+                and structure.is_array_like(x)):
+            raise bad_value("steps_per_epoch", steps_per_epoch,
+                            f"None with accumulate_steps > 1 here: {problem}",
+                            "leave steps_per_epoch out (fit the rows you mean), or upgrade "
+                            "Keras 3 to 3.8+")
     state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
