@@ -30,7 +30,7 @@ from helpers import (
 from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu.accumulation import check_accumulate_steps, micro_batches
+from kerasmgpu.accumulation import check_accumulate_steps, micro_batches, stopped_group
 from kerasmgpu.env.versions import KerasLine
 
 if IN_PROCESS:
@@ -80,6 +80,18 @@ def test_micro_batches_complete_each_group_with_fillers() -> None:
     assert [m.batch for m in micro] == list(range(10)) + [9, 9]
     assert [m.filler for m in micro] == [False] * 10 + [True, True]
     assert [m.group_rows for m in micro] == [20] * 8 + [7] * 4
+
+
+@pytest.mark.core
+def test_a_stopped_group_is_weighed_by_the_rows_it_has() -> None:
+    sizes = [5] * 9 + [2]
+    micro = micro_batches(sizes, 4)
+    assert stopped_group(micro, sizes, 8, 4) is None  # two whole groups
+    assert stopped_group(micro, sizes, 6, 4) == 20 / 10  # 2 of 4 batches of 5
+    assert stopped_group(micro, sizes, 9, 4) == 7 / 5  # the short group: 5 of its 7 rows
+    assert stopped_group(micro, sizes, 11, 4) == 1.0  # a filler fed: every row is in
+    assert stopped_group(micro, sizes, 12 + 3, 4) == 20 / 15  # next epoch, 3 batches
+    assert stopped_group(micro, sizes, 3, 1) is None
 
 
 @pytest.mark.core
