@@ -62,6 +62,21 @@ def micro_batches(sizes: List[int], steps: int) -> List[MicroBatch]:
     return out
 
 
+def stopped_group(micro: List[MicroBatch], sizes: List[int], fed: int,
+                  steps: int) -> Optional[float]:
+    """A fit stopped after `fed` micro-batches (counted over the fit; the plan `micro`
+    repeats every epoch) inside a group: the factor that makes the group's accumulated
+    gradient the mean over the rows it has (its planned rows / the rows fed), as a short
+    last batch of k*B would be on one device. None when the group is whole."""
+    done = fed % steps if steps > 1 else 0
+    if not done or not micro:
+        return None
+    last = (fed - 1) % len(micro)
+    group = [micro[i] for i in range(last - done + 1, last + 1)]
+    rows = sum(0 if m.filler else sizes[m.batch] for m in group)
+    return group[-1].group_rows / rows if rows else None
+
+
 def group_scale(padded: int, group_rows: int, steps: int) -> float:
     """The scale column of a micro-batch of `padded` fed rows in a group of `group_rows`
     real rows: a mean-reduced loss weighted by it (and the mask) is

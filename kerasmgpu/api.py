@@ -187,7 +187,8 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
         raise bad_value(
             "accumulate_steps", steps,
             f"1 on the {cls.route} route of {adapter.line.value} in this release "
-            "(accumulate_steps > 1: Keras >= 3.8, tf.keras 2.12+ or tf_keras)",
+            "(accumulate_steps > 1: Keras 3 - before 3.8 with SGD or RMSprop -, tf.keras "
+            "2.12+ or tf_keras)",
             "raise batch_size instead, or train with Keras 3 or tf_keras")
     if steps > 1 and several and cls.route == Route.MIRRORED:
         # The micro-batches are fed as a Python sequence, which several TF workers
@@ -199,7 +200,7 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     problem = adapter.accumulation_problem() if steps > 1 else None
     if problem is not None and cls.route in _ACCUMULATING_ROUTES:
         raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
-                        "upgrade Keras 3 to 3.8+ (tf.keras 2.12+ and tf_keras "
+                        "upgrade Keras (Keras 3, tf.keras 2.12+ and tf_keras "
                         "accumulate), or raise batch_size instead")
 
 

@@ -27,30 +27,33 @@ from helpers import (
     keras_module,
     mlp,
     requires,
+    seed_all,
 )
 from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu.accumulation import check_accumulate_steps, micro_batches
+from kerasmgpu.accumulation import check_accumulate_steps, micro_batches, stopped_group
 from kerasmgpu.env.versions import KerasLine
 
 if IN_PROCESS or ON_LEGACY:
     keras = keras_module()
 
 ROWS, BATCH, STEPS = 47, 5, 4
-# Keras < 3.8 counts micro-batches in `iterations` (Adam's bias correction): refused.
 # In process: JAX, the TensorFlow lines (kerasmgpu accumulates there itself) and Keras
 # 2.3's multi_gpu_model (two train functions; 47 rows in batches of 5 end on a short one).
-ACCUMULATES = ON_TF or ON_LEGACY or (ON_JAX and _VERSION is not None
-                                     and Version(str(_VERSION)) >= Version("3.8"))
+ACCUMULATES = ON_TF or ON_JAX or ON_LEGACY
 accumulates = pytest.mark.skipif(not ACCUMULATES, reason=f"accumulate_steps > 1 needs "
-                                 f"Keras >= 3.8 or TensorFlow here; this env: {_VERSION}")
+                                 f"Keras 3 on JAX or TensorFlow here; this env: {_VERSION}")
+# Keras 3.3 - 3.7 count micro-batches in `iterations` (read by Adam's bias correction)
+# and clip and decay each micro-batch: there only SGD and RMSprop without either.
+STEP_COUNTS = ON_TF or ON_LEGACY or (ON_JAX and Version(str(_VERSION)) >= Version("3.8"))
+counts_steps = pytest.mark.skipif(not STEP_COUNTS, reason="needs Keras >= 3.8 on JAX or "
+                                  f"TensorFlow (iterations counts steps); this env: {_VERSION}")
 
 
-def _iterations(optimizer: Any) -> int:
-    if ON_LEGACY:  # graph mode: a variable of Keras's session
-        return int(keras.backend.get_value(optimizer.iterations))
-    return int(np.asarray(optimizer.iterations))
+def _optimizer() -> Any:
+    """Adam where the optimizer counts steps; RMSprop (a state, no step count) before."""
+    return keras.optimizers.Adam(0.01) if STEP_COUNTS else keras.optimizers.RMSprop(0.01)
 
 
 def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
@@ -61,7 +64,16 @@ def _optimizer_state(optimizer: Any) -> List[np.ndarray]:
     variables = optimizer.variables
     variables = variables() if callable(variables) else variables  # tf.keras 2.x: a method
     names = [v for v in variables if id(v) not in skip and "iteration" not in v.name]
-    return [np.asarray(v) for v in names] + [np.asarray(optimizer.iterations)]
+    # Keras < 3.8 counts micro-batches (checked apart).
+    steps = [np.asarray(optimizer.iterations)] if STEP_COUNTS else []
+    return [np.asarray(v) for v in names] + steps
+
+
+def _optimizer_steps(optimizer: Any) -> int:
+    """Optimizer steps taken (Keras < 3.8: micro-batches // accumulate_steps)."""
+    if ON_LEGACY:  # graph mode: a variable of Keras's session
+        return int(keras.backend.get_value(optimizer.iterations))
+    return int(np.asarray(optimizer.iterations)) // (1 if STEP_COUNTS else STEPS)
 
 
 # --- the pure plan -----------------------------------------------------------------------
@@ -75,6 +87,18 @@ def test_micro_batches_complete_each_group_with_fillers() -> None:
     assert [m.batch for m in micro] == list(range(10)) + [9, 9]
     assert [m.filler for m in micro] == [False] * 10 + [True, True]
     assert [m.group_rows for m in micro] == [20] * 8 + [7] * 4
+
+
+@pytest.mark.core
+def test_a_stopped_group_is_weighed_by_the_rows_it_has() -> None:
+    sizes = [5] * 9 + [2]
+    micro = micro_batches(sizes, 4)
+    assert stopped_group(micro, sizes, 8, 4) is None  # two whole groups
+    assert stopped_group(micro, sizes, 6, 4) == 20 / 10  # 2 of 4 batches of 5
+    assert stopped_group(micro, sizes, 9, 4) == 7 / 5  # the short group: 5 of its 7 rows
+    assert stopped_group(micro, sizes, 11, 4) == 1.0  # a filler fed: every row is in
+    assert stopped_group(micro, sizes, 12 + 3, 4) == 20 / 15  # next epoch, 3 batches
+    assert stopped_group(micro, sizes, 3, 1) is None
 
 
 @pytest.mark.core
@@ -108,10 +132,21 @@ def test_bad_accumulate_steps_fail_before_anything(value: Any, error: type) -> N
 
 
 @pytest.mark.core
-@pytest.mark.skipif(not ON_JAX or ACCUMULATES, reason="needs Keras 3 < 3.8 on JAX")
-def test_accumulate_steps_before_keras_3_8_is_an_error() -> None:
-    with pytest.raises(ValueError, match=r"accumulate_steps=4.*Keras >= 3.8"):
-        kerasmgpu.parallelize(mlp(keras), accumulate_steps=4)
+@pytest.mark.skipif(not ON_JAX or STEP_COUNTS, reason="needs Keras 3 < 3.8 on JAX")
+@pytest.mark.parametrize("optimizer, why", [
+    ("Adam", r"Adam's update reads `iterations`"),
+    ("SGD(clipnorm)", r"clipnorm=1.0.*each micro-batch"),
+    ("RMSprop(weight_decay)", r"weight_decay=0.1.*each micro-batch")])
+def test_what_keras_before_3_8_cannot_accumulate_is_an_error(optimizer: str, why: str) -> None:
+    made = {"Adam": lambda: keras.optimizers.Adam(0.01),
+            "SGD(clipnorm)": lambda: keras.optimizers.SGD(0.1, clipnorm=1.0),
+            "RMSprop(weight_decay)": lambda: keras.optimizers.RMSprop(0.01, weight_decay=0.1)}
+    model = mlp(keras, optimizer=made[optimizer]())
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=rf"accumulate_steps=4.*{why}.*Keras >= 3.8.*Fix:"):
+        kerasmgpu.parallelize(model, accumulate_steps=4)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.core
@@ -136,7 +171,7 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
     x, y = classification_data(ROWS)
 
     def model() -> Any:
-        return mlp(keras, optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"])
+        return mlp(keras, optimizer=_optimizer(), metrics=["accuracy"])
 
     one = model()
     h_one = one.fit(x, y, batch_size=BATCH * STEPS, epochs=2, shuffle=False, verbose=0)
@@ -147,7 +182,7 @@ def test_accumulation_equals_one_device_with_the_whole_batch() -> None:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-    assert _iterations(parallel.optimizer) == 2 * 3  # steps, not batches
+    assert _optimizer_steps(parallel.optimizer) == 2 * 3  # steps, not batches
     assert_history_close(h_one, h_par)
     np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
                                parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
@@ -180,7 +215,7 @@ def test_keras23_accumulation_with_shuffle_and_validation_equals_one_device(gpus
 
 
 @pytest.mark.core
-@accumulates
+@counts_steps
 def test_clipping_applies_to_the_group_gradient() -> None:
     """global_clipnorm clips the whole group's gradient, as one device clips its batch's
     (a per-micro-batch or per-replica clip would give other weights)."""
@@ -308,7 +343,21 @@ def test_what_accumulation_cannot_weigh_is_an_error_before_training(tmp_path: An
 
 
 @pytest.mark.core
-@accumulates
+@pytest.mark.skipif(not ON_JAX or STEP_COUNTS, reason="needs Keras 3 < 3.8 on JAX")
+def test_steps_per_epoch_before_keras_3_8_is_an_error() -> None:
+    # Keras 3.3 leaves an epoch's first batch out given steps_per_epoch: a micro-batch.
+    x, y = classification_data(ROWS)
+    template = mlp(keras)
+    before = template.get_weights()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    with pytest.raises(ValueError, match=r"steps_per_epoch=8.*first batch.*Fix:"):
+        parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=2 * STEPS, verbose=0)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.core
+@counts_steps
 @pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3: steps_per_epoch with accumulate_steps is "
                     "refused (test_what_cannot_be_weighed_exactly_is_an_error)")
 def test_steps_per_epoch_counts_micro_batches() -> None:
@@ -319,5 +368,169 @@ def test_steps_per_epoch_counts_micro_batches() -> None:
     template = mlp(keras)
     parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
     parallel.fit(x, y, batch_size=BATCH, steps_per_epoch=2 * STEPS, shuffle=False, verbose=0)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+
+# --- with synchronized BatchNorm -----------------------------------------------------------
+# One device accumulating k batches of B rows normalizes each batch by its own B rows and
+# updates the moving statistics once per batch; k*B rows in one batch would normalize by
+# all k*B, which no accumulation can reproduce. So the reference here is one device with
+# batch B accumulating k batches: Keras 3's own `gradient_accumulation_steps` where the
+# groups are whole (it averages k gradients and carries an incomplete group over the
+# epoch end), and a `GradientTape` loop of plain Keras on TensorFlow, which also applies
+# an incomplete group at the epoch's end over the rows it has (the mean over its rows).
+
+BN_FEATURES = 6
+
+
+def _bn_model(accumulation: int = 0) -> Any:
+    seed_all(keras, 3)
+    inputs = keras.Input((BN_FEATURES,))
+    hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+    outputs = keras.layers.Dense(1)(keras.layers.Activation("relu")(hidden))
+    model = keras.Model(inputs, outputs)
+    own = {"gradient_accumulation_steps": accumulation} if accumulation else {}
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9, **own), "mse", metrics=["mae"])
+    return model
+
+
+def _bn_data(rows: int) -> Any:
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(rows, BN_FEATURES)) * 3 + 1).astype("float32")
+    return x, rng.normal(size=(rows, 1)).astype("float32")
+
+
+def _moving_statistics(model: Any) -> List[np.ndarray]:
+    norm = [layer for layer in model.layers
+            if isinstance(layer, keras.layers.BatchNormalization)][0]
+    return [np.asarray(norm.moving_mean), np.asarray(norm.moving_variance)]
+
+
+def _tape_reference(x: Any, y: Any, epochs: int) -> Any:
+    """Plain Keras on one TensorFlow device, batch BATCH, STEPS batches per optimizer step:
+    each group's gradient is the mean over its rows; the last group of an epoch is applied
+    over the rows it has."""
+    import tensorflow as tf
+
+    model = _bn_model()
+    variables = model.trainable_variables
+    for _ in range(epochs):
+        starts = list(range(0, len(x), BATCH))
+        for first in range(0, len(starts), STEPS):
+            group = starts[first:first + STEPS]
+            rows = sum(len(x[s:s + BATCH]) for s in group)
+            total = [tf.zeros_like(v) for v in variables]
+            for s in group:
+                with tf.GradientTape() as tape:
+                    pred = model(x[s:s + BATCH], training=True)
+                    loss = tf.reduce_sum(tf.square(pred - y[s:s + BATCH])) / rows
+                total = [t + g for t, g in zip(total, tape.gradient(loss, variables))]
+            model.optimizer.apply_gradients(zip(total, variables))
+    return model
+
+
+def _assert_bn_close(one: Any, template: Any) -> None:
+    for name, a, b in zip(("moving_mean", "moving_variance"), _moving_statistics(one),
+                          _moving_statistics(template)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4, err_msg=name)
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.core
+@accumulates
+@pytest.mark.skipif(LINE is not KerasLine.KERAS_3, reason="needs Keras 3's own "
+                    "gradient_accumulation_steps as the one-device reference")
+def test_sync_batchnorm_with_accumulation_equals_one_device_accumulating() -> None:
+    # 40 rows: 8 batches of 5 (each padded to 6 on 3 replicas), two whole groups of 4.
+    x, y = _bn_data(BATCH * STEPS * 2)
+    one = _bn_model(accumulation=STEPS)
+    h_one = one.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    template = _bn_model()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True)
+    h_par = parallel.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_bn_close(one, template)
+    assert_history_close(h_one, h_par, rtol=1e-4)
+    np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.core
+@accumulates
+@requires(tf=True)
+def test_sync_batchnorm_with_accumulation_and_a_short_group_equals_one_device() -> None:
+    # 47 rows: groups of 4, 4 and 2 batches (the last of 2 rows): fillers complete the
+    # last group and must leave the moving statistics alone.
+    x, y = _bn_data(ROWS)
+    one = _tape_reference(x, y, epochs=2)
+    template = _bn_model()
+    kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True).fit(
+        x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_bn_close(one, template)
+
+
+@pytest.mark.core
+@accumulates
+@requires(jax=True)
+def test_fillers_leave_the_moving_statistics_alone() -> None:
+    # 45 rows: two whole groups, then one batch and three masked fillers. The moving
+    # statistics see the 9 batches, as on one device accumulating (whose weights differ
+    # only by the last group, which Keras carries over the epoch end).
+    x, y = _bn_data(BATCH * (2 * STEPS + 1))
+    one = _bn_model(accumulation=STEPS)
+    one.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    template = _bn_model()
+    kerasmgpu.parallelize(template, accumulate_steps=STEPS, sync_batchnorm=True).fit(
+        x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for name, a, b in zip(("moving_mean", "moving_variance"), _moving_statistics(one),
+                          _moving_statistics(template)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+# --- a fit stopped inside a group ----------------------------------------------------------
+
+
+def _stop_after(batches: int) -> Any:
+    class Stop(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.seen += 1
+            if self.seen == batches:
+                self.model.stop_training = True
+
+    return Stop()
+
+
+@pytest.mark.core
+@accumulates
+def test_a_fit_stopped_inside_a_group_applies_it_over_its_rows() -> None:
+    """Stopped after 6 batches of 5 in its second epoch (k=4): the second group has 10
+    rows and is applied over them, as one device's epoch of batches of 20 ending on a
+    batch of 10; a later fit starts a new group (the optimizer's counters realigned)."""
+    x, y = classification_data(ROWS)
+
+    def model() -> Any:
+        return mlp(keras, optimizer=_optimizer())
+
+    one = model()
+    one.fit(x, y, batch_size=BATCH * STEPS, epochs=1, shuffle=False, verbose=0)
+    one.fit(x[:6 * BATCH], y[:6 * BATCH], batch_size=BATCH * STEPS, shuffle=False,
+            verbose=0)
+    template = model()
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=STEPS)
+    per_epoch = 3 * STEPS  # 10 batches, completed by 2 fillers
+    parallel.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+                 callbacks=[_stop_after(per_epoch + 6)])
+    for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(parallel.optimizer)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert _optimizer_steps(parallel.optimizer) == 3 + 2
+    one.fit(x, y, batch_size=BATCH * STEPS, shuffle=False, verbose=0)
+    parallel.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     for a, b in zip(one.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)

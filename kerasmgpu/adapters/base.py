@@ -228,6 +228,14 @@ class Adapter:
         """Why this release cannot accumulate gradients exactly (None: it can)."""
         return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"
 
+    def steps_per_epoch_accumulation_problem(self) -> Optional[str]:
+        """Why `fit(steps_per_epoch=)` cannot accumulate exactly here (None: it can)."""
+        return None
+
+    def optimizer_accumulation_problem(self, optimizer: Any) -> Optional[str]:
+        """Why `optimizer` cannot accumulate exactly with this release (None: it can)."""
+        return None
+
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         """Make `optimizer` (not built yet) average its gradients over `steps` calls
         before it applies them; False where this Keras cannot."""
@@ -236,6 +244,12 @@ class Adapter:
     def accumulate_by_calls(self, model: Any) -> None:
         """Where kerasmgpu accumulates between the calls of `model`'s train function
         (Keras 3 on TensorFlow), set that up; elsewhere nothing."""
+
+    def finish_group(self, model: Any, factor: float) -> None:
+        """Apply the incomplete group of a fit that stops inside it: the gradient
+        accumulated so far, times `factor` (the mean over the rows it has), as one
+        optimizer step. Only lines that accumulate are asked."""
+        raise NotImplementedError(f"{self.LABEL} does not accumulate gradients")
 
     def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],
                               every: bool = True) -> bool:

@@ -312,8 +312,42 @@ class Keras3(Adapter):
                 layer.__dict__["_moments"] = self._synchronized_moments(layer)
             elif self.backend == "torch":
                 layer.__dict__["_moments"] = self._torch_synchronized_moments(layer)
+            else:
+                layer.__dict__["_moments"] = self._idle_keeps_moving(layer)
             layer.__dict__[HOOKED + "_moments"] = True
         return True
+
+    def _idle_keeps_moving(self, layer: Any,
+                           original: Optional[Callable[[Any, Any], Any]] = None
+                           ) -> Callable[[Any, Any], Any]:
+        """`BatchNormalization._moments(inputs, mask)` that, for a batch whose mask keeps
+        no row (an accumulation filler: one device never runs it), returns the moving
+        mean and variance, so the moving averages stay as they are. The mask must be the
+        whole global batch's (JAX's one program, or one process/replica)."""
+        ops = self.keras.ops
+        original = original or getattr(layer, "_moments", None)
+        if not callable(original):
+            raise self.fail("`BatchNormalization._moments` is missing", "synchronized BatchNorm")
+
+        def moments(inputs: Any, mask: Any) -> Any:
+            mean, variance = original(inputs, mask)
+            if mask is None:
+                return mean, variance
+            return self._kept_moving(layer, ops.sum(ops.cast(mask, inputs.dtype)),
+                                     mean, variance)
+
+        return moments
+
+    def _kept_moving(self, layer: Any, count: Any, mean: Any, variance: Any) -> Any:
+        """(mean, variance), or the layer's moving ones where `count` (kept rows) is 0."""
+        ops = self.keras.ops
+        empty = count <= 0
+
+        def kept(moving: Any, value: Any) -> Any:
+            return ops.where(empty, ops.reshape(ops.cast(moving, value.dtype),
+                                                ops.shape(value)), value)
+
+        return kept(layer.moving_mean, mean), kept(layer.moving_variance, variance)
 
     def _synchronized_moments(self, layer: Any) -> Callable[[Any, Any], Any]:
         """`BatchNormalization._moments(inputs, mask)` over every replica's kept rows.
@@ -334,7 +368,8 @@ class Keras3(Adapter):
             if context is None:
                 return original(inputs, mask)
             mean, variance = tf_internals.replica_moments(
-                context, inputs, mask, layer._reduction_axes)
+                context, inputs, mask, layer._reduction_axes,
+                idle=(layer.moving_mean, layer.moving_variance))
             return tf.squeeze(mean), tf.squeeze(variance)
 
         return moments
@@ -359,10 +394,11 @@ class Keras3(Adapter):
         if not callable(original) or not hasattr(layer, "_reduction_axes"):
             raise self.fail("`BatchNormalization._moments` / `_reduction_axes` is missing",
                             "synchronized BatchNorm")
+        alone = self._idle_keeps_moving(layer, original)
 
         def moments(inputs: Any, mask: Any) -> Any:
             if not (dist.is_available() and dist.is_initialized()):
-                return original(inputs, mask)
+                return alone(inputs, mask)
             axes = tuple(layer._reduction_axes)
             # No mask: a step without padding rows (every row counts), still synchronized.
             kept = torch.ones_like(inputs) if mask is None else (
@@ -374,20 +410,55 @@ class Keras3(Adapter):
             mean = total[0] / count
             squares = all_reduce(
                 torch.sum(torch.square(inputs - mean) * kept, dim=axes, keepdim=True))
-            return torch.squeeze(mean), torch.squeeze(squares / count)
+            # A filler (no kept row in any process) leaves the moving statistics alone.
+            return self._kept_moving(layer, torch.squeeze(total[1]), torch.squeeze(mean),
+                                     torch.squeeze(squares / count))
 
         return moments
 
     def own_accumulation(self, optimizer: Any) -> int:
         return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
+    # Keras 3.3 - 3.7: the optimizers whose update does not read `iterations` (measured
+    # exact on 3.3 against one device at k*B; SGD with momentum too).
+    _STEPLESS = ("SGD", "RMSprop")
+
     def accumulation_problem(self) -> Optional[str]:
-        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter, and Adam's
-        # bias correction reads it: not one device's step over the whole group.
-        if self.version is not None and self.version < Version("3.8"):
-            return (f"Keras {self.version}'s optimizer counts micro-batches in `iterations`, "
-                    "which Adam's bias correction reads (Keras >= 3.8 counts steps)")
-        return None
+        return None  # 3.3+; before 3.8 per optimizer (optimizer_accumulation_problem)
+
+    def steps_per_epoch_accumulation_problem(self) -> Optional[str]:
+        # Measured on 3.3: given steps_per_epoch, fit on arrays trains on batches 1 .. s
+        # (the first is read and left out); accumulating, that batch is a micro-batch,
+        # so every group would start one micro-batch late. 3.8+ trains on 0 .. s-1.
+        if self.version is None or self.version >= Version("3.8"):
+            return None
+        return (f"Keras {self.version} leaves the first batch of an epoch out when given "
+                "steps_per_epoch, which with accumulate_steps is one micro-batch of a "
+                "group, not one device's batch of k*B (Keras >= 3.8 does not)")
+
+    def optimizer_accumulation_problem(self, optimizer: Any) -> Optional[str]:
+        # Before 3.8 (3.3 measured) `iterations` is the micro-batch counter (3.8+: steps,
+        # `_iterations // k`), and Adam's bias correction (Adamax, Nadam, Adafactor) and
+        # EMA read it: k times one device's step count there. An update that does not
+        # read it is one device's.
+        # It also clips and decays the weights at every micro-batch (3.8+: the group's
+        # gradient, once per step).
+        if self.version is None or self.version >= Version("3.8"):
+            return None
+        name = type(optimizer).__name__
+        stepless = any(type(optimizer) is getattr(self.keras.optimizers, each, None)
+                       for each in self._STEPLESS)
+        per_micro = [f"{option}={getattr(optimizer, option)}" for option in (
+            "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+            if getattr(optimizer, option, None)]
+        if stepless and not per_micro:
+            return None
+        why = (f"it clips, decays or averages ({', '.join(per_micro)}) each micro-batch"
+               if stepless else f"{name}'s update reads `iterations` (Adam's bias "
+               "correction), which counts micro-batches here")
+        return (f"on Keras {self.version} {why}, not once per optimizer step as one device "
+                f"at k*B (Keras >= 3.8 does; here {' and '.join(self._STEPLESS)} without "
+                "clipping, weight decay or EMA accumulate exactly)")
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         if self.backend == "tensorflow":
@@ -419,6 +490,38 @@ class Keras3(Adapter):
             return False
         optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(steps)
         return True
+
+    def finish_group(self, model: Any, factor: float) -> None:
+        """TF: kerasmgpu's sums (`tensorflow.finish_group`). JAX and torch: Keras's own
+        accumulators (`_accumulated_gradients`, the sum of the group's gradients, and
+        `_iterations`, which counts micro-batches; 3.8 - 3.15; on 3.3 - 3.7 `iterations`
+        counts them) - scaled, the counter set
+        to a group's last micro-batch, and `apply` given zero gradients, which then
+        applies their mean and clears them as at any group's end."""
+        optimizer = model.optimizer
+        if self.backend == "tensorflow":
+            tf_internals.finish_group(optimizer.__dict__[HOOKED + "_accumulation"],
+                                      optimizer, list(model.trainable_variables), factor)
+            return
+        sums = getattr(optimizer, "_accumulated_gradients", None)
+        # 3.8+: `_iterations` (`iterations` is steps); 3.3 - 3.7: `iterations` itself.
+        counter = getattr(optimizer, "_iterations", None) if self.version is None or (
+            self.version >= Version("3.8")) else getattr(optimizer, "iterations", None)
+        if sums is None or counter is None:
+            raise self.fail("`_accumulated_gradients` / `_iterations` are missing",
+                            "accumulate_steps")
+        sync = getattr(model, "jax_state_sync", None)
+        if callable(sync):  # JAX: the loop's state into the variables (public method)
+            sync()
+        ops = self.keras.ops
+        for total in sums:
+            if total is not None:
+                total.assign(total * factor)
+        steps = self.own_accumulation(optimizer)
+        done = int(ops.convert_to_numpy(counter))
+        counter.assign(done + steps - 1 - done % steps)
+        variables = list(model.trainable_variables)
+        optimizer.apply([ops.zeros(v.shape, v.dtype) for v in variables], variables)
 
     def accumulate_by_calls(self, model: Any) -> None:
         """Keras 3 on TF, accumulating: the train function, traced twice (accumulating,

@@ -25,7 +25,7 @@ import contextlib
 import contextvars
 import itertools
 import threading
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -254,6 +254,30 @@ class Accumulation:
             total.assign(tf.zeros(total.shape, total.dtype))
 
 
+def finish_group(group: Accumulation, optimizer: Any, variables: List[Any],
+                 factor: float) -> None:
+    """Apply `group`'s incomplete sums now (a fit stopped inside the group): the sums
+    times `factor`, through the optimizer's hooked `apply_gradients` in its applying
+    mode, given zero gradients - in a replica function of the current strategy, as the
+    applying trace does it (its all-reduce of zeros adds nothing), so clipping, the step
+    count and the update are those of a group's last micro-batch."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    for total in group._sums(variables):
+        total.assign(total * factor)
+
+    def apply() -> None:
+        optimizer.apply_gradients([(tf.zeros_like(v), v) for v in variables])
+
+    group.applying = True
+    try:
+        tf.function(lambda: strategy.run(apply), autograph=False)()
+    finally:
+        group.applying = False
+        group.fed = 0
+
+
 def switching_train_function(model: Any, original: Callable[..., Any],
                              accumulation: Callable[[], Any],
                              steps_per_execution: Callable[[], int]) -> Callable[..., Any]:
@@ -414,7 +438,8 @@ def all_replicas_agree(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return agreed
 
 
-def replica_moments(context: Any, inputs: Any, mask: Any, axes: Any) -> Tuple[Any, Any]:
+def replica_moments(context: Any, inputs: Any, mask: Any, axes: Any,
+                    idle: Optional[Tuple[Any, Any]] = None) -> Tuple[Any, Any]:
     """Mean and variance (dimensions kept) over every replica's rows that `mask` keeps.
 
     Each replica holds its shard of the global batch: the masked sums and row count are
@@ -422,6 +447,9 @@ def replica_moments(context: Any, inputs: Any, mask: Any, axes: Any) -> Tuple[An
     all-reduced too), the mean taken, then the masked sum of squared deviations from it -
     two passes, as one device's `tf.nn.moments`, not E[x^2] - E[x]^2 as Keras's own
     synchronized moments (which also keep the padding rows in). No mask: every row.
+    With `idle` (the layer's moving mean and variance), a global batch without a kept
+    row - an accumulation filler - returns them, so the moving averages stay as they are
+    (one device never runs that batch).
     """
     import tensorflow as tf
 
@@ -435,4 +463,13 @@ def replica_moments(context: Any, inputs: Any, mask: Any, axes: Any) -> Tuple[An
     squares = context.all_reduce(
         tf.distribute.ReduceOp.SUM,
         tf.reduce_sum(tf.square(inputs - mean) * kept, axes, keepdims=True))
-    return mean, tf.math.divide_no_nan(squares, total[1])
+    variance = tf.math.divide_no_nan(squares, total[1])
+    if idle is None:
+        return mean, variance
+    empty = total[1] <= 0
+
+    def or_moving(moving: Any, value: Any) -> Any:
+        return tf.where(empty, tf.reshape(tf.cast(moving, inputs.dtype), tf.shape(value)),
+                        value)
+
+    return or_moving(idle[0], mean), or_moving(idle[1], variance)

@@ -339,6 +339,11 @@ class TfKeras2(Adapter):
             apply, aggregate, lambda: optimizer.__dict__.get(HOOKED + "_accumulation"))
         return True
 
+    def finish_group(self, model: Any, factor: float) -> None:
+        optimizer = model.optimizer
+        tf_internals.finish_group(optimizer.__dict__[HOOKED + "_accumulation"], optimizer,
+                                  list(model.trainable_variables), factor)
+
     def accumulate_by_calls(self, model: Any) -> None:
         """`Model.make_train_function` wrapped on the instance (see
         `tensorflow.switching_train_function`); `_steps_per_execution` is the variable
@@ -401,12 +406,14 @@ class TfKeras2(Adapter):
                 return _original(inputs, training=training, mask=mask)
 
             def mean_and_var(inputs: Any, reduction_axes: Any, keep_dims: Any,
-                             mask: Any = None, _original: Any = original) -> Any:
+                             mask: Any = None, _original: Any = original,
+                             _layer: Any = layer) -> Any:
                 context = tf.distribute.get_replica_context()
                 if context is None:
                     return _original(inputs, reduction_axes, keep_dims, mask=mask)
                 mean, variance = tf_internals.replica_moments(
-                    context, inputs, mask, reduction_axes)
+                    context, inputs, mask, reduction_axes,
+                    idle=(_layer.moving_mean, _layer.moving_variance))
                 if not keep_dims:
                     mean = tf.squeeze(mean, reduction_axes)
                     variance = tf.squeeze(variance, reduction_axes)

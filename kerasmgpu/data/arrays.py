@@ -179,7 +179,12 @@ class Arrays(Input):
 
         pads, example = plan.padding()
         steps = len(plan.sizes) if predict else plan.steps
-        return Feed(ArrayBatches(), steps=steps, pads=pads, padding_example=example)
+        micro = None if predict else plan.micro
+        stopped = None if micro is None else (
+            lambda fed: accumulation.stopped_group(micro, plan.sizes, fed,
+                                                   plan.accumulate_steps))
+        return Feed(ArrayBatches(), steps=steps, pads=pads, padding_example=example,
+                    stopped_group=stopped)
 
     def tf_feed(self) -> Feed:
         import tensorflow as tf

@@ -45,6 +45,9 @@ class Feed:
     # new iterator draws the next reshuffle (`shuffle(seed=s)`) and restarts seeded
     # random ops; one repeated iterator would see other permutations and numbers.
     per_epoch_iterators: bool = False
+    # Accumulating: after n micro-batches of a fit that stops there, the factor of the
+    # incomplete group's gradient (`accumulation.stopped_group`), None when it is whole.
+    stopped_group: Optional[Callable[[int], Optional[float]]] = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ import inspect
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
@@ -228,6 +228,12 @@ def accumulating(state: ParallelState, optimizer: Any) -> Any:
     own = state.adapter.own_accumulation(optimizer)
     if own > 1 and own != steps:
         raise own_accumulation_error(own, steps)
+    problem = state.adapter.optimizer_accumulation_problem(optimizer)
+    if problem is not None:
+        raise bad_value(
+            "accumulate_steps", steps, f"1 with {type(optimizer).__name__} here: {problem}",
+            "upgrade Keras 3 to 3.8+, or compile with one of those optimizers, or raise "
+            "batch_size instead")
     if not state.adapter.accumulate_gradients(optimizer, steps):
         raise bad_value(
             "optimizer", f"{type(optimizer).__name__}, already built, with accumulate_steps="
@@ -337,6 +343,14 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         accumulation.check_loss_reduction(getattr(self, "loss", None),
                                           accumulate_state.accumulate_steps)
         accumulation.check_callbacks(callbacks, accumulate_state.accumulate_steps)
+        problem = accumulate_state.adapter.steps_per_epoch_accumulation_problem()
+        # (Other inputs are refused with accumulate_steps anyway, saying so.)
+        if (steps_per_epoch is not None and accumulate_state.accumulate_steps > 1 and problem
+                and structure.is_array_like(x)):
+            raise bad_value("steps_per_epoch", steps_per_epoch,
+                            f"None with accumulate_steps > 1 here: {problem}",
+                            "leave steps_per_epoch out (fit the rows you mean), or upgrade "
+                            "Keras 3 to 3.8+")
     state = _state(self, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
@@ -368,7 +382,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
             validation_steps = val_feed.steps
     before, after = position.callbacks() if position is not None else ([], [])
     callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
-                 + user_callbacks + after + [_from_template(state)])
+                 + user_callbacks + after + [_from_template(state)]
+                 + _stopped_group(state, self, train_feed))
     preemption = position.preemption() if position is not None else contextlib.nullcontext()
     with state.engine.scope(), preemption:
         history = state.originals["fit"](
@@ -584,6 +599,30 @@ def _from_template(state: ParallelState) -> Any:
             sync.before_call(state.mirror, training=True, collective=True)
 
     return StateFromTemplate()
+
+
+def _stopped_group(state: ParallelState, replica: Any, feed: feeds.Feed) -> List[Any]:
+    """Accumulating, after every other callback: a fit stopped inside an optimizer
+    step's group (a callback set `stop_training` in on_train_batch_end) applies the group
+    over the rows it has, at once - before validation and the epoch end, as one device's
+    short last batch would be."""
+    if feed.stopped_group is None:
+        return []
+    stopped: Callable[[int], Optional[float]] = feed.stopped_group
+    base = state.adapter.keras.callbacks.Callback
+
+    class StoppedGroup(base):  # type: ignore[misc, valid-type]
+        fed = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.fed += 1
+            if not getattr(replica, "stop_training", False):
+                return
+            factor = stopped(self.fed)
+            if factor is not None:
+                state.adapter.finish_group(replica, factor)
+
+    return [StoppedGroup()]
 
 
 _REPLACED: Dict[str, Callable[..., Any]] = {
