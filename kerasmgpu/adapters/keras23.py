@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import Adapter, StateReader
@@ -192,6 +192,9 @@ class GroupPlan:
         self._totals: Dict[int, Any] = {}
         self._scale: Any = None
         self._keep: Any = None
+        self._rows = (1, 1)  # (the current group's rows, its rows seen so far)
+        self._functions: Tuple[Any, ...] = ()
+        self._last: Any = None  # the inputs of a micro-batch that did not apply
 
     @property
     def scale(self) -> Any:
@@ -222,9 +225,27 @@ class GroupPlan:
         self.backend.batch_set_value([(self.scale, sizes[batch] / sum(group)),
                                       (self.keep, 0.0 if batch == first else 1.0)])
         self.apply = batch == first + len(group) - 1
+        self._rows = (sum(group), sum(sizes[first:batch + 1]))
+
+    def finish(self) -> None:
+        """A fit stopped after a micro-batch that did not end its group: the group is
+        applied now over the rows it has, as one device's short last batch. The applying
+        function runs once more on the last inputs with their share set to 0, so its
+        gradient is the sums alone, rescaled from the planned group's rows to those seen
+        (Keras's optimizer, its slots and clipping are the same; a BatchNormalization's
+        moving statistics see that forward pass once more)."""
+        if self.apply or self._last is None:
+            return
+        planned, seen = self._rows
+        self.backend.batch_set_value([(self.scale, 0.0), (self.keep, planned / seen)])
+        self._functions[1](self._last)
+        self.apply, self._last = True, None
 
     def switching(self, accumulate: Any, apply: Any) -> Callable[[Any], Any]:
+        self._functions, self._last = (accumulate, apply), None
+
         def train_function(inputs: Any) -> Any:
+            self._last = None if self.apply else inputs
             return (apply if self.apply else accumulate)(inputs)
 
         return train_function

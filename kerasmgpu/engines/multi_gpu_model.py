@@ -180,7 +180,7 @@ def _accumulate(model: Any, adapter: Keras23) -> None:
         return
     held.accumulate_steps = steps
     plan = adapter.accumulate_train_calls(model, steps)
-    schedule = _group_schedule(adapter, plan)
+    schedule, finisher = _group_schedule(adapter, plan), _stopped_group(adapter, plan)
     fit = model.fit
 
     def accumulating_fit(*args: Any, **kwargs: Any) -> Any:
@@ -191,7 +191,9 @@ def _accumulate(model: Any, adapter: Keras23) -> None:
                                                      given.get("steps_per_epoch")), steps)
         if adapter.is_compiled(model):
             accumulation.check_loss_reduction(model.loss, steps)
-        given["callbacks"] = [schedule] + list(given.get("callbacks") or [])
+        # The schedule first; after the user's, one that applies a group a callback
+        # stopped the fit inside of (`stop_training` in on_train_batch_end).
+        given["callbacks"] = [schedule] + list(given.get("callbacks") or []) + [finisher]
         # All by keyword: the wrappers below (`_synced`) add to `callbacks` by name.
         named = {k: v for k, v in given.items() if k not in ("self", "kwargs")}
         return fit(**named, **extra)
@@ -240,6 +242,17 @@ def _group_schedule(adapter: Keras23, plan: GroupPlan) -> Any:
             plan.at(batch, self.sizes)
 
     return GroupSchedule()
+
+
+def _stopped_group(adapter: Keras23, plan: GroupPlan) -> Any:
+    base = adapter.keras.callbacks.Callback
+
+    class StoppedGroup(base):  # type: ignore[misc, valid-type]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if getattr(self.model, "stop_training", False):
+                plan.finish()
+
+    return StoppedGroup()
 
 
 def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None) -> None:
