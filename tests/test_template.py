@@ -432,9 +432,9 @@ def test_a_change_made_at_train_end_is_kept(side: str) -> None:
     """fit() ends by giving the template the replica's state unless the replica still
     holds what the last epoch end copied: a callback's on_train_end changes one side."""
     if side == "the template" and not ON_JAX and not ON_TORCH:
-        pytest.skip("on the TensorFlow routes and Keras 2.3 fit's end copies the replica's "
-                    "state again, over a template change made in on_train_end (README, "
-                    "Semantics: telling would cost a hash on the devices)")
+        pytest.skip("on the TensorFlow routes fit's end copies the replica's state again, "
+                    "over a template change made in on_train_end (README, Semantics: "
+                    "telling would cost a hash on the devices)")
     single, template = _pair()
     pmodel = kerasmgpu.parallelize(template, gpus=N)
 
