@@ -39,8 +39,6 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from packaging.version import Version
-
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
@@ -52,6 +50,7 @@ from kerasmgpu.adapters.base import (
     class_weight_error,
     following_save,
 )
+from kerasmgpu.env.versions import KERAS3_ACCUMULATION_COUNTS_STEPS
 from kerasmgpu.registry import verified_range
 
 
@@ -423,6 +422,12 @@ class Keras3(Adapter):
     # exact on 3.3 against one device at k*B; SGD with momentum too).
     _STEPLESS = ("SGD", "RMSprop")
 
+    @property
+    def _accumulation_counts_steps(self) -> bool:
+        """Whether this Keras's `iterations` counts optimizer steps when it accumulates
+        (env/versions.py KERAS3_ACCUMULATION_COUNTS_STEPS; an unknown version: newest)."""
+        return self.version is None or self.version >= KERAS3_ACCUMULATION_COUNTS_STEPS
+
     def accumulation_problem(self) -> Optional[str]:
         return None  # 3.3+; before 3.8 per optimizer (optimizer_accumulation_problem)
 
@@ -430,7 +435,7 @@ class Keras3(Adapter):
         # Measured on 3.3: given steps_per_epoch, fit on arrays trains on batches 1 .. s
         # (the first is read and left out); accumulating, that batch is a micro-batch,
         # so every group would start one micro-batch late. 3.8+ trains on 0 .. s-1.
-        if self.version is None or self.version >= Version("3.8"):
+        if self._accumulation_counts_steps:
             return None
         return (f"Keras {self.version} leaves the first batch of an epoch out when given "
                 "steps_per_epoch, which with accumulate_steps is one micro-batch of a "
@@ -443,7 +448,7 @@ class Keras3(Adapter):
         # read it is one device's.
         # It also clips and decays the weights at every micro-batch (3.8+: the group's
         # gradient, once per step).
-        if self.version is None or self.version >= Version("3.8"):
+        if self._accumulation_counts_steps:
             return None
         name = type(optimizer).__name__
         stepless = any(type(optimizer) is getattr(self.keras.optimizers, each, None)
@@ -505,8 +510,8 @@ class Keras3(Adapter):
             return
         sums = getattr(optimizer, "_accumulated_gradients", None)
         # 3.8+: `_iterations` (`iterations` is steps); 3.3 - 3.7: `iterations` itself.
-        counter = getattr(optimizer, "_iterations", None) if self.version is None or (
-            self.version >= Version("3.8")) else getattr(optimizer, "iterations", None)
+        counter = getattr(optimizer, "_iterations" if self._accumulation_counts_steps
+                          else "iterations", None)
         if sums is None or counter is None:
             raise self.fail("`_accumulated_gradients` / `_iterations` are missing",
                             "accumulate_steps")

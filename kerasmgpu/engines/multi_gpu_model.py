@@ -27,7 +27,7 @@ from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from kerasmgpu import accumulation
+from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters.keras23 import GroupPlan, Keras23
 from kerasmgpu.engines.base import Engine
@@ -235,8 +235,7 @@ def _group_schedule(adapter: Keras23, plan: GroupPlan) -> Any:
         sizes: List[int] = []
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            rows, batch = int(self.params["samples"]), int(self.params["batch_size"])
-            self.sizes = [batch] * (rows // batch) + ([rows % batch] if rows % batch else [])
+            self.sizes = batching.batch_sizes(self.params["samples"], self.params["batch_size"])
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             plan.at(batch, self.sizes)

@@ -64,6 +64,13 @@ KERAS3_TF_MIN = Version("3.10")
 # 3.11 made that check depend on `auto_shard_dataset`, which kerasmgpu turns off.
 KERAS3_JAX_MULTI_PROCESS_MIN = Version("3.11")
 # Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
+# Breakpoint: Keras 3 accumulation (`gradient_accumulation_steps`) counts optimizer steps
+# in `iterations` from 3.8 (the micro-batches in `_iterations`), and clips and decays the
+# group's gradient once; before it (3.3 measured) `iterations` counts micro-batches, which
+# Adam's bias correction and EMA read, and clipping and decay act on each micro-batch;
+# `fit(steps_per_epoch=)` on arrays also leaves an epoch's first batch out there.
+KERAS3_ACCUMULATION_COUNTS_STEPS = Version("3.8")
+
 LEGACY_KERAS_MIN = Version("2.3.1")
 LEGACY_KERAS_VERIFIED_BELOW = Version("2.3.2")
 # A release above a verified range is refused (kerasmgpu would have to guess where its
