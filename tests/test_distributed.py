@@ -128,6 +128,8 @@ RUNS: Dict[str, List[str]] = {
     "chief": ["train.py", "--chief-sets"],
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
+    **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
+       if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
@@ -264,6 +266,28 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
     two = _finished(job, "custom")
     assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr
     _assert_same(one / "custom" / "rank0.npz", two / "rank0.npz")
+
+
+@pytest.mark.core
+@requires(torch=True)
+def test_torch_sums_the_metrics_every_step_only_for_a_callback_that_reads_them(
+        job: Job, one: Path) -> None:
+    """On torch, the per-batch logs a callback reads (`Crash` in train.py reads the loss
+    at every batch end) are one process's - the global running loss - in both
+    processes; and a fit without such a callback makes no collective per step beyond
+    the gradients' (it once made one more per training and validation step)."""
+    two = _finished(job, "arrays")
+    reference = np.load(one / "arrays" / "rank0.npz")["batch_loss"]
+    assert reference.size == 3 * 11  # 3 epochs of 101 rows in batches of 10
+    for rank in (0, 1):
+        np.testing.assert_allclose(np.load(two / f"rank{rank}.npz")["batch_loss"],
+                                   reference, rtol=1e-5, atol=1e-6)
+    counts = [json.loads((_finished(job, "collectives") / f"collectives{rank}.json")
+                         .read_text()) for rank in (0, 1)]
+    assert counts[0] == counts[1]
+    # 101 rows in batches of 10, 33 validation rows: 11 + 4 steps, each summing the
+    # metric states once more when the callback reads the logs.
+    assert counts[0]["with"] - counts[0]["without"] == 11 + 4, counts
 
 
 @pytest.mark.core

@@ -132,6 +132,10 @@ class Engine(abc.ABC):
         own share of the same global batches - every sample once per epoch."""
         return self.broadcast(int(np.random.randint(0, 2**31 - 1)))
 
+    def note_callbacks(self, callbacks: List[Any]) -> None:  # noqa: B027 - optional hook
+        """The user's callbacks of the fit/evaluate about to run (torch: whether one
+        reads the per-batch logs, which then cost a collective per step)."""
+
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""

@@ -12,8 +12,12 @@ process per device and, in each, `parallelize(model)`:
   optimizer applies them - with the packed weights each process's loss is its share
   of the global mean, so the average is the single-device gradient;
 * sums the metric states (totals, counts, confusion matrices) over the processes when
-  an epoch's results are read, so History and `evaluate` report the global figures
-  (the per-step progress bar shows this process's running values);
+  an epoch's results are read, so History and `evaluate` report the global figures;
+  and at every step too when a callback of yours reads the per-batch logs (see
+  `_reads_batch_logs`): they are then one device's, and a callback that stops the fit
+  on them (TerminateOnNaN) stops every process at the same step. Otherwise a step
+  costs no collective beyond the gradients' (the progress bar shows this process's
+  running values);
 * keeps non-trainable state (e.g. BatchNorm statistics) equal by broadcasting rank 0's
   at every epoch end.
 
@@ -91,6 +95,8 @@ class TorchDDPEngine(Engine):
         self.dist = startup.torch_process_group(environment)
         self.timeout = environment.collective_timeout()
         self.world = int(self.dist.get_world_size())
+        # Whether the metric states are summed at every step (`note_callbacks`).
+        self.sum_every_step = True
 
     @classmethod
     def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
@@ -159,25 +165,25 @@ class TorchDDPEngine(Engine):
         if getattr(replica, "optimizer", None) is not None and replica.optimizer.built:
             self._broadcast(replica.optimizer.variables)
         original = replica.get_metrics_result
-        compute_metrics = replica.compute_metrics
 
         def get_metrics_result(model: Any) -> Dict[str, Any]:
-            if getattr(_local, "in_step", False):
+            if getattr(_local, "in_step", False) and not self.sum_every_step:
                 return original()  # the per-step logs: this process's running values
             with self._summed_metric_states(model):
                 return original()
 
-        def compute_metrics_local(model: Any, *args: Any, **kwargs: Any) -> Any:
-            _local.in_step = True
-            try:
-                return compute_metrics(*args, **kwargs)
-            finally:
-                _local.in_step = False
-
         replica.__dict__["get_metrics_result"] = types.MethodType(get_metrics_result, replica)
-        replica.__dict__["compute_metrics"] = types.MethodType(compute_metrics_local, replica)
+        _mark_steps(replica)
+
+    def note_callbacks(self, callbacks: List[Any]) -> None:
+        base = self.adapter.keras.callbacks.Callback
+        self.sum_every_step = any(_reads_batch_logs(c, base) for c in callbacks)
 
     def prepare_compiled(self, replica: Any) -> None:
+        # Every compile installs the replica's step methods anew (compute_metrics
+        # among them): mark the new one. Before, the mark was lost at the compile,
+        # and every step summed the metric states - one collective per step more.
+        _mark_steps(replica)
         optimizer = replica.optimizer
         if optimizer is None or getattr(optimizer, "_kerasmgpu_all_reduce", False):
             return
@@ -230,6 +236,44 @@ class TorchDDPEngine(Engine):
             "step": "each process computes the gradients of its share of the batch; they are "
             "all-reduced before every update",
         }
+
+
+def _mark_steps(replica: Any) -> None:
+    """`compute_metrics` - Keras's per-step logs - marks that it runs (once per method)."""
+    compute_metrics = replica.compute_metrics
+    if getattr(compute_metrics, "_kerasmgpu_marks_steps", False):
+        return
+
+    def compute_metrics_local(model: Any, *args: Any, **kwargs: Any) -> Any:
+        _local.in_step = True
+        try:
+            return compute_metrics(*args, **kwargs)
+        finally:
+            _local.in_step = False
+
+    compute_metrics_local._kerasmgpu_marks_steps = True  # type: ignore[attr-defined]
+    replica.__dict__["compute_metrics"] = types.MethodType(compute_metrics_local, replica)
+
+
+# Keras's own callbacks that show the per-batch logs but decide nothing on them.
+_DISPLAY_ONLY = ("ProgbarLogger", "History")
+
+
+def _reads_batch_logs(callback: Any, base: Any) -> bool:
+    """Whether `callback` has a batch-end hook of its own (so may read, and act on, the
+    per-batch logs): a method overridden in its class, or set on the instance
+    (LambdaCallback). kerasmgpu's own callbacks and Keras's progress bar do not act
+    on them."""
+    kind = type(callback)
+    package = kind.__module__.split(".")[0]
+    if package == "kerasmgpu" or (package in ("keras", "tf_keras")
+                                  and kind.__name__ in _DISPLAY_ONLY):
+        return False
+    for name in ("on_train_batch_end", "on_test_batch_end", "on_batch_end"):
+        hook = getattr(callback, name, None)
+        if getattr(hook, "__func__", hook) is not getattr(base, name, None):
+            return True
+    return False
 
 
 def _all_reduce_flat(timeout: float, dist: Any, tensors: Sequence[Any], dtype: Any = None

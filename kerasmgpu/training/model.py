@@ -356,6 +356,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
     user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    state.engine.note_callbacks(user_callbacks)  # fit's validation passes included
     environment = state.engine.environment
     position = resume.plan(state.adapter, user_callbacks,
                            rank=environment.global_rank() if environment.multi_process() else 0,
@@ -419,6 +420,7 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
         steps = feed.steps
+    state.engine.note_callbacks(list(callbacks or []))
     with state.engine.scope():
         results = state.originals["evaluate"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks,

@@ -72,6 +72,9 @@ parser.add_argument("--batchnorm", action="store_true",
                     help="a BatchNormalization layer after the hidden Dense")
 parser.add_argument("--sync-batchnorm", action="store_true",
                     help="parallelize(sync_batchnorm=True)")
+parser.add_argument("--count-collectives", action="store_true",
+                    help="torch: count all_reduce calls in fit with, then without, a "
+                    "callback that reads the per-batch logs (written to collectives.json)")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -157,7 +160,10 @@ def crash_if_asked(epoch):
 
 
 class Crash(keras.callbacks.Callback):
+    """Fails or preempts where asked; reads the per-batch logs (as TerminateOnNaN does)."""
+
     steps = 0
+    batch_losses: list = []
 
     def on_epoch_end(self, epoch, logs=None):
         if not args.crash_step:
@@ -165,6 +171,7 @@ class Crash(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+        Crash.batch_losses.append(float(logs["loss"]))
         if args.crash_step and self.steps == args.crash_step:
             crash_if_asked(args.crash_epoch)
         marker = os.path.join(args.out, "preempted")
@@ -224,6 +231,25 @@ else:
                          shuffle=False, verbose=0, callbacks=callbacks,
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
+if args.count_collectives:
+    import torch.distributed as dist
+
+    own_all_reduce, counted = dist.all_reduce, []
+
+    def counting(*a, **k):
+        counted.append(1)
+        return own_all_reduce(*a, **k)
+
+    dist.all_reduce = counting
+    counts = {}
+    for label, extra in (("with", [Crash()]), ("without", [])):
+        counted.clear()
+        pmodel.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
+                   callbacks=extra, validation_data=(x[:33], y[:33]))
+        counts[label] = len(counted)
+    dist.all_reduce = own_all_reduce
+    with open(os.path.join(args.out, f"collectives{rank}.json"), "w") as f:
+        json.dump(counts, f)
 if args.chief_sets:
     if rank == 0:  # e.g. a checkpoint loaded on the chief only
         model.set_weights([w * 0.5 for w in model.get_weights()])
@@ -246,6 +272,7 @@ np.savez(
     os.path.join(args.out, f"rank{rank}.npz"),
     *model.get_weights(),
     loss=np.asarray(history.history["loss"]),
+    batch_loss=np.asarray(Crash.batch_losses),
     val_loss=np.asarray(history.history["val_loss"]),
     evaluation=np.asarray(evaluation),
     prediction=np.asarray(prediction),
