@@ -182,6 +182,19 @@ def test_gpus_per_proc_slices_visible_devices() -> None:
                             base_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
 
 
+def test_cpu_threads_are_shared_out_unless_set() -> None:
+    cores = len(os.sched_getaffinity(0))
+    envs, _ = worker_environments(2, "127.0.0.1:29500", base_env={})
+    assert [e["OMP_NUM_THREADS"] for e in envs] == [str(max(1, cores // 2))] * 2
+    envs, _ = worker_environments(cores + 1, "127.0.0.1:29500", base_env={})
+    assert {e["OMP_NUM_THREADS"] for e in envs} == {"1"}
+    # The user's own choice stands; one worker keeps the whole machine.
+    envs, _ = worker_environments(2, "127.0.0.1:29500", base_env={"OMP_NUM_THREADS": "3"})
+    assert [e["OMP_NUM_THREADS"] for e in envs] == ["3", "3"]
+    (env,), _ = worker_environments(1, "127.0.0.1:29500", base_env={})
+    assert "OMP_NUM_THREADS" not in env
+
+
 @pytest.mark.parametrize("hidden", ["", "-1"])
 def test_no_gpu_means_gloo_and_gpus_per_proc_ignored(hidden: str) -> None:
     envs, notes = worker_environments(

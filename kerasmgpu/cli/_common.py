@@ -26,6 +26,7 @@ import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from kerasmgpu._errors import explain
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import process_count
 from kerasmgpu.env.devices import Device
 from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV, KerasLine
@@ -279,11 +280,7 @@ def gpu_names() -> List[str]:
     return [str(d.get("name")) for d in nvml.summary().get("devices", [])]
 
 
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+cpu_cores = devices_module.cpu_cores  # (demo and bench read it from here)
 
 
 def shared_cores_note(measure: str = "samples/s") -> str:

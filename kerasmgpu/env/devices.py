@@ -334,3 +334,11 @@ def resolve_gpus(gpus: GpusArg, available: Sequence[Device]) -> Tuple[Device, ..
         "gpus", gpus, "None, an int >= 1, or a list of device ids",
         "pass gpus=None, gpus=2 or gpus=[0, 3]",
     )
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
