@@ -275,7 +275,8 @@ def test_torch_sums_the_metrics_every_step_only_for_a_callback_that_reads_them(
     """On torch, the per-batch logs a callback reads (`Crash` in train.py reads the loss
     at every batch end) are one process's - the global running loss - in both
     processes; and a fit without such a callback makes no collective per step beyond
-    the gradients' (it once made one more per training and validation step)."""
+    the gradients' (it once made one more per training and validation step); and a
+    callback given to the chief alone makes every process sum."""
     two = _finished(job, "arrays")
     reference = np.load(one / "arrays" / "rank0.npz")["batch_loss"]
     assert reference.size == 3 * 11  # 3 epochs of 101 rows in batches of 10
@@ -288,6 +289,9 @@ def test_torch_sums_the_metrics_every_step_only_for_a_callback_that_reads_them(
     # 101 rows in batches of 10, 33 validation rows: 11 + 4 steps, each summing the
     # metric states once more when the callback reads the logs.
     assert counts[0]["with"] - counts[0]["without"] == 11 + 4, counts
+    # Given to the chief alone, such a callback makes both processes sum (their
+    # collectives must pair up: a process summing alone would wait on the other).
+    assert counts[0]["chief-only"] == counts[1]["chief-only"] == counts[0]["with"], counts
 
 
 @pytest.mark.core

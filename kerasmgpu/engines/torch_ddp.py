@@ -176,8 +176,12 @@ class TorchDDPEngine(Engine):
         _mark_steps(replica)
 
     def note_callbacks(self, callbacks: List[Any]) -> None:
+        # One collective per call: a callback given to the chief alone (TensorBoard
+        # `if is_chief()`) must make every process sum at every step, or their
+        # collectives would no longer pair up.
         base = self.adapter.keras.callbacks.Callback
-        self.sum_every_step = any(_reads_batch_logs(c, base) for c in callbacks)
+        self.sum_every_step = self.any_process(
+            any(_reads_batch_logs(c, base) for c in callbacks))
 
     def prepare_compiled(self, replica: Any) -> None:
         # Every compile installs the replica's step methods anew (compute_metrics

@@ -355,8 +355,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    # Before the chief-only ones are dropped: every process must decide alike.
+    state.engine.note_callbacks(list(callbacks or []))  # fit's validation passes included
     user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
-    state.engine.note_callbacks(user_callbacks)  # fit's validation passes included
     environment = state.engine.environment
     position = resume.plan(state.adapter, user_callbacks,
                            rank=environment.global_rank() if environment.multi_process() else 0,

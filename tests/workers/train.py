@@ -73,8 +73,9 @@ parser.add_argument("--batchnorm", action="store_true",
 parser.add_argument("--sync-batchnorm", action="store_true",
                     help="parallelize(sync_batchnorm=True)")
 parser.add_argument("--count-collectives", action="store_true",
-                    help="torch: count all_reduce calls in fit with, then without, a "
-                    "callback that reads the per-batch logs (written to collectives.json)")
+                    help="torch: count all_reduce calls in fit with, without, and on rank 0 "
+                    "alone with a callback that reads the per-batch logs "
+                    "(written to collectives<rank>.json)")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -242,7 +243,9 @@ if args.count_collectives:
 
     dist.all_reduce = counting
     counts = {}
-    for label, extra in (("with", [Crash()]), ("without", [])):
+    # chief-only: the reading callback on rank 0 alone (TensorBoard `if is_chief()`).
+    for label, extra in (("with", [Crash()]), ("without", []),
+                         ("chief-only", [Crash()] if rank == 0 else [])):
         counted.clear()
         pmodel.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
                    callbacks=extra, validation_data=(x[:33], y[:33]))
