@@ -571,6 +571,27 @@ class Keras3(Adapter):
             return lambda: [(id(v._value), v._value._version) for v in variables]
         return tf_internals.value_hasher([v.value for v in variables])
 
+    def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                           training: bool) -> Optional[Tuple[Any, List[Any]]]:
+        if self.backend != "jax":
+            return None
+        import jax
+        import numpy as np
+
+        # JAX's trainer computes the loss statelessly (`compute_loss_and_updates`,
+        # public on Keras 3.0 - 3.15): the new states it returns are dropped, so the
+        # check assigns nothing.
+        def values(variables: List[Any]) -> List[Any]:
+            return [v.value for v in variables]
+
+        optimizer = getattr(model, "optimizer", None)
+        grad = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+        (loss, _), grads = grad(
+            values(model.trainable_variables), values(model.non_trainable_variables),
+            values(model.metrics_variables), x, y, sample_weight, training=training,
+            optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
+        return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric
         return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
