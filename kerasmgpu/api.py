@@ -127,7 +127,7 @@ def parallelize(
     wins): each fit checks its first and first padded global batch - loss and gradients
     on the template on one device against the parallel model - and evaluate / predict
     their first batch's outputs, raising `kerasmgpu.VerificationError` before anything is
-    applied (Keras 3 on JAX in this release; refused elsewhere).
+    applied (Keras 3 on JAX and TensorFlow in this release; refused elsewhere).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
     from kerasmgpu.training import verify as self_check
@@ -142,7 +142,7 @@ def parallelize(
     _check_options(adapter, cls, model, steps, sync_batchnorm,
                    several=environment.multi_process())
     if checked:
-        self_check.check_route(cls.route, adapter.line.value)
+        self_check.check_route(cls.route, adapter)
     from kerasmgpu.training.model import options as parallel_options
 
     with parallel_options(steps, sync_batchnorm, checked):

@@ -1,5 +1,6 @@
 """parallelize(verify=True): the self-check passes on what is right and raises on what
-is broken on purpose, before any weight moves (Keras 3 on JAX); refused elsewhere.
+is broken on purpose, before any weight moves (Keras 3 on JAX and TensorFlow); refused
+elsewhere.
 
 One small model, 101 rows in batches of 40 on 3 replicas: the first batch is padded
 (40 = 3 x 14 - 2) and the last (21 rows) is short.
@@ -10,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import (
+    BACKEND,
     IN_PROCESS,
-    ON_JAX,
+    LINE,
     assert_weights_close,
     classification_data,
     keras_module,
@@ -21,6 +23,10 @@ from helpers import (
 
 import kerasmgpu
 from kerasmgpu import batching
+from kerasmgpu.env.versions import KerasLine
+
+# The routes the check runs on: Keras 3 on JAX and on TensorFlow.
+CHECKED = IN_PROCESS and LINE is KerasLine.KERAS_3 and BACKEND in ("jax", "tensorflow")
 
 X, Y = classification_data(101)
 FIT = dict(batch_size=40, epochs=1, shuffle=False, verbose=0)
@@ -38,7 +44,7 @@ def test_verification_error_is_public_without_a_framework() -> None:
 
 
 @requires(in_process=True)
-@pytest.mark.skipif(ON_JAX, reason="Keras 3 on JAX runs the check")
+@pytest.mark.skipif(CHECKED, reason="Keras 3 on JAX and TensorFlow run the check")
 def test_verify_is_refused_where_it_does_not_run_yet(monkeypatch) -> None:
     keras = keras_module()
     with pytest.raises(ValueError, match=r"Received: verify=True.*Allowed: False on the.*Fix:"):
@@ -49,9 +55,9 @@ def test_verify_is_refused_where_it_does_not_run_yet(monkeypatch) -> None:
     assert kerasmgpu.parallelize(mlp(keras), gpus=3, verify=False) is not None
 
 
-pytestmark_jax = requires(jax=True)
+checked = pytest.mark.skipif(not CHECKED, reason="needs Keras 3 on JAX or TensorFlow")
 
-if ON_JAX and IN_PROCESS:
+if CHECKED:
     keras = keras_module()
 
     class Scale(keras.layers.Layer):
@@ -78,7 +84,7 @@ def _model(scaled: bool = False):
     return model
 
 
-@pytestmark_jax
+@checked
 def test_verify_changes_nothing_on_a_correct_model() -> None:
     one, plain, checked = _model(), _model(), _model()
     one.fit(X, Y, **FIT)
@@ -108,7 +114,7 @@ def _state_missed(pmodel):
     return "'scale'"
 
 
-@pytestmark_jax
+@checked
 @pytest.mark.parametrize("fault", ["kernel", "padding", "state"])
 def test_verify_raises_before_any_weight_moves(fault, monkeypatch) -> None:
     template = _model(scaled=fault == "state")
@@ -126,10 +132,10 @@ def test_verify_raises_before_any_weight_moves(fault, monkeypatch) -> None:
     assert "Nothing was applied" in str(raised.value)
     for a, b in zip(pmodel.get_weights() + template.get_weights(), before + before_template):
         np.testing.assert_array_equal(a, b)
-    assert int(np.asarray(template.optimizer.iterations.value)) == 0
+    assert int(np.asarray(template.optimizer.iterations)) == 0
 
 
-@pytestmark_jax
+@checked
 def test_predict_and_evaluate_compare_their_first_batch() -> None:
     pmodel = kerasmgpu.parallelize(_model(), gpus=3, verify=True)
     _kernel_changed(pmodel)
@@ -139,7 +145,7 @@ def test_predict_and_evaluate_compare_their_first_batch() -> None:
             call()
 
 
-@pytestmark_jax
+@checked
 def test_environment_variable_turns_it_on_and_an_explicit_false_wins(monkeypatch) -> None:
     monkeypatch.setenv("KERASMGPU_VERIFY", "1")
     pmodel = kerasmgpu.parallelize(_model(), gpus=3)

@@ -31,8 +31,6 @@ from kerasmgpu.registry import Route
 from kerasmgpu.training import steps as step_hooks
 
 VERIFY_ENV = "KERASMGPU_VERIFY"
-# The routes the check runs on; parallelize(verify=True) refuses the others.
-VERIFY_ROUTES = (Route.KERAS_DISTRIBUTION,)
 
 _log = logging.getLogger("kerasmgpu.verify")
 
@@ -58,13 +56,15 @@ def resolve(verify: Any) -> bool:
                     f"set {VERIFY_ENV}=1 or unset it")
 
 
-def check_route(route: Any, line: str) -> None:
-    if route not in VERIFY_ROUTES:
-        raise bad_value(
-            "verify", True, f"False on the {route} route of {line} in this release "
-            "(verify=True: Keras 3 on JAX, route keras_distribution)",
-            f"leave verify out (and {VERIFY_ENV} unset) on this route, or run the check "
-            "with Keras 3 on JAX")
+def check_route(route: Any, adapter: Adapter) -> None:
+    """verify=True where the check runs: Keras 3 on JAX and on TensorFlow."""
+    if route is Route.KERAS_DISTRIBUTION or (route is Route.MIRRORED and adapter.keras3):
+        return
+    raise bad_value(
+        "verify", True, f"False on the {route} route of {adapter.line.value} in this "
+        "release (verify=True: Keras 3 on JAX or TensorFlow)",
+        f"leave verify out (and {VERIFY_ENV} unset) on this route, or run the check "
+        "with Keras 3 on JAX or TensorFlow")
 
 
 def tolerance(model: Any) -> float:
@@ -122,7 +122,10 @@ def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
     x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
     rows = int(structure.leaves(x)[0].shape[0])
     template, adapter = state.template, state.adapter
-    inexact = _inexact_layers(adapter, template, sync_batchnorm)
+    # Only JAX computes the loss statelessly: elsewhere a training-mode
+    # BatchNormalization would move its statistics.
+    stateless = state.engine.route is Route.KERAS_DISTRIBUTION
+    inexact = _inexact_layers(adapter, template, sync_batchnorm and stateless)
     training = not inexact
     how = ("in training mode" if training else "in inference mode (training=False), since "
            f"{', '.join(inexact)} cannot agree exactly between one device and replicas")
@@ -163,7 +166,7 @@ def _check_step(state: Any, replica: Any, batch: Tuple[Any, Any, Any], class_wei
     tx, ty, tsw, _ = _padded(state, x, y, sample_weight, class_weight, replicas=1)
     reference = adapter.loss_and_gradients(template, tx, ty, tsw, training)
     rx, ry, rsw, packed = _padded(state, x, y, sample_weight, class_weight)
-    with state.engine.scope(), step_hooks.active(packed):
+    with _placed(state), step_hooks.active(packed):
         parallel = adapter.loss_and_gradients(replica, rx, ry, rsw, training)
     assert reference is not None and parallel is not None
     tol = tolerance(template)
@@ -184,6 +187,16 @@ def _check_step(state: Any, replica: Any, batch: Tuple[Any, Any, Any], class_wei
             f"({int(structure.leaves(x)[0].shape[0])} rows) differs from the template on "
             f"one device beyond {tol:g}: {'; '.join(found)}. Compared {how}. "
             f"{_locate(state, replica, x, tol)} Nothing was applied.")
+
+
+def _placed(state: Any) -> Any:
+    """Where the replica's loss is computed: in the JAX layout; outside TensorFlow's
+    strategy, whose scope divides a loss by the replica count."""
+    import contextlib
+
+    if state.engine.route is Route.KERAS_DISTRIBUTION:
+        return state.engine.scope()
+    return contextlib.nullcontext()
 
 
 def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> None:
