@@ -165,9 +165,8 @@ def _check_step(state: Any, replica: Any, batch: Tuple[Any, Any, Any], class_wei
         return
     tx, ty, tsw, _ = _padded(state, x, y, sample_weight, class_weight, replicas=1)
     reference = adapter.loss_and_gradients(template, tx, ty, tsw, training)
-    rx, ry, rsw, packed = _padded(state, x, y, sample_weight, class_weight)
-    with _placed(state), step_hooks.active(packed):
-        parallel = adapter.loss_and_gradients(replica, rx, ry, rsw, training)
+    parallel = _replicas_loss(state, replica, _padded(state, x, y, sample_weight,
+                                                     class_weight), training)
     assert reference is not None and parallel is not None
     tol = tolerance(template)
     found = []
@@ -189,14 +188,31 @@ def _check_step(state: Any, replica: Any, batch: Tuple[Any, Any, Any], class_wei
             f"{_locate(state, replica, x, tol)} Nothing was applied.")
 
 
-def _placed(state: Any) -> Any:
-    """Where the replica's loss is computed: in the JAX layout; outside TensorFlow's
-    strategy, whose scope divides a loss by the replica count."""
-    import contextlib
-
+def _replicas_loss(state: Any, replica: Any, padded: Tuple[Any, Any, Any, Any],
+                   training: bool) -> Optional[Tuple[float, List[Any]]]:
+    """The parallel model's loss and gradients of a padded global batch, as its step
+    computes them: on JAX one program over the whole batch; under tf.distribute each
+    replica's loss over its own rows, divided by the replica count, then summed (what
+    the strategy's all-reduce of the gradients adds up)."""
+    rx, ry, rsw, packed = padded
+    adapter = state.adapter
     if state.engine.route is Route.KERAS_DISTRIBUTION:
-        return state.engine.scope()
-    return contextlib.nullcontext()
+        with state.engine.scope(), step_hooks.active(packed):
+            return adapter.loss_and_gradients(replica, rx, ry, rsw, training)
+    replicas = state.engine.planner.replicas
+    size = int(np.asarray(packed).shape[0]) // replicas
+    total: Optional[Tuple[float, List[Any]]] = None
+    for r in range(replicas):
+        rows = slice(r * size, (r + 1) * size)
+        with step_hooks.active(np.asarray(packed)[rows]):
+            part = adapter.loss_and_gradients(replica, _take(rx, rows), _take(ry, rows),
+                                              _take(rsw, rows), training)
+        if part is None:
+            return None
+        loss, grads = part[0] / replicas, [g / replicas for g in part[1]]
+        total = (loss, grads) if total is None else (
+            total[0] + loss, [a + b for a, b in zip(total[1], grads)])
+    return total
 
 
 def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> None:
