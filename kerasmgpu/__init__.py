@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kerasmgpu._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from kerasmgpu._errors import VerificationError
     from kerasmgpu.api import (
         describe,
         environment,
@@ -37,6 +38,7 @@ _LAZY = {
     "environment": "kerasmgpu.api",
     "describe": "kerasmgpu.api",
     "route_for": "kerasmgpu.api",
+    "VerificationError": "kerasmgpu._errors",
     "Environment": "kerasmgpu.inventory",
     "KerasLine": "kerasmgpu.env.versions",
     "Device": "kerasmgpu.env.devices",
@@ -52,6 +54,7 @@ __all__ = [
     "Environment",
     "KerasLine",
     "Route",
+    "VerificationError",
     "__version__",
     "describe",
     "environment",

@@ -71,3 +71,9 @@ def not_compiled(model: Any, call: str) -> NotCompiledError:
 
 def error(kind: Type[Exception], argument: str, received: Any, allowed: str, fix: str) -> Exception:
     return kind(explain(argument, received, allowed, fix))
+
+
+class VerificationError(RuntimeError):
+    """`parallelize(verify=True)` (or KERASMGPU_VERIFY=1) found the parallel model's
+    loss, gradients or outputs on a checked batch differing from the template's on one
+    device; raised before the optimizer applies anything."""

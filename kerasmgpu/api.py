@@ -107,6 +107,7 @@ def parallelize(
     route: Union[str, Route, None] = None,
     accumulate_steps: int = 1,
     sync_batchnorm: bool = False,
+    verify: Optional[bool] = None,
 ) -> ModelT:
     """A model that trains on all requested devices, for whatever Keras is installed.
 
@@ -122,10 +123,17 @@ def parallelize(
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
     padding rows left out, as one device does (every line; on Keras 2.3 a functional or
     Sequential model).
+    `verify=True` (None: the environment variable KERASMGPU_VERIFY=1; an explicit value
+    wins): each fit checks its first and first padded global batch - loss and gradients
+    on the template on one device against the parallel model - and evaluate / predict
+    their first batch's outputs, raising `kerasmgpu.VerificationError` before anything is
+    applied (Keras 3 on JAX and TensorFlow in this release; refused elsewhere).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
+    from kerasmgpu.training import verify as self_check
 
     steps = check_accumulate_steps(accumulate_steps)
+    checked = self_check.resolve(verify)
     if model is None:
         from kerasmgpu._errors import bad_type
 
@@ -133,9 +141,11 @@ def parallelize(
     adapter, cls, selected, environment = _prepare(gpus, route, model)
     _check_options(adapter, cls, model, steps, sync_batchnorm,
                    several=environment.multi_process())
+    if checked:
+        self_check.check_route(cls.route, adapter)
     from kerasmgpu.training.model import options as parallel_options
 
-    with parallel_options(steps, sync_batchnorm):
+    with parallel_options(steps, sync_batchnorm, checked):
         return _parallelize(model, gpus, adapter, cls, selected, environment, steps)
 
 

@@ -389,6 +389,13 @@ class Adapter:
         line cannot."""
         return False
 
+    def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                           training: bool) -> Optional[Tuple[Any, List[Any]]]:
+        """The compiled loss of one batch and its gradients per trainable variable, as
+        numpy, computed without assigning anything (no metric, optimizer or moving
+        statistic changes) - for `parallelize(verify=True)`. None: not on this line."""
+        return None
+
     def layers_of(self, model: Any) -> List[Any]:
         """The model and every layer inside it, each before the layers it holds."""
         out = [model]

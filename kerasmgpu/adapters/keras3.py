@@ -571,6 +571,51 @@ class Keras3(Adapter):
             return lambda: [(id(v._value), v._value._version) for v in variables]
         return tf_internals.value_hasher([v.value for v in variables])
 
+    def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                           training: bool) -> Optional[Tuple[Any, List[Any]]]:
+        if self.backend == "tensorflow":
+            return self._tf_loss_and_gradients(model, x, y, sample_weight, training)
+        if self.backend != "jax":
+            return None
+        import jax
+        import numpy as np
+
+        # JAX's trainer computes the loss statelessly (`compute_loss_and_updates`,
+        # public on Keras 3.0 - 3.15): the new states it returns are dropped, so the
+        # check assigns nothing.
+        def values(variables: List[Any]) -> List[Any]:
+            return [v.value for v in variables]
+
+        optimizer = getattr(model, "optimizer", None)
+        grad = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+        (loss, _), grads = grad(
+            values(model.trainable_variables), values(model.non_trainable_variables),
+            values(model.metrics_variables), x, y, sample_weight, training=training,
+            optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
+        return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
+    def _tf_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                               training: bool) -> Tuple[Any, List[Any]]:
+        """Keras 3 on TF: `stateless_call` and `stateless_compute_loss` (public on Keras
+        3.0 - 3.15) on the variables' values, outside the strategy's scope (inside,
+        Keras divides the loss by the replica count; a mirrored variable's value is
+        readable there, its handle is not)."""
+        import numpy as np
+        import tensorflow as tf
+
+        trainable = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
+        others = [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables]
+        metrics = [tf.convert_to_tensor(v.value) for v in model.metrics_variables]
+        with tf.GradientTape() as tape:
+            tape.watch(trainable)
+            y_pred, _ = model.stateless_call(trainable, others, x, training=training)
+            loss, _ = model.stateless_compute_loss(trainable, others, metrics, x=x, y=y,
+                                                   y_pred=y_pred, sample_weight=sample_weight,
+                                                   training=training)
+        grads = tape.gradient(loss, trainable)
+        return float(np.asarray(loss)), [np.zeros(v.shape) if g is None else np.asarray(g)
+                                         for g, v in zip(grads, trainable)]
+
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric
         return [layer for layer in model._flatten_layers(include_self=True, recursive=True)

@@ -33,6 +33,7 @@ from kerasmgpu.data import feeds, structure
 from kerasmgpu.registry import Route
 from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
+from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.ops import EngineOps
 
 STATE_ATTR = "_kerasmgpu"
@@ -57,6 +58,9 @@ class ParallelState:
     train_results: Optional[Dict[str, Any]] = None
     # parallelize(accumulate_steps=k): training batches per optimizer step.
     accumulate_steps: int = 1
+    # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
+    verify: bool = False
+    sync_batchnorm: bool = False
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
@@ -88,16 +92,18 @@ _options = threading.local()
 
 
 @contextlib.contextmanager
-def options(accumulate_steps: int = 1, sync_batchnorm: bool = False) -> Iterator[None]:
+def options(accumulate_steps: int = 1, sync_batchnorm: bool = False,
+            verify: bool = False) -> Iterator[None]:
     """What `parallelize()` asked for beyond the devices, for the parallel models made
     in here (the engines make them; they need not know these options)."""
     previous = (getattr(_options, "accumulate_steps", 1),
-                getattr(_options, "sync_batchnorm", False))
+                getattr(_options, "sync_batchnorm", False), getattr(_options, "verify", False))
     _options.accumulate_steps, _options.sync_batchnorm = accumulate_steps, sync_batchnorm
+    _options.verify = verify
     try:
         yield
     finally:
-        _options.accumulate_steps, _options.sync_batchnorm = previous
+        _options.accumulate_steps, _options.sync_batchnorm, _options.verify = previous
 
 def requested_accumulate_steps() -> int:
     """accumulate_steps of the `parallelize()` call under way (1 outside one)."""
@@ -355,6 +361,9 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    if state.verify:
+        self_check.before_fit(state, self, x, y, sample_weight, class_weight, batch_size,
+                              state.sync_batchnorm)
     # Before the chief-only ones are dropped: every process must decide alike.
     state.engine.note_callbacks(list(callbacks or []))  # fit's validation passes included
     user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
@@ -417,6 +426,8 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
         )
         return _fixed_results(state, self, results, return_dict)
     state = _state(self, training=False)
+    if state.verify:
+        self_check.check_outputs(state, self, x, batch_size, "evaluate")
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
@@ -469,6 +480,8 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
         return type(template).predict(template, x, batch_size=batch_size, verbose=verbose,
                                       steps=steps, callbacks=callbacks, **kwargs)
     state = _state(self, training=False, collective=False)
+    if state.verify:
+        self_check.check_outputs(state, self, x, batch_size, "predict")
     feed = state.feed(x, kind="predict", model=self, batch_size=batch_size, training=False)
     with state.engine.scope():
         outputs = state.originals["predict"](
@@ -651,7 +664,9 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     klass = type(replica)
     report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__)
     state = ParallelState(template=template, engine=engine, adapter=adapter, report=report,
-                          accumulate_steps=getattr(_options, "accumulate_steps", 1))
+                          accumulate_steps=getattr(_options, "accumulate_steps", 1),
+                          verify=getattr(_options, "verify", False),
+                          sync_batchnorm=getattr(_options, "sync_batchnorm", False))
     names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
                                "compute_metrics"]
     for name in names:
