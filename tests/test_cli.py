@@ -252,6 +252,33 @@ def test_blocking_failures() -> None:
     assert codes(doctor.findings(unbuildable))["route_unavailable"] == BLOCKING
 
 
+def test_keras3_without_tensorflow_is_told_to_set_the_backend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `.[jax]` with KERAS_BACKEND unset: Keras 3 takes TensorFlow, which is missing.
+    jax_only = keras3_tf(tensorflow=None, jax="0.10.2", devices=None, variables={},
+                         devices_error="No module named 'tensorflow'",
+                         devices_error_is_import=True)
+    (found,) = [f for f in doctor.findings(jax_only) if f.code == "framework_import_failed"]
+    assert "export KERAS_BACKEND=jax" in found.advice and "pip install" not in found.advice
+    # Set to tensorflow on purpose, the fix stays installing TensorFlow.
+    chosen = keras3_tf(tensorflow=None, jax="0.10.2", devices=None,
+                       variables={"KERAS_BACKEND": "tensorflow"},
+                       devices_error="No module named 'tensorflow'", devices_error_is_import=True)
+    (found,) = [f for f in doctor.findings(chosen) if f.code == "framework_import_failed"]
+    assert "pip install" in found.advice
+    # demo and bench start through `_common.start`, whose error takes the same hint.
+    installed = {"torch"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in installed else None)
+    line = _common.KerasLine.KERAS_3
+    hint = _common.backend_hint(line, "tensorflow", {})
+    assert hint is not None and hint.endswith("export KERAS_BACKEND=torch")
+    installed.add("tensorflow")
+    assert _common.backend_hint(line, "tensorflow", {}) is None
+    assert _common.backend_hint(line, "tensorflow", {"KERAS_BACKEND": "tensorflow"}) is None
+    assert _common.backend_hint(line, "jax", {}) is None
+
+
 @pytest.mark.parametrize("facts,expected", [
     (keras3_tf(devices=(gpu(0), gpu(1)), platform="linux"), "NCCL"),
     (keras3_tf(devices=(gpu(0), gpu(1)), platform="win32"), "HierarchicalCopy"),

@@ -403,16 +403,30 @@ def _install_findings(facts: Facts) -> List[Finding]:
     return out
 
 
+def _backend_hint(facts: Facts) -> Optional[str]:
+    """Keras 3 takes TensorFlow when KERAS_BACKEND is unset: where TensorFlow is missing
+    and jax or torch is installed, setting the variable is the fix, not installing it."""
+    if (facts.keras_line != KerasLine.KERAS_3.value or facts.backend != "tensorflow"
+            or facts.tensorflow or facts.variables.get("KERAS_BACKEND")):
+        return None
+    found = [name for name in ("jax", "torch") if getattr(facts, name)]
+    if not found:
+        return None
+    return (f"KERAS_BACKEND is not set, so Keras 3 takes TensorFlow, which is not "
+            f"installed; {' and '.join(found)} is: export KERAS_BACKEND={found[0]}")
+
+
 def _start_findings(facts: Facts) -> List[Finding]:
     """Whether the framework and Keras started (imported, listed their devices)."""
     out: List[Finding] = []
     framework = _framework(facts)
+    hint = _backend_hint(facts)
     if facts.devices_error and facts.devices_error_is_import:
         out.append(Finding(
             BLOCKING, "framework_import_failed",
             f"{framework} failed to import: {facts.devices_error}",
-            f"check the install with `python -c \"import {framework}\"`; "
-            f"{INSTALL.get(framework, '')}",
+            hint or (f"check the install with `python -c \"import {framework}\"`; "
+                     f"{INSTALL.get(framework, '')}"),
         ))
     elif facts.devices_error:
         out.append(Finding(
