@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import logging
@@ -21,7 +22,6 @@ import math
 import os
 import re
 import sys
-import importlib.util
 import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
