@@ -192,6 +192,18 @@ def test_torch_outside_launch_is_a_warning_and_inside_it_is_not() -> None:
     assert doctor.device_count(inside) == 2
 
 
+def test_a_route_error_is_never_followed_by_ok() -> None:
+    # `doctor --virtual 2` on torch outside launch: the route's error, then no "OK".
+    facts = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None,
+                      description={"error": "ValueError: Invalid `gpus`. Received: gpus=2."})
+    report = doctor.build_report(facts)
+    text = doctor.render(report)
+    assert report["ok"] is False and "OK:" not in text.replace("NOT READY", "")
+    assert "NOT READY" in text and "cannot build its route" in text
+    assert "kerasmgpu launch --nproc 2 -m kerasmgpu demo" in text
+    assert "virtual CPU devices themselves" not in text
+
+
 def test_no_gpu_and_no_virtual_devices_cannot_train() -> None:
     facts = keras3_tf(devices=(cpu(0, virtual=False),), variables={})
     found = doctor.findings(facts)

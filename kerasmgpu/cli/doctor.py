@@ -478,8 +478,10 @@ def _process_findings(facts: Facts) -> List[Finding]:
 
 
 def can_train(facts: Facts, found: Sequence[Finding]) -> bool:
-    """Multi-device training can run: >= 2 devices and nothing blocking."""
-    return device_count(facts) >= 2 and not any(f.severity == BLOCKING for f in found)
+    """Multi-device training can run: >= 2 devices, nothing blocking, and a route that
+    builds (its error is printed under the route: an OK below it would contradict it)."""
+    return (device_count(facts) >= 2 and not facts.description.get("error")
+            and not any(f.severity == BLOCKING for f in found))
 
 
 def route_info(facts: Facts) -> Dict[str, Any]:
@@ -644,10 +646,18 @@ def render(report: Mapping[str, Any]) -> str:
         lines.append(f"OK: multi-device training can run here ({route['replicas']} replicas).")
     else:
         blocking = [f["code"] for f in report["findings"] if f["severity"] == BLOCKING]
-        reason = (f"blocking: {', '.join(blocking)}" if blocking
-                  else f"{route['replicas']} device(s); at least 2 are needed")
+        if blocking:
+            reason = f"blocking: {', '.join(blocking)}"
+        elif route["error"]:
+            reason = "parallelize() cannot build its route: the error above"
+        else:
+            reason = f"{route['replicas']} device(s); at least 2 are needed"
         lines.append(f"NOT READY: multi-device training cannot run here ({reason}).")
-        if not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
+        torch = report["environment"].get("backend") == "torch"
+        if torch and not blocking:
+            lines.append("(On torch a replica is a process: `kerasmgpu launch --nproc 2 -m "
+                         "kerasmgpu demo` runs the demo on 2 processes.)")
+        elif not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
             n = _common.DEFAULT_VIRTUAL
             lines.append(f"(`kerasmgpu demo` and `bench` still run: without GPUs they make {n} "
                          f"virtual CPU devices themselves - `kerasmgpu doctor --virtual {n}` "
