@@ -687,10 +687,13 @@ def _nvml_facts() -> Dict[str, Any]:
     return summary
 
 
-def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
+def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
+            variables: Optional[Mapping[str, str]] = None) -> Facts:
     """Read the machine: versions, variables, devices (starts the framework), NVML.
 
-    Unless `verbose`, the framework's start-up log lines are dropped.
+    `variables`: the watched variables as the user set them, read before `--virtual`
+    wrote its own (default: the environment now). Unless `verbose`, the framework's
+    start-up log lines are dropped.
     """
     from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
@@ -708,7 +711,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
         backend=backend,
         keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
-        variables={k: os.environ[k] for k in WATCHED if k in os.environ},
+        variables=dict(variables) if variables is not None else user_variables(),
     )
     try:
         job = cluster.current()
@@ -783,10 +786,16 @@ def _str(value: Any) -> Optional[str]:
     return None if value is None else str(value)
 
 
-def diagnose(verbose: bool = False, virtual_flag: Optional[int] = None) -> Dict[str, Any]:
+def user_variables() -> Dict[str, str]:
+    """The watched variables set in this process's environment now."""
+    return {k: os.environ[k] for k in WATCHED if k in os.environ}
+
+
+def diagnose(verbose: bool = False, virtual_flag: Optional[int] = None,
+             variables: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """The doctor's JSON object for this machine; never raises."""
     try:
-        facts = collect(verbose, virtual_flag)
+        facts = collect(verbose, virtual_flag, variables)
     except Exception as exc:
         facts = Facts(internal_errors=(f"{type(exc).__name__}: {exc}",))
     try:
@@ -814,6 +823,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--verbose", action="store_true", help=_common.VERBOSE_HELP)
     args = parser.parse_args(argv)
     _common.quiet_frameworks(args.verbose)
+    # Environment shows what the user set: `--virtual` writes KERASMGPU_VIRTUAL_DEVICES
+    # (and XLA_FLAGS on JAX) itself, and the report names the flag as their source.
+    variables = user_variables()
     if args.virtual is not None:
         try:
             _common.request_devices(args.virtual)  # before any framework starts
@@ -824,7 +836,7 @@ def main(argv: List[str]) -> int:
     # Frameworks print while they start ("Using TensorFlow backend."); stdout must stay
     # one JSON object, so anything they print goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
-        report = diagnose(args.verbose, args.virtual)
+        report = diagnose(args.verbose, args.virtual, variables)
     if args.json:
         print(_common.to_json(report), file=real_stdout)
     else:
