@@ -701,6 +701,16 @@ def test_bench_models_train_on_their_data(kind: str) -> None:
     assert model.predict(x[:4], verbose=0).shape == (4, 10)
 
 
+def test_the_plot_on_virtual_devices_says_it_measures_no_speed(tmp_path: Path) -> None:
+    assert bench.plot_title("t", False) == "t"
+    assert "not a speed measurement" in bench.plot_title("t", True)
+    row = {"replicas": 1, "samples_per_s": 100.0, "efficiency": 1.0, "speedup": 1.0}
+    two = {"replicas": 2, "samples_per_s": 120.0, "efficiency": 0.6, "speedup": 1.2}
+    path = bench.write_plot([row, two], str(tmp_path / "scaling.png"), "t", shared_cores=True)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert path is not None and (tmp_path / "scaling.png").stat().st_size > 0
+
+
 @requires(in_process=True)
 def test_bench_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
