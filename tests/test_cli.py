@@ -192,6 +192,15 @@ def test_torch_outside_launch_is_a_warning_and_inside_it_is_not() -> None:
     assert doctor.device_count(inside) == 2
 
 
+def test_an_untested_torch_is_named_with_the_tested_release() -> None:
+    untested = keras3_tf(backend="torch", route="torch_ddp", torch="2.14.1", tensorflow=None)
+    (found,) = [f for f in doctor.findings(untested) if f.code == "torch_untested"]
+    assert found.severity == WARNING and "2.14.1" in found.message
+    assert "pip install torch==2.13.0" in found.advice
+    tested = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None)
+    assert "torch_untested" not in codes(doctor.findings(tested))
+
+
 def test_a_route_error_is_never_followed_by_ok() -> None:
     # `doctor --virtual 2` on torch outside launch: the route's error, then no "OK".
     facts = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None,

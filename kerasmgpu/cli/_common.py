@@ -229,6 +229,22 @@ def list_devices() -> Tuple[Device, ...]:
     return tuple(_started_environment().devices or ())
 
 
+def untested_torch(version: Optional[str]) -> Optional[str]:
+    """A sentence when the installed torch is no release kerasmgpu is tested on (by
+    major.minor; the CPU and CUDA builds of one release count as one), else None."""
+    from kerasmgpu import pins
+
+    if not version:
+        return None
+    tested = pins.tested_releases("torch")
+    release = version.split("+")[0]
+    if not tested or any(release.split(".")[:2] == t.split(".")[:2] for t in tested):
+        return None
+    return (f"torch {version} is not a release kerasmgpu is tested on ({', '.join(tested)}); "
+            f"it may work. Fix: pip install torch=={tested[-1]} (on a machine without a GPU: "
+            "--index-url https://download.pytorch.org/whl/cpu)")
+
+
 def backend_hint(line: KerasLine, backend: Optional[str],
                  environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The fix when Keras 3 falls back to TensorFlow, which is not installed, while

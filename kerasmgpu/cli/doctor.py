@@ -266,6 +266,10 @@ def _version_findings(facts: Facts) -> List[Finding]:
             f"{TF_SPLIT_KERAS}, tf.keras is the `keras` package of the same major.minor.",
             f'pip install "keras=={tf.major}.{tf.minor}.*"',
         ))
+    torch_note = _common.untested_torch(facts.torch) if facts.backend == "torch" else None
+    if torch_note:
+        text, fix = torch_note.split(" Fix: ", 1)
+        out.append(Finding(WARNING, "torch_untested", text, fix))
     line_version = _version(facts.keras_version)
     if line_version is not None:
         if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) and line_version < TF_KERAS_MIN:

@@ -109,6 +109,12 @@ def portable(text: str) -> str:
                      for line in text.splitlines()) + "\n"
 
 
+def tested_releases(package: str) -> List[str]:
+    """Every release of `package` that an env of the matrix pins ("2.13.0" for torch)."""
+    found = {_versions(HERE / f"{env}.txt").get(package.lower()) for env in available()}
+    return sorted(v for v in found if v)
+
+
 REQUIREMENT_FILE = "kerasmgpu.in"
 
 
