@@ -201,6 +201,15 @@ def test_an_untested_torch_is_named_with_the_tested_release() -> None:
     assert "torch_untested" not in codes(doctor.findings(tested))
 
 
+def test_the_nvml_install_hint_only_where_a_gpu_could_be() -> None:
+    from kerasmgpu import nvml
+
+    assert doctor.nvml_reason(nvml.NOT_INSTALLED, driver_present=True) == nvml.NOT_INSTALLED
+    away = doctor.nvml_reason(nvml.NOT_INSTALLED, driver_present=False)
+    assert away is not None and "pip install" not in away and "no NVIDIA driver" in away
+    assert doctor.nvml_reason("NVML init failed: x", driver_present=False) == "NVML init failed: x"
+
+
 def test_a_route_error_is_never_followed_by_ok() -> None:
     # `doctor --virtual 2` on torch outside launch: the route's error, then no "OK".
     facts = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None,

@@ -677,10 +677,26 @@ def _device_dict(device: Any) -> Dict[str, Any]:
             "virtual": bool(device.virtual), "memory_mb": device.memory_mb}
 
 
+def _nvidia_driver_present() -> bool:
+    """Whether an NVIDIA GPU could be here: its kernel driver is loaded (Linux)."""
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
+def nvml_reason(reason: Optional[str], driver_present: bool) -> Optional[str]:
+    """Why NVML is unavailable, with the install hint only where a GPU could be: on a
+    machine without NVIDIA's driver, nvidia-ml-py would have nothing to read."""
+    from kerasmgpu import nvml
+
+    if reason == nvml.NOT_INSTALLED and not driver_present:
+        return "no NVIDIA driver on this machine (nvidia-ml-py, which reads GPUs, is not needed)"
+    return reason
+
+
 def _nvml_facts() -> Dict[str, Any]:
     from kerasmgpu import nvml
 
     summary = dict(nvml.summary())
+    summary["reason"] = nvml_reason(summary.get("reason"), _nvidia_driver_present())
     if summary.get("available"):
         try:
             busy = {g.index: g.utilization_percent for g in nvml.read_gpus()}
