@@ -654,6 +654,7 @@ def launch(
     output = _Output(stdout, stderr)
     for note in notes:
         output.say(note)
+    output.say(binding_note(envs[0]["KERASMGPU_COORDINATOR"]))
     job = _Job(cmd, envs, first_rank=node_rank * nproc, cwd=cwd, timeout=timeout,
                grace=grace, preempt=preempt,
                deadline=None if timeout is None else time.monotonic() + timeout)
@@ -663,6 +664,20 @@ def launch(
         return _attempts(job, layout, max_restarts, output, interrupt)
     finally:
         _restore_handlers(previous)
+
+
+def binding_note(coordinator: str) -> str:
+    """The launcher's line saying where the job's rendezvous listens.
+
+    The engines' rendezvous (JAX's coordinator, torch's store, TensorFlow's gRPC servers)
+    take any connection without authentication, so the user is told whether the job is
+    reachable from other machines."""
+    host, _ = parse_coordinator(coordinator)
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return (f"{PROG}: rendezvous on {coordinator} (loopback: this machine only; "
+                "TensorFlow's gRPC servers listen on every interface)")
+    return (f"{PROG}: rendezvous on {coordinator}: its ports listen without "
+            "authentication; keep the job on a private network")
 
 
 @dataclass

@@ -192,6 +192,36 @@ def test_torch_outside_launch_is_a_warning_and_inside_it_is_not() -> None:
     assert doctor.device_count(inside) == 2
 
 
+def test_an_untested_torch_is_named_with_the_tested_release() -> None:
+    untested = keras3_tf(backend="torch", route="torch_ddp", torch="2.14.1", tensorflow=None)
+    (found,) = [f for f in doctor.findings(untested) if f.code == "torch_untested"]
+    assert found.severity == WARNING and "2.14.1" in found.message
+    assert "pip install torch==2.13.0" in found.advice
+    tested = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None)
+    assert "torch_untested" not in codes(doctor.findings(tested))
+
+
+def test_the_nvml_install_hint_only_where_a_gpu_could_be() -> None:
+    from kerasmgpu import nvml
+
+    assert doctor.nvml_reason(nvml.NOT_INSTALLED, driver_present=True) == nvml.NOT_INSTALLED
+    away = doctor.nvml_reason(nvml.NOT_INSTALLED, driver_present=False)
+    assert away is not None and "pip install" not in away and "no NVIDIA driver" in away
+    assert doctor.nvml_reason("NVML init failed: x", driver_present=False) == "NVML init failed: x"
+
+
+def test_a_route_error_is_never_followed_by_ok() -> None:
+    # `doctor --virtual 2` on torch outside launch: the route's error, then no "OK".
+    facts = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None,
+                      description={"error": "ValueError: Invalid `gpus`. Received: gpus=2."})
+    report = doctor.build_report(facts)
+    text = doctor.render(report)
+    assert report["ok"] is False and "OK:" not in text.replace("NOT READY", "")
+    assert "NOT READY" in text and "cannot build its route" in text
+    assert "kerasmgpu launch --nproc 2 -m kerasmgpu demo" in text
+    assert "virtual CPU devices themselves" not in text
+
+
 def test_no_gpu_and_no_virtual_devices_cannot_train() -> None:
     facts = keras3_tf(devices=(cpu(0, virtual=False),), variables={})
     found = doctor.findings(facts)
@@ -250,6 +280,33 @@ def test_blocking_failures() -> None:
     assert internal["internal_error"] == BLOCKING
     unbuildable = keras3_tf(description={"error": "RuntimeError: boom"})
     assert codes(doctor.findings(unbuildable))["route_unavailable"] == BLOCKING
+
+
+def test_keras3_without_tensorflow_is_told_to_set_the_backend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `.[jax]` with KERAS_BACKEND unset: Keras 3 takes TensorFlow, which is missing.
+    jax_only = keras3_tf(tensorflow=None, jax="0.10.2", devices=None, variables={},
+                         devices_error="No module named 'tensorflow'",
+                         devices_error_is_import=True)
+    (found,) = [f for f in doctor.findings(jax_only) if f.code == "framework_import_failed"]
+    assert "export KERAS_BACKEND=jax" in found.advice and "pip install" not in found.advice
+    # Set to tensorflow on purpose, the fix stays installing TensorFlow.
+    chosen = keras3_tf(tensorflow=None, jax="0.10.2", devices=None,
+                       variables={"KERAS_BACKEND": "tensorflow"},
+                       devices_error="No module named 'tensorflow'", devices_error_is_import=True)
+    (found,) = [f for f in doctor.findings(chosen) if f.code == "framework_import_failed"]
+    assert "pip install" in found.advice
+    # demo and bench start through `_common.start`, whose error takes the same hint.
+    installed = {"torch"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in installed else None)
+    line = _common.KerasLine.KERAS_3
+    hint = _common.backend_hint(line, "tensorflow", {})
+    assert hint is not None and hint.endswith("export KERAS_BACKEND=torch")
+    installed.add("tensorflow")
+    assert _common.backend_hint(line, "tensorflow", {}) is None
+    assert _common.backend_hint(line, "tensorflow", {"KERAS_BACKEND": "tensorflow"}) is None
+    assert _common.backend_hint(line, "jax", {}) is None
 
 
 @pytest.mark.parametrize("facts,expected", [
@@ -426,10 +483,12 @@ def test_doctor_virtual_sees_what_demo_and_bench_use() -> None:
     assert report["ok"] is True and len(report["devices"]) == 2
     no_gpu = next(f for f in report["findings"] if f["code"] == "no_gpu")
     assert no_gpu["severity"] == INFO and "(--virtual 2)" in no_gpu["message"]
-    # --virtual 2 wrote JAX's XLA_FLAGS too; only the JAX backend's report lists it.
+    # Environment shows what the user set: not the KERASMGPU_VIRTUAL_DEVICES and XLA_FLAGS
+    # that --virtual 2 wrote itself (the no_gpu finding names the flag as their source).
     variables = report["environment"]["variables"]
+    assert variables.get("KERASMGPU_VIRTUAL_DEVICES") is None
     if BACKEND == "jax":
-        assert "--xla_force_host_platform_device_count=2" in variables["XLA_FLAGS"]
+        assert variables["XLA_FLAGS"] is None
     else:
         assert "XLA_FLAGS" not in variables
 
@@ -658,6 +717,16 @@ def test_bench_models_train_on_their_data(kind: str) -> None:
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
     assert model.predict(x[:4], verbose=0).shape == (4, 10)
+
+
+def test_the_plot_on_virtual_devices_says_it_measures_no_speed(tmp_path: Path) -> None:
+    assert bench.plot_title("t", False) == "t"
+    assert "not a speed measurement" in bench.plot_title("t", True)
+    row = {"replicas": 1, "samples_per_s": 100.0, "efficiency": 1.0, "speedup": 1.0}
+    two = {"replicas": 2, "samples_per_s": 120.0, "efficiency": 0.6, "speedup": 1.2}
+    path = bench.write_plot([row, two], str(tmp_path / "scaling.png"), "t", shared_cores=True)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert path is not None and (tmp_path / "scaling.png").stat().st_size > 0
 
 
 @requires(in_process=True)

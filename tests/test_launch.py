@@ -25,6 +25,7 @@ from helpers import wait_until
 
 from kerasmgpu.launch import (
     LaunchError,
+    binding_note,
     free_port_block,
     launch,
     main,
@@ -221,6 +222,14 @@ def test_ipv6_backend_and_inherited_tf_config(backend: str) -> None:
     assert noted == (backend == "tensorflow")
 
 
+def test_binding_note_says_whether_the_rendezvous_is_reachable() -> None:
+    assert "loopback: this machine only" in binding_note("127.0.0.1:29500")
+    assert "loopback" in binding_note("[::1]:29500")
+    across = binding_note("10.0.0.1:29500")
+    assert "10.0.0.1:29500" in across and "without authentication" in across
+    assert "private network" in across and "loopback" not in across
+
+
 def test_free_port_block_is_bindable() -> None:
     import socket
 
@@ -282,7 +291,8 @@ def test_rank_prefixes_on_stdout_and_stderr(tracked: Tracked) -> None:
         assert outs[rank] == [f"pid {result.pids[rank]}", f"out {rank}", "bytes \ufffd"]
         assert errs[rank] == [f"err {rank}", "no newline"]
     assert all(line.startswith("[rank ") for line in out.getvalue().splitlines())
-    assert all(line.startswith("[rank ") for line in err.getvalue().splitlines())
+    assert all(line.startswith(("[rank ", "kerasmgpu launch: rendezvous on "))
+               for line in err.getvalue().splitlines())
 
 
 @pytest.mark.multiprocess
@@ -509,7 +519,10 @@ def test_cli_runs_as_a_module(tracked: Tracked) -> None:
     assert proc.returncode == 0, proc.stderr
     assert sorted(x for x in proc.stdout.splitlines() if "hi" in x) == [
         "[rank 0] hi 0", "[rank 1] hi 1"]
-    assert sorted(proc.stderr.splitlines()) == ["[rank 0] oops 0", "[rank 1] oops 1"]
+    (bound, *lines) = proc.stderr.splitlines()
+    assert sorted(lines) == ["[rank 0] oops 0", "[rank 1] oops 1"]
+    # One machine, no --coordinator: the rendezvous is on loopback, and the launcher says so.
+    assert bound.startswith("kerasmgpu launch: rendezvous on 127.0.0.1:") and "loopback" in bound
     assert_gone(*pids_in(proc.stdout))
 
 
@@ -675,9 +688,9 @@ def test_preemption_signal_stops_workers_and_asks_for_requeue(tracked: Tracked,
 
 
 def _readme_sbatch() -> str:
-    """The README's SLURM batch script for preemption, as users copy it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```bash\n")[1:]]
+    """The docs' SLURM batch script for preemption (docs/processes.md), as users copy it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "processes.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```bash\n")[1:]]
     (script,) = [b for b in blocks if "--preempt-signal USR1" in b]
     return script
 

@@ -7,7 +7,7 @@ job must name its launcher, end with the weights of one process trained on the s
 global batches, and listen on loopback where kerasmgpu starts the listener. A process
 that fails under an external launcher must not keep the others waiting: the launcher
 ends the job (torchrun, `mpirun`, `srun --kill-on-bad-exit=1`) within the bound.
-The README's SLURM batch script, preempted with USR1 and requeued by its own
+The docs' SLURM batch script (docs/processes.md), preempted with USR1 and requeued by its own
 `scontrol requeue` under sbatch, resumes in its second run and ends where an
 uninterrupted run ends (the last section).
 
@@ -256,9 +256,9 @@ def test_a_failing_process_does_not_keep_the_others_waiting(tmp_path: Path) -> N
     _assert_nothing_left(out)
 
 
-# --- SLURM: the README's batch script, preempted and requeued for real ----------------------
+# --- SLURM: the docs' batch script, preempted and requeued for real ----------------------
 #
-# The batch script of README "Restarts and preemption", as printed but for two processes and
+# The batch script of docs/processes.md "Restarts and preemption", as printed but for two processes and
 # no GPU request (this node has none), submitted with sbatch to the one-node cluster. After
 # step 17 (epoch 1, its 6th step) rank 0 asks SLURM for USR1 to the batch script
 # (`scancel --batch --signal=USR1`, the delivery `--signal=B:USR1@120` uses at the time
@@ -281,7 +281,7 @@ def _job(job_id: str) -> Dict[str, str]:
 
 def _cancelled(job_id: str) -> bool:
     """SIGKILL to every process of the job, then cancel it: a plain scancel sends SIGTERM,
-    which the README's script reads as preemption and requeues the job (seen here)."""
+    which the docs' script reads as preemption and requeues the job (seen here)."""
     subprocess.run(["scancel", "--full", "--signal=KILL", job_id], capture_output=True,
                    timeout=30)
     subprocess.run(["scancel", job_id], capture_output=True, timeout=30)

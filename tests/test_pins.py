@@ -89,6 +89,26 @@ def _pins_command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def test_the_kerasmgpu_requirement_comes_from_the_source_or_the_install_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pins.requirement(str(tmp_path)) == f"kerasmgpu @ {tmp_path.as_uri()}"
+    url = "git+https://github.com/kerasmgpu/kerasmgpu@v0.1.0"
+    assert pins.requirement(url) == f"kerasmgpu @ {url}"
+    assert pins.requirement("kerasmgpu==0.1.0") == "kerasmgpu==0.1.0"
+    # PEP 610 records: a checkout folder, a wheel, a VCS URL; none: the PyPI name.
+    folder = {"url": "file:///src/kerasmgpu", "dir_info": {"editable": True}}
+    assert pins.requirement_from_direct_url(folder) == "kerasmgpu @ file:///src/kerasmgpu"
+    wheel = {"url": "file:///w/kerasmgpu-0.1.0-py3-none-any.whl", "archive_info": {}}
+    assert pins.requirement_from_direct_url(wheel) == \
+        "kerasmgpu @ file:///w/kerasmgpu-0.1.0-py3-none-any.whl"
+    vcs = {"url": "https://github.com/kerasmgpu/kerasmgpu",
+           "vcs_info": {"vcs": "git", "commit_id": "ab12"}, "subdirectory": "py"}
+    assert pins.requirement_from_direct_url(vcs) == \
+        "kerasmgpu @ git+https://github.com/kerasmgpu/kerasmgpu@ab12#subdirectory=py"
+    monkeypatch.setattr(pins, "installed_requirement", lambda: None)
+    assert pins.requirement() == "kerasmgpu"
+
+
 def test_the_command_lists_prints_a_path_and_writes(tmp_path: Path) -> None:
     listed = _pins_command(cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
@@ -100,6 +120,14 @@ def test_the_command_lists_prints_a_path_and_writes(tmp_path: Path) -> None:
     wrote = _pins_command("--write", "ci/pins", cwd=tmp_path)
     assert wrote.returncode == 0, wrote.stderr
     assert sorted(p.stem for p in (tmp_path / "ci" / "pins").glob("*.txt")) == sorted(pins.NEWEST)
-    assert wrote.stdout == pins.tox_snippet("ci/pins", pins.NEWEST)  # stdout: only the lines
+    assert wrote.stdout == pins.tox_snippet("ci/pins", pins.NEWEST, with_kerasmgpu=True)
+    assert "    -r {toxinidir}/ci/pins/kerasmgpu.in\n" in wrote.stdout  # stdout: only the lines
+    # kerasmgpu itself, from where this one was installed (a wheel or a folder here).
+    assert (tmp_path / "ci" / "pins" / "kerasmgpu.in").read_text().splitlines()[-1] == \
+        pins.requirement()
+    wheel = _pins_command("--write", "w", "keras23", "--source", "dist/x.whl", cwd=tmp_path)
+    assert wheel.returncode == 0, wheel.stderr
+    assert (tmp_path / "w" / "kerasmgpu.in").read_text().splitlines()[-1] == \
+        f"kerasmgpu @ {(tmp_path / 'dist' / 'x.whl').as_uri()}"
     bad = _pins_command("keras2.2", cwd=tmp_path)
     assert bad.returncode == 2 and "Invalid `env`" in bad.stderr

@@ -47,7 +47,6 @@ def _environment() -> Dict[str, str]:
     for keep in ("UV_HTTP_TIMEOUT", "UV_CACHE_DIR", "PIP_FIND_LINKS", "PIP_INDEX_URL"):
         if keep in os.environ:
             env[keep] = os.environ[keep]
-    env["KERASMGPU_REQUIREMENT"] = f"kerasmgpu @ {ROOT.as_uri()}"
     return env
 
 
@@ -69,11 +68,13 @@ def test_the_team_tests_keras23_then_migrates_and_tests_keras3(tmp_path: Path) -
     project = tmp_path / "digits-classifier"
     shutil.copytree(SAMPLE, project)
 
-    printed = _run([sys.executable, "-m", "kerasmgpu", "pins", "--write", "constraints", *ENVS],
-                   project, 120)
+    printed = _run([sys.executable, "-m", "kerasmgpu", "pins", "--write", "constraints", *ENVS,
+                    "--source", str(ROOT)], project, 120)
     assert printed.returncode == 0, _tail(printed)
     assert sorted(p.name for p in (project / "constraints").iterdir()) == sorted(
-        f"{e}.{kind}" for e in ENVS for kind in ("in", "txt"))
+        [f"{e}.{kind}" for e in ENVS for kind in ("in", "txt")] + ["kerasmgpu.in"])
+    assert (project / "constraints" / "kerasmgpu.in").read_text().splitlines()[-1] == \
+        f"kerasmgpu @ {ROOT.as_uri()}"
     tox_ini = (project / "tox.ini").read_text().splitlines()
     position = 0
     for line in printed.stdout.splitlines():  # every printed line, in order

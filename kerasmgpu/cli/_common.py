@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import logging
@@ -228,6 +229,39 @@ def list_devices() -> Tuple[Device, ...]:
     return tuple(_started_environment().devices or ())
 
 
+def untested_torch(version: Optional[str]) -> Optional[str]:
+    """A sentence when the installed torch is no release kerasmgpu is tested on (by
+    major.minor; the CPU and CUDA builds of one release count as one), else None."""
+    from kerasmgpu import pins
+
+    if not version:
+        return None
+    tested = pins.tested_releases("torch")
+    release = version.split("+")[0]
+    if not tested or any(release.split(".")[:2] == t.split(".")[:2] for t in tested):
+        return None
+    return (f"torch {version} is not a release kerasmgpu is tested on ({', '.join(tested)}); "
+            f"it may work. Fix: pip install torch=={tested[-1]} (on a machine without a GPU: "
+            "--index-url https://download.pytorch.org/whl/cpu)")
+
+
+def backend_hint(line: KerasLine, backend: Optional[str],
+                 environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The fix when Keras 3 falls back to TensorFlow, which is not installed, while
+    another backend is: Keras 3 takes TensorFlow when KERAS_BACKEND is unset, so the
+    import error names tensorflow although the user installed jax or torch."""
+    environ = os.environ if environ is None else environ
+    if line is not KerasLine.KERAS_3 or backend != "tensorflow" or environ.get("KERAS_BACKEND"):
+        return None
+    if importlib.util.find_spec("tensorflow") is not None:
+        return None
+    found = [name for name in ("jax", "torch") if importlib.util.find_spec(name) is not None]
+    if not found:
+        return None
+    return (f"KERAS_BACKEND is not set, so Keras 3 takes TensorFlow, which is not "
+            f"installed; {' and '.join(found)} is: export KERAS_BACKEND={found[0]}")
+
+
 def start(env: Environment, wanted: Optional[int], verbose: bool = False,
           ) -> Tuple[Environment, Any, Tuple[Device, ...]]:
     """Request `wanted` virtual devices (None: leave the request as it is), import Keras
@@ -243,9 +277,10 @@ def start(env: Environment, wanted: Optional[int], verbose: bool = False,
             keras = keras_module(env)
             started = _started_environment()
     except Exception as exc:
+        hint = backend_hint(env.keras_line, env.backend)
+        fix = hint or "run `kerasmgpu doctor` to see what is missing"
         raise UsageError(
-            f"{line_label(env)} could not start: {type(exc).__name__}: {exc}. "
-            "Fix: run `kerasmgpu doctor` to see what is missing."
+            f"{line_label(env)} could not start: {type(exc).__name__}: {exc}. Fix: {fix}."
         ) from None
     return started, keras, tuple(started.devices or ())
 

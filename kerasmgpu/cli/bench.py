@@ -235,7 +235,18 @@ def within_epochs(times: Sequence[float], chunk: int) -> float:
                if (i + 1) % chunk != 0)
 
 
-def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Optional[str]:
+SHARED_CORES_PLOT_NOTE = ("virtual CPU devices sharing the CPU's cores: not a speed "
+                          "measurement (the ideal lines are for real devices)")
+
+
+def plot_title(title: str, shared_cores: bool) -> str:
+    """The plot's title; on virtual devices it says the figures measure no speed-up, as
+    the ideal lines would otherwise read as a target the run missed."""
+    return f"{title}\n{SHARED_CORES_PLOT_NOTE}" if shared_cores else title
+
+
+def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str,
+               shared_cores: bool = False) -> Optional[str]:
     """Throughput (with the ideal line) and efficiency against replicas, as a PNG.
 
     Returns the path, or None when matplotlib is not installed. Uses the Agg canvas
@@ -280,7 +291,7 @@ def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str) -> Opti
     right.grid(alpha=0.3)
     right.legend()
     right.set_title("efficiency = speedup / replicas")
-    figure.suptitle(title)
+    figure.suptitle(plot_title(title, shared_cores))
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     return path
@@ -589,9 +600,11 @@ def _write(args: argparse.Namespace, env: Any, label: str, counts: List[int],
     """bench.json and the plot in --output; returns the JSON object and what was written."""
     os.makedirs(args.output, exist_ok=True)
     title = f"kerasmgpu bench: {args.model}, {_common.line_label(env)}, {label}"
-    plot = write_plot(measured, os.path.join(args.output, "scaling.png"), title)
+    shared = summary.get("device_kind") == "virtual cpu"
+    plot = write_plot(measured, os.path.join(args.output, "scaling.png"), title, shared)
     if plot is None:
-        notes.append("plot skipped: matplotlib is not installed (pip install matplotlib)")
+        notes.append("plot skipped: matplotlib is not installed (pip install matplotlib, "
+                     "or kerasmgpu's `tools` extra)")
     result: Dict[str, Any] = {
         "kerasmgpu": __version__,
         "config": {"replicas": counts, "model": args.model, "batch_size": args.batch_size,

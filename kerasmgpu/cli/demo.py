@@ -296,6 +296,15 @@ def _print_header(setup: _Setup, args: argparse.Namespace, report: Report, made:
                     "on the same batches")
     report.line()
     report.line(f"Keras      : {_common.line_label(setup.env)}")
+    if setup.env.backend == "torch":
+        from importlib import metadata
+
+        try:
+            torch_note = _common.untested_torch(metadata.version("torch"))
+        except metadata.PackageNotFoundError:
+            torch_note = None
+        if torch_note:
+            report.line(f"             note: {torch_note}")
     shown = ", ".join(str(d) for d in setup.devices) or "none listed"
     if _common.started_by_launcher():
         shown += f" in each of {_common.process_count()} processes"

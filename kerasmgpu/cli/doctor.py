@@ -266,6 +266,10 @@ def _version_findings(facts: Facts) -> List[Finding]:
             f"{TF_SPLIT_KERAS}, tf.keras is the `keras` package of the same major.minor.",
             f'pip install "keras=={tf.major}.{tf.minor}.*"',
         ))
+    torch_note = _common.untested_torch(facts.torch) if facts.backend == "torch" else None
+    if torch_note:
+        text, fix = torch_note.split(" Fix: ", 1)
+        out.append(Finding(WARNING, "torch_untested", text, fix))
     line_version = _version(facts.keras_version)
     if line_version is not None:
         if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) and line_version < TF_KERAS_MIN:
@@ -403,16 +407,30 @@ def _install_findings(facts: Facts) -> List[Finding]:
     return out
 
 
+def _backend_hint(facts: Facts) -> Optional[str]:
+    """Keras 3 takes TensorFlow when KERAS_BACKEND is unset: where TensorFlow is missing
+    and jax or torch is installed, setting the variable is the fix, not installing it."""
+    if (facts.keras_line != KerasLine.KERAS_3.value or facts.backend != "tensorflow"
+            or facts.tensorflow or facts.variables.get("KERAS_BACKEND")):
+        return None
+    found = [name for name in ("jax", "torch") if getattr(facts, name)]
+    if not found:
+        return None
+    return (f"KERAS_BACKEND is not set, so Keras 3 takes TensorFlow, which is not "
+            f"installed; {' and '.join(found)} is: export KERAS_BACKEND={found[0]}")
+
+
 def _start_findings(facts: Facts) -> List[Finding]:
     """Whether the framework and Keras started (imported, listed their devices)."""
     out: List[Finding] = []
     framework = _framework(facts)
+    hint = _backend_hint(facts)
     if facts.devices_error and facts.devices_error_is_import:
         out.append(Finding(
             BLOCKING, "framework_import_failed",
             f"{framework} failed to import: {facts.devices_error}",
-            f"check the install with `python -c \"import {framework}\"`; "
-            f"{INSTALL.get(framework, '')}",
+            hint or (f"check the install with `python -c \"import {framework}\"`; "
+                     f"{INSTALL.get(framework, '')}"),
         ))
     elif facts.devices_error:
         out.append(Finding(
@@ -464,8 +482,10 @@ def _process_findings(facts: Facts) -> List[Finding]:
 
 
 def can_train(facts: Facts, found: Sequence[Finding]) -> bool:
-    """Multi-device training can run: >= 2 devices and nothing blocking."""
-    return device_count(facts) >= 2 and not any(f.severity == BLOCKING for f in found)
+    """Multi-device training can run: >= 2 devices, nothing blocking, and a route that
+    builds (its error is printed under the route: an OK below it would contradict it)."""
+    return (device_count(facts) >= 2 and not facts.description.get("error")
+            and not any(f.severity == BLOCKING for f in found))
 
 
 def route_info(facts: Facts) -> Dict[str, Any]:
@@ -630,10 +650,18 @@ def render(report: Mapping[str, Any]) -> str:
         lines.append(f"OK: multi-device training can run here ({route['replicas']} replicas).")
     else:
         blocking = [f["code"] for f in report["findings"] if f["severity"] == BLOCKING]
-        reason = (f"blocking: {', '.join(blocking)}" if blocking
-                  else f"{route['replicas']} device(s); at least 2 are needed")
+        if blocking:
+            reason = f"blocking: {', '.join(blocking)}"
+        elif route["error"]:
+            reason = "parallelize() cannot build its route: the error above"
+        else:
+            reason = f"{route['replicas']} device(s); at least 2 are needed"
         lines.append(f"NOT READY: multi-device training cannot run here ({reason}).")
-        if not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
+        torch = report["environment"].get("backend") == "torch"
+        if torch and not blocking:
+            lines.append("(On torch a replica is a process: `kerasmgpu launch --nproc 2 -m "
+                         "kerasmgpu demo` runs the demo on 2 processes.)")
+        elif not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
             n = _common.DEFAULT_VIRTUAL
             lines.append(f"(`kerasmgpu demo` and `bench` still run: without GPUs they make {n} "
                          f"virtual CPU devices themselves - `kerasmgpu doctor --virtual {n}` "
@@ -649,10 +677,26 @@ def _device_dict(device: Any) -> Dict[str, Any]:
             "virtual": bool(device.virtual), "memory_mb": device.memory_mb}
 
 
+def _nvidia_driver_present() -> bool:
+    """Whether an NVIDIA GPU could be here: its kernel driver is loaded (Linux)."""
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
+def nvml_reason(reason: Optional[str], driver_present: bool) -> Optional[str]:
+    """Why NVML is unavailable, with the install hint only where a GPU could be: on a
+    machine without NVIDIA's driver, nvidia-ml-py would have nothing to read."""
+    from kerasmgpu import nvml
+
+    if reason == nvml.NOT_INSTALLED and not driver_present:
+        return "no NVIDIA driver on this machine (nvidia-ml-py, which reads GPUs, is not needed)"
+    return reason
+
+
 def _nvml_facts() -> Dict[str, Any]:
     from kerasmgpu import nvml
 
     summary = dict(nvml.summary())
+    summary["reason"] = nvml_reason(summary.get("reason"), _nvidia_driver_present())
     if summary.get("available"):
         try:
             busy = {g.index: g.utilization_percent for g in nvml.read_gpus()}
@@ -663,10 +707,13 @@ def _nvml_facts() -> Dict[str, Any]:
     return summary
 
 
-def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
+def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
+            variables: Optional[Mapping[str, str]] = None) -> Facts:
     """Read the machine: versions, variables, devices (starts the framework), NVML.
 
-    Unless `verbose`, the framework's start-up log lines are dropped.
+    `variables`: the watched variables as the user set them, read before `--virtual`
+    wrote its own (default: the environment now). Unless `verbose`, the framework's
+    start-up log lines are dropped.
     """
     from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
@@ -684,7 +731,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None) -> Facts:
         backend=backend,
         keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
-        variables={k: os.environ[k] for k in WATCHED if k in os.environ},
+        variables=dict(variables) if variables is not None else user_variables(),
     )
     try:
         job = cluster.current()
@@ -759,10 +806,16 @@ def _str(value: Any) -> Optional[str]:
     return None if value is None else str(value)
 
 
-def diagnose(verbose: bool = False, virtual_flag: Optional[int] = None) -> Dict[str, Any]:
+def user_variables() -> Dict[str, str]:
+    """The watched variables set in this process's environment now."""
+    return {k: os.environ[k] for k in WATCHED if k in os.environ}
+
+
+def diagnose(verbose: bool = False, virtual_flag: Optional[int] = None,
+             variables: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """The doctor's JSON object for this machine; never raises."""
     try:
-        facts = collect(verbose, virtual_flag)
+        facts = collect(verbose, virtual_flag, variables)
     except Exception as exc:
         facts = Facts(internal_errors=(f"{type(exc).__name__}: {exc}",))
     try:
@@ -790,6 +843,9 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--verbose", action="store_true", help=_common.VERBOSE_HELP)
     args = parser.parse_args(argv)
     _common.quiet_frameworks(args.verbose)
+    # Environment shows what the user set: `--virtual` writes KERASMGPU_VIRTUAL_DEVICES
+    # (and XLA_FLAGS on JAX) itself, and the report names the flag as their source.
+    variables = user_variables()
     if args.virtual is not None:
         try:
             _common.request_devices(args.virtual)  # before any framework starts
@@ -800,7 +856,7 @@ def main(argv: List[str]) -> int:
     # Frameworks print while they start ("Using TensorFlow backend."); stdout must stay
     # one JSON object, so anything they print goes to stderr.
     with contextlib.redirect_stdout(sys.stderr):
-        report = diagnose(args.verbose, args.virtual)
+        report = diagnose(args.verbose, args.virtual, variables)
     if args.json:
         print(_common.to_json(report), file=real_stdout)
     else:

@@ -6,7 +6,9 @@
     kerasmgpu pins --write DIR [ENV ...]    DIR/<env>.in (the line's packages) and
                                             DIR/<env>.txt (constraints) for each ENV
                                             (default: the newest release of every line),
-                                            then the tox.ini lines that use them
+                                            DIR/kerasmgpu.in (kerasmgpu itself, from
+                                            --source SPEC or where it was installed
+                                            from), then the tox.ini lines that use them
 
 A team moving a Keras 2.3 project runs its own tests on Keras 2.3 before `kerasmgpu
 migrate` and on the lines it moves to after: `--write constraints` once, paste the
@@ -36,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--write", metavar="DIR", default=None,
                         help="write DIR/<env>.in and DIR/<env>.txt for each ENV (default: "
                         f"{' '.join(pins.NEWEST)}) and print the tox.ini lines using them")
+    parser.add_argument("--source", metavar="SPEC", default=None,
+                        help="where the project's envs get kerasmgpu: a checkout folder, a "
+                        "wheel, or a URL pip takes (git+https://...); default: where this "
+                        "kerasmgpu was installed from, else the PyPI name")
     return parser
 
 
@@ -55,12 +61,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             envs = args.envs or list(pins.NEWEST)
             directory = Path(args.write)
             written = pins.write(directory, envs, __version__)
+            line = pins.requirement(args.source)
+            written.append(pins.write_requirement(directory, line))
             print(f"wrote {len(written)} files into {directory}/: "
                   + ", ".join(p.name for p in written), file=sys.stderr)
             relative = os.path.relpath(directory.resolve(), Path.cwd()).replace(os.sep, "/")
             print(f"\n# tox.ini: kerasmgpu {__version__}'s tested releases (paste and adapt)\n",
                   file=sys.stderr)
-            print(pins.tox_snippet(relative, envs), end="")
+            print(f"# kerasmgpu itself: {line} ({relative}/{pins.REQUIREMENT_FILE})\n",
+                  file=sys.stderr)
+            print(pins.tox_snippet(relative, envs, with_kerasmgpu=True), end="")
             return 0
         if not args.envs:
             return _list()

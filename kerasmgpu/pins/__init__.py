@@ -19,10 +19,11 @@ and a CUDA build both satisfy; kerasmgpu's CI uses the CPU build).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kerasmgpu._errors import bad_value
 
@@ -108,6 +109,68 @@ def portable(text: str) -> str:
                      for line in text.splitlines()) + "\n"
 
 
+def tested_releases(package: str) -> List[str]:
+    """Every release of `package` that an env of the matrix pins ("2.13.0" for torch)."""
+    found = {_versions(HERE / f"{env}.txt").get(package.lower()) for env in available()}
+    return sorted(v for v in found if v)
+
+
+REQUIREMENT_FILE = "kerasmgpu.in"
+
+
+def requirement(source: Optional[str] = None) -> str:
+    """The requirement line that installs kerasmgpu in a project's env.
+
+    `source`: a checkout folder or a wheel (a path), a URL pip takes (`git+https://...`,
+    `https://.../x.whl`), or a requirement naming kerasmgpu as it is. None: where pip
+    recorded the installed kerasmgpu came from (PEP 610), else the PyPI name.
+    """
+    if source is None:
+        return installed_requirement() or "kerasmgpu"
+    source = source.strip()
+    if re.match(r"kerasmgpu\b", source, re.IGNORECASE):
+        return source
+    if "://" in source or source.startswith("git+"):
+        return f"kerasmgpu @ {source}"
+    return f"kerasmgpu @ {Path(source).expanduser().resolve().as_uri()}"
+
+
+def installed_requirement() -> Optional[str]:
+    """`kerasmgpu @ URL` from the installed distribution's direct_url.json, or None when
+    pip recorded none (an install from an index) or it cannot be read."""
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("kerasmgpu").read_text("direct_url.json")
+        return requirement_from_direct_url(json.loads(text)) if text else None
+    except (metadata.PackageNotFoundError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def requirement_from_direct_url(record: Mapping[str, Any]) -> Optional[str]:
+    """PEP 610's record of where a distribution came from, as a requirement line."""
+    url = record.get("url")
+    if not isinstance(url, str) or not url:
+        return None
+    vcs = record.get("vcs_info")
+    if isinstance(vcs, dict) and vcs.get("vcs"):
+        commit = vcs.get("commit_id") or vcs.get("requested_revision")
+        url = f"{vcs['vcs']}+{url}" + (f"@{commit}" if commit else "")
+    subdirectory = record.get("subdirectory")
+    if subdirectory:
+        url += f"#subdirectory={subdirectory}"
+    return f"kerasmgpu @ {url}"
+
+
+def write_requirement(directory: Path, line: str) -> Path:
+    """DIR/kerasmgpu.in: the line that installs kerasmgpu itself, for the tox lines."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / REQUIREMENT_FILE
+    path.write_text("# kerasmgpu itself. Written by `kerasmgpu pins --write` "
+                    "(--source SPEC changes it).\n" + line + "\n")
+    return path
+
+
 def write(directory: Path, envs: Sequence[str], version: str) -> List[Path]:
     """Write `<env>.in` and `<env>.txt` of each env into `directory`; return the paths."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -125,8 +188,9 @@ def write(directory: Path, envs: Sequence[str], version: str) -> List[Path]:
     return written
 
 
-def tox_snippet(directory: str, envs: Sequence[str]) -> str:
-    """The tox.ini lines that install each env from the files `write` put in `directory`."""
+def tox_snippet(directory: str, envs: Sequence[str], with_kerasmgpu: bool = False) -> str:
+    """The tox.ini lines that install each env from the files `write` put in `directory`
+    (and kerasmgpu itself from DIR/kerasmgpu.in, `with_kerasmgpu`)."""
     chosen = [get(env) for env in envs]
     folder = "{toxinidir}/" + directory.strip("/")
     lines = [
@@ -138,6 +202,7 @@ def tox_snippet(directory: str, envs: Sequence[str]) -> str:
         "# Each env: the Keras line's packages, every package pinned as kerasmgpu tested it.",
         "deps =",
         f"    -r {folder}/{{envname}}.in",
+        *([f"    -r {folder}/{REQUIREMENT_FILE}"] if with_kerasmgpu else []),
         "    pytest",
         "set_env =",
         f"    PIP_CONSTRAINT = {folder}/{{envname}}.txt",
