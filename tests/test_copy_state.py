@@ -14,7 +14,6 @@ import pytest
 from helpers import (
     IN_PROCESS,
     LINE,
-    ON_JAX,
     ON_TF,
     REPLICAS,
     assert_history_close,
@@ -175,10 +174,7 @@ def test_a_layer_holding_another_layer_is_named() -> None:
 
 def _stateful():
     seed_all(keras, 5)
-    if KERAS3:
-        inputs = keras.Input(batch_shape=(6, 5, 2))
-    else:
-        inputs = keras.Input(batch_shape=(6, 5, 2))
+    inputs = keras.Input(batch_shape=(6, 5, 2))
     hidden = keras.layers.LSTM(3, stateful=True, name="memory")(inputs)
     model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")

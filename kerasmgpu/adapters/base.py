@@ -359,7 +359,7 @@ class Adapter:
         for layer in self.layers_of(model)[1:]:
             try:
                 self.copy_layer(layer)
-            except Exception:  # noqa: BLE001 - any failure names the layer
+            except Exception:
                 return f"{layer.name!r} ({type(layer).__name__})"
         return None
 
