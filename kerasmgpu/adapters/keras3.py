@@ -109,6 +109,19 @@ class Keras3(Adapter):
     def build_like(self, clone: Any, model: Any) -> None:
         clone.build_from_config(model.get_build_config())
 
+    def copy_layer(self, layer: Any) -> Any:
+        # A Lambda's config holds its function as bytecode, which Keras 3's safe mode
+        # refuses to load (and plain clone_model with it): the copy calls the very
+        # function the template calls. `_output_shape` (read in the 3.15 source) is what the layer
+        # was given, a shape, a function or None.
+        lambda_layer = self.keras.layers.Lambda
+        if type(layer) is lambda_layer and hasattr(layer, "_output_shape"):
+            config = layer.get_config()
+            kwargs = {k: config[k] for k in ("name", "dtype", "trainable") if k in config}
+            return lambda_layer(layer.function, output_shape=layer._output_shape,
+                                mask=layer.mask, arguments=dict(layer.arguments), **kwargs)
+        return super().copy_layer(layer)
+
     # --- class_weight ---------------------------------------------------------------------
 
     def _data_adapters(self, name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, Iterator, List, Sequence
 
-from kerasmgpu._errors import NotYetSupportedError
+from kerasmgpu._errors import NotYetSupportedError, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
@@ -48,6 +48,24 @@ def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
     return dataset.flat_map(split)
 
 
+def _refuse_stateful(adapter: Adapter, model: Any) -> None:
+    """A stateful RNN keeps its state across batches in variables of a fixed batch size:
+    under MirroredStrategy each replica runs a slice of the batch, which the state's
+    shape does not fit (Keras 3 + TF: a graph execution error at the first step; tf_keras
+    cannot copy it). Refused before anything is copied or trained."""
+    stateful = [layer for layer in adapter.layers_of(model)[1:]
+                if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
+    if stateful:
+        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})" for layer in stateful)
+        raise bad_value(
+            "model", f"stateful RNN layers {names} on the mirrored route (TensorFlow)",
+            "layers without stateful=True here: TensorFlow's replicas cannot share one "
+            "batch-sized state",
+            "train it with Keras 3 on JAX (KERAS_BACKEND=jax), which trains a stateful RNN "
+            "as one device does, or with stateful=False (or on one device)",
+            raw=True)
+
+
 class MirroredEngine(Engine):
     route = Route.MIRRORED
 
@@ -79,6 +97,10 @@ class MirroredEngine(Engine):
 
     def owns(self, model: Any) -> bool:
         return self.adapter.distribution_strategy_of(model) is self.strategy
+
+    def parallelize(self, model: Any) -> Any:
+        _refuse_stateful(self.adapter, model)
+        return super().parallelize(model)
 
     def owns_optimizer(self, optimizer: Any) -> bool:
         return self.adapter.optimizer_strategy(optimizer) is self.strategy

@@ -741,6 +741,7 @@ def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any) -> Any:
         replica = adapter.clone_model(template)
         if template.weights:
             replica.set_weights(template.get_weights())
+        adapter.carry_state(template, replica)
     attach(replica, template, engine, adapter)
     if adapter.is_compiled(template):
         compile_replica(replica, adapter.compile_args(template))

@@ -71,7 +71,8 @@ class Layout:
     @classmethod
     def of(cls, model: Any, processes: int, replicas: int) -> Layout:
         shapes = [[-1 if d is None else int(d) for d in v.shape]
-                  for v in getattr(model, "weights", None) or []]
+                  for v in getattr(model, "weights", None) or []
+                  if hasattr(v, "shape")]  # not tf_keras's vocabulary handler
         return cls(processes, replicas, shapes)
 
 

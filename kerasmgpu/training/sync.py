@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from kerasmgpu.adapters import Adapter
+from kerasmgpu.adapters import Adapter, layer_state
 from kerasmgpu.adapters.base import StateReader
 from kerasmgpu.training.ops import EngineOps
 
@@ -68,6 +68,10 @@ class Mirror:
     compiled: Tuple[Any, ...] = ()
     flags: Tuple[Tuple[bool, ...], Tuple[bool, ...]] = ((), ())
     layers: Tuple[List[Any], List[Any]] = ([], [])
+    # Each layer with its copy, and both sides' plain Python attributes when they last
+    # agreed (`_carry_attributes`).
+    pairs: List[Tuple[Any, Any]] = field(default_factory=list)
+    attributes: List[Tuple[Dict[str, Any], Dict[str, Any]]] = field(default_factory=list)
     warned: bool = False
 
     @property
@@ -122,6 +126,7 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool) -> None:
         if exchange:
             _follow_the_chief(mirror, training)
         return
+    _carry_attributes(mirror)
     if _compiled_anew(mirror):
         _copy_flags(mirror)
         _recompile(mirror)
@@ -213,6 +218,36 @@ def _copy_flags(mirror: Mirror) -> None:
     mirror.flags = (_trainable(template), _trainable(replica))
 
 
+# --- plain Python attributes a layer reads in call() ----------------------------------------
+
+
+def _carry_attributes(mirror: Mirror) -> None:
+    """A plain attribute (a temperature, a flag a callback flips) set on either side since
+    the two last agreed goes to the other side (the template's when both changed it):
+    at every call and at every epoch end, as the variables. A traced step reads such an
+    attribute when it is traced, as on one device."""
+    if len(mirror.attributes) != len(mirror.pairs):
+        mirror.attributes = [_snapshot(t, r) for t, r in mirror.pairs]
+        return
+    for index, (template, replica) in enumerate(mirror.pairs):
+        seen_t, seen_r = mirror.attributes[index]
+        ours = _changed(layer_state.attributes(template), seen_t)
+        theirs = [k for k in _changed(layer_state.attributes(replica), seen_r) if k not in ours]
+        if not ours and not theirs:
+            continue
+        layer_state.carry_attributes(template, replica, ours)
+        layer_state.carry_attributes(replica, template, theirs)
+        mirror.attributes[index] = _snapshot(template, replica)
+
+
+def _changed(now: Dict[str, Any], seen: Dict[str, Any]) -> List[str]:
+    return [k for k, v in now.items() if k not in seen or not layer_state.same(v, seen[k])]
+
+
+def _snapshot(template: Any, replica: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    return (layer_state.snapshot(template), layer_state.snapshot(replica))
+
+
 # --- after a call that trains: the replica's state into the template ---------------------
 
 
@@ -236,6 +271,7 @@ def after_training(mirror: Mirror, *, unless_unchanged: bool = False) -> None:
             part.seen = part.reader()
         return
     _refresh(mirror)  # the call may have built the replica or its optimizer
+    _carry_attributes(mirror)
     parts = mirror.parts()
     if unless_unchanged and parts and all(_replica_unchanged(mirror, p) for p in parts):
         return
@@ -273,12 +309,12 @@ def _copy(mirror: Mirror, part: Part, *, to_replica: bool,
 def _refresh(mirror: Mirror) -> None:
     """Re-read both sides' variables (kept between calls: listing them walks the model)."""
     template, replica = mirror.template, mirror.replica
-    ours, theirs = list(template.weights), list(replica.weights)
+    ours, theirs = _variables(template), _variables(replica)
     if len(ours) != len(theirs) and theirs and hasattr(replica, "input_shape"):
         # A Sequential model given without an input shape: the replica was built by
         # the first batch; build the template the same way so it can hold the weights.
         template.build(replica.input_shape)
-        ours = list(template.weights)
+        ours = _variables(template)
     if len(ours) != len(theirs):
         raise RuntimeError(
             f"kerasmgpu: the model you built has {len(ours)} weights and its parallel "
@@ -288,8 +324,16 @@ def _refresh(mirror: Mirror) -> None:
     weights = _part(mirror.weights, ours, theirs, mirror.adapter)
     if weights is not mirror.weights or not mirror.layers[0]:  # new variables: new layers?
         mirror.layers = (mirror.adapter.layers_of(template), mirror.adapter.layers_of(replica))
+        mirror.pairs = mirror.adapter.layer_pairs(template, replica)
     mirror.weights = weights
     mirror.optimizer = _optimizer_part(mirror)
+
+
+def _variables(model: Any) -> List[Any]:
+    # tf_keras lists a lookup layer's vocabulary among the weights (a handler object that
+    # set_weights understands, no variable): the copy took it at parallelize() with the
+    # weights, and it is no training state.
+    return [v for v in model.weights if hasattr(v, "assign")]
 
 
 def _part(old: Optional[Part], template: List[Any], replica: List[Any],

@@ -1,0 +1,122 @@
+"""What a layer holds besides its variables, carried from a model to its copy.
+
+A copy made from `get_config()` and given the variables by `set_weights()` misses:
+
+* plain Python attributes a layer reads in `call()` (a temperature, a scale, a flag)
+  that its config does not list, or that were changed after the layer was made - also
+  Keras's own, as tf_keras's `Discretization.bin_boundaries` after `adapt()`;
+* what an adapted preprocessing layer keeps beside its variables: Keras 3's
+  `Normalization` computes its mean and variance tensors from its variables only in
+  `finalize_state()`, the lookups keep their vocabulary in a table. Keras's own saving
+  carries both (`save_own_variables` / `save_assets`, the public protocol of the
+  `.keras` format, on Keras 3 and tf_keras 2.12+), and so does the copy here.
+
+Only public methods and attributes of the layers are used.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+# Attributes Keras manages itself and kerasmgpu keeps equal another way (trainable
+# flags: training.sync) or that must stay the copy's own.
+_SKIPPED = frozenset({"built", "trainable", "name"})
+_SCALARS = (bool, int, float, str, bytes, type(None), np.generic)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """A value that is data, not an object with identity: numbers, strings, NumPy
+    arrays, and short lists, tuples and dicts of those."""
+    if isinstance(value, _SCALARS) or isinstance(value, np.ndarray):
+        return True
+    if depth < 2 and isinstance(value, (list, tuple)):
+        return len(value) <= 10_000 and all(_plain(v, depth + 1) for v in value)
+    if depth < 2 and isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def attributes(layer: Any) -> Dict[str, Any]:
+    """The layer's public plain-data attributes (its own `__dict__`, not its class's)."""
+    found = {}
+    for key, value in vars(layer).items():
+        if key.startswith("_") or key in _SKIPPED:
+            continue
+        if _plain(value):
+            found[key] = value
+    return found
+
+
+def snapshot(layer: Any) -> Dict[str, Any]:
+    """The layer's plain attributes now, kept apart from later in-place changes."""
+    return {k: _copied(v) for k, v in attributes(layer).items()}
+
+
+def same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                and a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b)))
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # a list holding arrays
+        return False
+
+
+def carry_attributes(source: Any, target: Any, keys: Any = None) -> List[str]:
+    """Set on `target` the plain attributes of `source` that differ (only `keys` when
+    given); the names set."""
+    theirs = vars(target)
+    carried = []
+    for key, value in attributes(source).items():
+        if keys is not None and key not in keys:
+            continue
+        if key in theirs and same(theirs[key], value):
+            continue
+        if key not in theirs and not _plain(getattr(type(target), key, None)):
+            continue  # a property or method of the copy's class: not data it holds
+        setattr(target, key, _copied(value))
+        carried.append(key)
+    return carried
+
+
+def _copied(value: Any) -> Any:
+    # The copy must not share a mutable container with the template: a later in-place
+    # change on one side would reach the other unseen.
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return value
+
+
+def adaptable(layer: Any) -> bool:
+    """A preprocessing layer whose state `adapt()` sets (Normalization, Discretization,
+    the lookups, TextVectorization)."""
+    return callable(getattr(layer, "adapt", None)) and callable(
+        getattr(layer, "save_own_variables", None))
+
+
+def carry_adapted(pairs: List[Tuple[Any, Any]]) -> None:
+    """Each copy takes its layer's saved state as Keras's own saving would restore it
+    (its own variables - which also recomputes what is derived from them, as
+    Normalization's mean and variance tensors - then its assets, as a vocabulary)."""
+    for layer, copy in pairs:
+        if not (getattr(layer, "built", True) and getattr(copy, "built", True)):
+            continue
+        store: Dict[str, Any] = {}
+        layer.save_own_variables(store)
+        if store:
+            copy.load_own_variables(store)
+        if callable(getattr(layer, "save_assets", None)):
+            with tempfile.TemporaryDirectory(prefix="kerasmgpu-assets-") as folder:
+                layer.save_assets(folder)
+                copy.load_assets(folder)

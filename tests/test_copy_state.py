@@ -1,0 +1,208 @@
+"""Where kerasmgpu trains a copy of the model (Keras 3 on TF and JAX, tf.keras), the copy
+holds what the template's layers hold besides their variables - against one device.
+
+Adapted preprocessing layers (Normalization's derived mean and variance, a lookup's
+vocabulary, Discretization's bins), plain Python attributes a layer reads in `call()`
+(set after parallelize(), or by a callback between epochs), a functional model with a
+`Lambda`; and stateful RNNs, which the mirrored route refuses before anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import (
+    IN_PROCESS,
+    LINE,
+    ON_TF,
+    REPLICAS,
+    assert_history_close,
+    assert_weights_close,
+    keras_module,
+    requires,
+    seed_all,
+)
+
+import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
+
+pytestmark = requires(in_process=True)
+if IN_PROCESS:
+    keras = keras_module()
+KERAS3 = LINE is KerasLine.KERAS_3
+
+RNG = np.random.default_rng(3)
+ROWS = 53  # batches of 20: the last one uneven
+XN = (RNG.normal(size=(ROWS, 4)) * 30 + 200).astype("float32")
+XI = RNG.integers(10, 20, size=(ROWS, 1)).astype("int64")
+Y = RNG.normal(size=(ROWS, 1)).astype("float32")
+
+
+def _fit_both(build, x, epochs=2, callbacks=(), **fit):
+    single, template = build(), build()
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    one = single.fit(x, Y, batch_size=20, epochs=epochs, shuffle=False, verbose=0,
+                     callbacks=[c(single) for c in callbacks], **fit)
+    par = pmodel.fit(x, Y, batch_size=20, epochs=epochs, shuffle=False, verbose=0,
+                     callbacks=[c(template) for c in callbacks], **fit)
+    assert_history_close(one, par, rtol=1e-5)
+    assert_weights_close(single, template, atol=1e-5)
+    np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+    return single, pmodel
+
+
+def _adapted(with_tables):
+    seed_all(keras, 1)
+    numbers = keras.Input((4,))
+    norm = keras.layers.Normalization()
+    norm.adapt(XN)
+    features = [norm(numbers)]
+    inputs = [numbers]
+    if with_tables:
+        bins = keras.layers.Discretization(num_bins=4, output_mode="one_hot")
+        bins.adapt(XN[:, :1])
+        features.append(bins(numbers[:, :1]))
+        ids = keras.Input((1,), dtype="int64")
+        lookup = keras.layers.IntegerLookup(output_mode="one_hot")
+        lookup.adapt(XI)
+        features.append(lookup(ids))
+        inputs.append(ids)
+    hidden = keras.layers.Concatenate()(features) if len(features) > 1 else features[0]
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+@pytest.mark.core
+def test_adapted_preprocessing_layers_train_as_on_one_device() -> None:
+    # Before: Keras 3 (TF, JAX) trained a copy whose Normalization did nothing (loss NaN
+    # against 2.7 here), Keras 3 + TF's lookup "Table not initialized", tf_keras a
+    # weight-shape ValueError inside parallelize() (the copy's bins lost).
+    # Keras 3's lookups and Discretization.adapt need TensorFlow (also on JAX).
+    with_tables = ON_TF
+    x = [XN, XI] if with_tables else [XN]
+    _fit_both(lambda: _adapted(with_tables), x)
+
+
+def _scaled_layer_class():
+    class Scaled(keras.layers.Layer):
+        """Reads a plain attribute in call(); its config does not list it."""
+
+        temperature = 1.0  # the class's default: an instance's own value must travel
+
+        def call(self, inputs):
+            return inputs / self.temperature
+
+    return Scaled
+
+
+def _scaled_model(cls):
+    seed_all(keras, 2)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(cls(name="scaled")(hidden)))
+    model.set_weights([w * 0.01 for w in model.get_weights()])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", run_eagerly=True)
+    return model
+
+
+def _cooling(model):
+    class Cooling(keras.callbacks.Callback):
+        # Changes the template's layer (the Keras 2.3 pattern: a callback holding the
+        # model the user built), between epochs.
+        def on_epoch_end(self, epoch, logs=None):
+            model.get_layer("scaled").temperature *= 0.5
+
+    return Cooling()
+
+
+@pytest.mark.core
+def test_python_attribute_read_in_call_follows_the_template() -> None:
+    # Eager steps read the attribute at every step (traced ones when traced, alike on
+    # one device and here). Before: the copy kept the class's 1.0.
+    cls = _scaled_layer_class()
+
+    def build():
+        model = _scaled_model(cls)
+        model.get_layer("scaled").temperature = 0.25  # set before the first fit
+        return model
+
+    single, pmodel = _fit_both(build, XN / 100, epochs=2, callbacks=[_cooling])
+    assert single.get_layer("scaled").temperature == 0.25 / 4
+    assert pmodel.get_layer("scaled").temperature == 0.25 / 4
+
+
+@pytest.mark.core
+def test_functional_model_with_a_lambda_trains() -> None:
+    # Before, on Keras 3: refused as "a subclassed model that cannot be copied".
+    def build():
+        seed_all(keras, 4)
+        inputs = keras.Input((4,))
+        halved = keras.layers.Lambda(lambda t: t * 0.5)(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(1)(halved))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    _fit_both(build, XN / 100)
+
+
+def test_a_layer_holding_another_layer_is_named() -> None:
+    class Tied(keras.layers.Layer):
+        """An output projection tied to an Embedding: holds the layer, no config for it."""
+
+        def __init__(self, embedding, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = embedding
+
+        def call(self, inputs):
+            return keras.ops.matmul(inputs, keras.ops.transpose(self.embedding.embeddings)) \
+                if KERAS3 else inputs @ keras.backend.transpose(self.embedding.embeddings)
+
+    ids = keras.Input((3,), dtype="int32")
+    embedding = keras.layers.Embedding(10, 4)
+    vectors = embedding(ids)
+    model = keras.Model(ids, Tied(embedding, name="tied")(vectors))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(TypeError) as caught:
+        kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
+    text = str(caught.value)
+    assert "subclassed" not in text.split("(What Keras said")[0]
+    assert "'tied' (Tied)" in text and "kerasmgpu.scope()" in text
+
+
+def _stateful():
+    seed_all(keras, 5)
+    inputs = keras.Input(batch_shape=(6, 5, 2))
+    hidden = keras.layers.LSTM(3, stateful=True, name="memory")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+@requires(tf=True)
+def test_stateful_rnn_is_refused_on_the_mirrored_route() -> None:
+    # Before: Keras 3 + TF a "Graph execution error" at fit, tf_keras "a subclassed model
+    # that cannot be copied (Functional)".
+    model = _stateful()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError) as caught:
+        kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
+    text = str(caught.value)
+    assert "'memory'" in text and "stateful" in text and "JAX" in text
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@requires(jax=True)
+def test_stateful_rnn_trains_on_jax() -> None:
+    x = RNG.normal(size=(24, 5, 2)).astype("float32")
+    y = RNG.normal(size=(24, 1)).astype("float32")
+    single, template = _stateful(), _stateful()
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=2)
+    one = single.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    par = pmodel.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(one, par, rtol=1e-5)
+    assert_weights_close(single, template, atol=1e-5)
