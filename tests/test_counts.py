@@ -58,7 +58,7 @@ def _model(kind: str):
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(
             ignore_class=-1 if kind == "ignore_class" else None)
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, metrics=["accuracy"])
     return model
 
 

@@ -464,6 +464,10 @@ class Adapter:
     def expand_to_rank(self, w: Any, rank: int) -> Any:
         raise NotImplementedError
 
+    def broadcast_like(self, w: Any, like: Any, rank: int) -> Any:
+        """Per-row `w` broadcast to the first `rank` axes of `like`'s shape."""
+        raise NotImplementedError
+
     def unscale_for_replicas(self, loss: Any) -> Any:
         """A loss as one device computes it, from what Keras's compiled loss returned
         inside a replica (identity where Keras does not scale for distribution)."""

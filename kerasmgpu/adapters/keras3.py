@@ -179,6 +179,12 @@ class Keras3(Adapter):
             w = ops.expand_dims(w, -1)
         return w
 
+    def broadcast_like(self, w: Any, like: Any, rank: int) -> Any:
+        ops = self.keras.ops
+        # A new tensor, not a broadcast view: Keras writes into it in place (torch).
+        return ops.multiply(self.expand_to_rank(w, rank),
+                            ops.ones(ops.shape(like)[:rank], dtype=w.dtype))
+
     def unscale_for_replicas(self, loss: Any) -> Any:
         # Keras 3 on TensorFlow divides every loss by the replica count inside a
         # tf.distribute replica (losses/loss.py scale_loss_for_distribution; its own

@@ -241,7 +241,11 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
             else:
                 weight = _times(adapter, mask, weight)
             if adapter.weights_follow_output_rank:
-                weight = adapter.expand_to_rank(weight, adapter.rank(values) or 1)
+                rank = adapter.rank(values) or 1
+                # A sequence output: Keras multiplies its mask (batch, time) into the
+                # weight in place on torch, so the weight must have the mask's shape.
+                weight = (adapter.broadcast_like(weight, values, rank - 1) if rank > 2
+                          else adapter.expand_to_rank(weight, rank))
             return original(*positional, sample_weight=weight, **kwargs)
 
         return update_state
