@@ -79,3 +79,28 @@ def test_counted_losses_match_one_device(kind: str, rows: int) -> None:
     e1 = single.evaluate(x, y, batch_size=8, verbose=0)
     e2 = pmodel.evaluate(x, y, batch_size=8, verbose=0)
     np.testing.assert_allclose(e1, e2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("term", ["activity_regularizer", "add_loss"])
+def test_batch_loss_terms_on_a_padded_batch_warn(term: str) -> None:
+    """A loss term computed from the batch (an activity regularizer, `add_loss`) counts
+    the padding copies and kerasmgpu cannot reweigh it: warned on every Keras 3 backend
+    (JAX said nothing), as on the TF lines."""
+
+    class Penalty(keras.layers.Layer):
+        def call(self, inputs):
+            self.add_loss(0.01 * keras.ops.mean(keras.ops.square(inputs)))
+            return inputs
+
+    seed_all(keras, 28)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(
+        4, activity_regularizer="l2" if term == "activity_regularizer" else None)(inputs)
+    if term == "add_loss":
+        hidden = Penalty()(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer="sgd", loss="mse")
+    pmodel = kerasmgpu.parallelize(model, gpus=REPLICAS[0])
+    x = RNG.normal(size=(9, 6)).astype("float32")
+    with pytest.warns(UserWarning, match="add_loss"):
+        pmodel.fit(x, x[:, :1], batch_size=9, epochs=1, verbose=0)

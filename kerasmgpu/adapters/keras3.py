@@ -9,7 +9,9 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `model._compile_metrics` (a `CompileMetrics`): its `update_state` is wrapped on the
   instance, and its `metrics` (public property) lists the metrics it builds lazily.
 * `model._loss_tracker`: the `Mean` every backend's step updates with the fed rows.
-* `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers.
+* `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers; on
+  JAX, where a stateless step leaves none there, the public `add_loss` of every layer is
+  wrapped on the instance to notice them (`has_call_time_losses`).
 * `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
 * `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
   and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
@@ -203,6 +205,8 @@ class Keras3(Adapter):
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
                           values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
+        if self.backend == "jax":
+            self._watch_add_loss(model)
         container = self._compile_loss(model)
         if container is None:
             return  # compiled without a loss: only add_loss terms, nothing to weight
@@ -333,10 +337,27 @@ class Keras3(Adapter):
         return trackers
 
     def has_call_time_losses(self, model: Any) -> bool:
+        # On JAX a stateless step collects the added losses in its scope and leaves no
+        # `_losses` behind: an activity regularizer is seen on the layer, an `add_loss`
+        # by the wrapper `_watch_add_loss` put on every layer.
         for layer in [model, *model._flatten_layers(include_self=False)]:
-            if getattr(layer, "_losses", None):
+            if getattr(layer, "_losses", None) or getattr(layer, "activity_regularizer",
+                                                          None) is not None:
                 return True
-        return False
+        return bool(model.__dict__.get(HOOKED + "_added_loss"))
+
+    def _watch_add_loss(self, model: Any) -> None:
+        for layer in [model, *model._flatten_layers(include_self=False)]:
+            original = getattr(layer, "add_loss", None)
+            if original is None or layer.__dict__.get(HOOKED + "_add_loss"):
+                continue
+
+            def add_loss(loss: Any, _original: Any = original) -> Any:
+                model.__dict__[HOOKED + "_added_loss"] = True
+                return _original(loss)
+
+            layer.__dict__["add_loss"] = add_loss
+            layer.__dict__[HOOKED + "_add_loss"] = True
 
     def check_internals(self, model: Any) -> None:
         if not self.is_compiled(model):
