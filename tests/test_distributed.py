@@ -130,6 +130,8 @@ RUNS: Dict[str, List[str]] = {
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
+    # One replica a process: each divides by its own valid count unless told the global.
+    **({"counted": ["train.py", "--epochs", "2", "--counted"]} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
@@ -145,6 +147,7 @@ REFERENCES: Dict[str, List[str]] = {
     **{inputs: ["train.py", *extra] for inputs, extra in INPUTS.items()},
     "chief": RUNS["chief"], "clip": RUNS["clip"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
+    **({"counted": RUNS["counted"]} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
 }
@@ -229,6 +232,15 @@ def test_two_workers_equal_one_process(job: Job, one: Path, inputs: str) -> None
     assert output.count("did not write save_weights(") == 1, output[-4000:]
     assert "process 1 of 2 did not write save_weights(" in output
     _assert_listeners(two)
+
+
+@trains_in_processes
+@requires(torch=True)
+def test_counted_loss_divides_by_the_global_count(job: Job, one: Path) -> None:
+    """ignore_class and mask_zero on two processes: the loss divides by the valid entries
+    of the whole global batch (padded last batch and batches that divide), as one
+    process does, and the masked accuracy counts them the same."""
+    _assert_same(one / "counted" / "rank0.npz", _finished(job, "counted") / "rank0.npz")
 
 
 @pytest.mark.core

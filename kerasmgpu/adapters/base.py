@@ -138,6 +138,29 @@ class Adapter:
         return False
 
     @property
+    def weights_in_loss_values(self) -> bool:
+        """Each compiled loss weighs its own values (`steps.loss_values`, shaped like
+        them) instead of the compiled loss's sample weight (shaped for the output)."""
+        return False
+
+    @property
+    def counts_per_replica(self) -> bool:
+        """Each replica reduces its own rows (tf.distribute, torch DDP), so a count a loss
+        divides by is the replica's, not the global batch's."""
+        return False
+
+    def total(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def replica_mean(self, x: Any) -> Any:
+        """The mean of `x` over all replicas (identity where one program sees them all)."""
+        return x
+
+    def count_ratio(self, a: Any, b: Any) -> Any:
+        """`a / b`, 0 where `b` is 0 (a batch with nothing valid)."""
+        raise NotImplementedError
+
+    @property
     def identity_tokens(self) -> bool:
         """`state_reader` tokens are taken without running anything on a device (the
         identity of a JAX array, a torch tensor's version), so reading them for the
@@ -511,6 +534,10 @@ class Adapter:
     def expand_to_rank(self, w: Any, rank: int) -> Any:
         raise NotImplementedError
 
+    def broadcast_like(self, w: Any, like: Any, rank: int) -> Any:
+        """Per-row `w` broadcast to the first `rank` axes of `like`'s shape."""
+        raise NotImplementedError
+
     def unscale_for_replicas(self, loss: Any) -> Any:
         """A loss as one device computes it, from what Keras's compiled loss returned
         inside a replica (identity where Keras does not scale for distribution)."""
@@ -521,9 +548,12 @@ class Adapter:
 
     # --- hooks the training layer installs -----------------------------------------------
 
-    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
+                          values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
         """Make Keras's compiled loss call `hook(y_true, y_pred, sample_weight)` for the
-        sample weight it uses (the hook returns it, or a new one)."""
+        sample weight it uses (the hook returns it, or a new one); where the adapter
+        `weights_in_loss_values`, also `values(values, mask, reduction)` for the values
+        of each loss it holds (`steps.loss_values`)."""
         raise NotImplementedError
 
     def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:

@@ -9,7 +9,9 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
 * `model._compile_metrics` (a `CompileMetrics`): its `update_state` is wrapped on the
   instance, and its `metrics` (public property) lists the metrics it builds lazily.
 * `model._loss_tracker`: the `Mean` every backend's step updates with the fed rows.
-* `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers.
+* `layer._losses`: losses added by a call (`add_loss`), as opposed to regularizers; on
+  JAX, where a stateless step leaves none there, the public `add_loss` of every layer is
+  wrapped on the instance to notice them (`has_call_time_losses`).
 * `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
 * `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
   and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
@@ -18,7 +20,11 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   the instance); models on TF: `_maybe_symbolic_build`, given an element spec
   (`build_without_peeking`), and with accumulate_steps `make_train_function` /
   `train_function` (`accumulate_by_calls`).
-* `keras.src.backend` mask helpers are not used: metrics get the mask as a weight.
+* `CompileLoss._flat_losses` ((path, loss, weight, name), 3.3-3.15): each loss's `call`
+  is wrapped on the instance, so that the padding weight is shaped like its values and a
+  masked mean divides by one device's count (`steps.loss_values`); for that the mask
+  `Loss.__call__` applies is read with `keras.src.backend.get_keras_mask` (and the
+  values' mask put back with `set_keras_mask`). Metrics get the padding mask as a weight.
 * change tokens (`state_reader`): `variable._value`, the backend value the public
   `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX
   array, replaced by every assign, or a torch tensor, whose `_version` counts in-place
@@ -188,6 +194,12 @@ class Keras3(Adapter):
             w = ops.expand_dims(w, -1)
         return w
 
+    def broadcast_like(self, w: Any, like: Any, rank: int) -> Any:
+        ops = self.keras.ops
+        # A new tensor, not a broadcast view: Keras writes into it in place (torch).
+        return ops.multiply(self.expand_to_rank(w, rank),
+                            ops.ones(ops.shape(like)[:rank], dtype=w.dtype))
+
     def unscale_for_replicas(self, loss: Any) -> Any:
         # Keras 3 on TensorFlow divides every loss by the replica count inside a
         # tf.distribute replica (losses/loss.py scale_loss_for_distribution; its own
@@ -204,7 +216,10 @@ class Keras3(Adapter):
     def _compile_loss(self, model: Any) -> Any:
         return getattr(model, "_compile_loss", None)
 
-    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
+                          values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
+        if self.backend == "jax":
+            self._watch_add_loss(model)
         container = self._compile_loss(model)
         if container is None:
             return  # compiled without a loss: only add_loss terms, nothing to weight
@@ -217,11 +232,79 @@ class Keras3(Adapter):
 
         def call(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
             current = container.__dict__[HOOKED + "_fn"]
+            if not getattr(container, "built", True):
+                container.build(y_true, y_pred)
+            if values is not None:
+                self._hook_loss_values(container, values)
             return original(y_true, y_pred, current(y_true, y_pred, sample_weight))
 
         container.__dict__["call"] = call
         container.__dict__[HOOKED + "_fn"] = hook
         container.__dict__[HOOKED] = True
+
+    def _hook_loss_values(self, container: Any, loss_values: Callable[..., Any]) -> None:
+        """Wrap `call` of every loss `CompileLoss` built (`_flat_losses`: (path, loss,
+        weight, name), 3.3-3.15) so that `steps.loss_values` sees the values it reduces
+        and the mask `Loss.__call__` will apply (`y_pred`'s and the values' Keras masks,
+        `keras.src.backend.get_keras_mask`, anded as `Loss.__call__` does)."""
+        from keras.src.backend import get_keras_mask, set_keras_mask
+
+        for entry in getattr(container, "_flat_losses", None) or []:
+            loss = entry[1] if isinstance(entry, (tuple, list)) and len(entry) > 1 else None
+            if loss is None or getattr(loss, HOOKED, False) or not callable(
+                    getattr(loss, "call", None)):
+                continue
+            loss.__dict__["call"] = self._values_call(
+                loss, loss.call, (get_keras_mask, set_keras_mask), loss_values)
+            loss.__dict__[HOOKED] = True
+
+    def _values_call(self, loss: Any, original: Callable[..., Any], masking: Any,
+                     loss_values: Any) -> Callable[..., Any]:
+        get_mask, set_mask = masking
+
+        def call(y_true: Any, y_pred: Any) -> Any:
+            values = original(y_true, y_pred)
+            masks = [m for m in (get_mask(y_pred), get_mask(values)) if m is not None]
+            mask = masks[0] if len(masks) == 1 else (
+                self.keras.ops.logical_and(*masks) if masks else None)
+            out = loss_values(values, mask, getattr(loss, "reduction", None))
+            if out is not values and get_mask(values) is not None:
+                set_mask(out, get_mask(values))  # Loss.__call__ reads it back
+            return out
+
+        return call
+
+    @property
+    def weights_in_loss_values(self) -> bool:
+        return True
+
+    @property
+    def counts_per_replica(self) -> bool:
+        return self.backend in ("tensorflow", "torch")
+
+    def total(self, x: Any) -> Any:
+        return self.keras.ops.sum(x)
+
+    def count_ratio(self, a: Any, b: Any) -> Any:
+        return self.keras.ops.divide_no_nan(a, b)
+
+    def replica_mean(self, x: Any) -> Any:
+        if self.backend == "tensorflow":
+            import tensorflow as tf
+
+            context = tf.distribute.get_replica_context()
+            if context is None or context.num_replicas_in_sync == 1:
+                return x
+            return context.all_reduce(tf.distribute.ReduceOp.MEAN, x)
+        if self.backend == "torch":
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+                return x
+            total = x.detach().clone()
+            dist.all_reduce(total)
+            return total / dist.get_world_size()
+        return x
 
     def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
         container = getattr(model, "_compile_metrics", None)
@@ -267,10 +350,27 @@ class Keras3(Adapter):
         return trackers
 
     def has_call_time_losses(self, model: Any) -> bool:
+        # On JAX a stateless step collects the added losses in its scope and leaves no
+        # `_losses` behind: an activity regularizer is seen on the layer, an `add_loss`
+        # by the wrapper `_watch_add_loss` put on every layer.
         for layer in [model, *model._flatten_layers(include_self=False)]:
-            if getattr(layer, "_losses", None):
+            if getattr(layer, "_losses", None) or getattr(layer, "activity_regularizer",
+                                                          None) is not None:
                 return True
-        return False
+        return bool(model.__dict__.get(HOOKED + "_added_loss"))
+
+    def _watch_add_loss(self, model: Any) -> None:
+        for layer in [model, *model._flatten_layers(include_self=False)]:
+            original = getattr(layer, "add_loss", None)
+            if original is None or layer.__dict__.get(HOOKED + "_add_loss"):
+                continue
+
+            def add_loss(loss: Any, _original: Any = original) -> Any:
+                model.__dict__[HOOKED + "_added_loss"] = True
+                return _original(loss)
+
+            layer.__dict__["add_loss"] = add_loss
+            layer.__dict__[HOOKED + "_add_loss"] = True
 
     def check_internals(self, model: Any) -> None:
         if not self.is_compiled(model):

@@ -221,7 +221,8 @@ class TfKeras2(Adapter):
             return value.__dict__["_kerasmgpu_container"]
         return getattr(model, name, None)
 
-    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
+    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
+                          values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
         container = self._container(model, "compiled_loss")
         if container is None:
             return

@@ -294,7 +294,8 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     _install_steps(replica)
     adapter.check_internals(replica)
     adapter.install_loss_hook(
-        replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)))
+        replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)),
+        lambda values, mask, reduction: step_hooks.loss_values(adapter, values, mask, reduction))
     adapter.install_metrics_hook(replica, _on_compiled_metric(replica))
     state.engine.prepare_compiled(replica)
 

@@ -118,6 +118,8 @@ def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
         if frame.packed is None:  # the fast path: no padding, the user's weights alone
             return sample_weight
         on_call()
+        if adapter.weights_in_loss_values:  # each loss weighs its own values (loss_values)
+            return sample_weight
         mask = adapter.column(frame.packed, MASK)
         weight = adapter.multiply(mask, adapter.column(frame.packed, SCALE)) if scaled else mask
         if not adapter.weights_follow_output_rank:
@@ -127,6 +129,47 @@ def loss_hook(adapter: Adapter, scaled: bool, on_call: Callable[[], None]
         return _per_output(adapter, weight, sample_weight, y_pred)
 
     return hook
+
+
+def loss_values(adapter: Adapter, values: Any, mask: Any, reduction: Any) -> Any:
+    """One compiled loss's values, before Keras weighs and reduces them, made such that
+    the replicas' losses sum to one device's loss over the real rows.
+
+    A mean reduction divides by a count: every element (then the padding weight
+    `scale * mask`, shaped like `values` - the loss's own rows, not the output's - makes
+    it the real rows' mean), or, with a Keras mask (`ignore_class`, `mask_zero`), the
+    `V` valid entries the replica holds, padding copies included. One device divides by
+    the valid entries of the real rows of the whole batch, `Vg`: the values are scaled by
+    `V / Vg` (Keras's own `total / V` and sum then leave `sum / Vg`), `Vg` taken over all
+    replicas (`adapter.replica_mean`, times the replica count Keras divides by).
+    """
+    frame = current()
+    if frame is None or not adapter.rank(values):
+        return values
+    packed = frame.packed
+    if packed is not None and not _same_rows(adapter, values, packed):
+        return values  # not one value per fed row: not ours to weigh
+    mean = str(reduction or "").lower() in ("sum_over_batch_size", "mean")
+    if mask is None or not mean:
+        if packed is None:
+            return values
+        weight = adapter.column(packed, MASK)
+        if mean:
+            weight = adapter.multiply(weight, adapter.column(packed, SCALE))
+        weight = adapter.to_float(weight, like=values)
+        return adapter.multiply(values, adapter.expand_to_rank(weight, adapter.rank(values) or 1))
+    if packed is None and not adapter.counts_per_replica:
+        return values  # one program over the global batch: Keras's count is global
+    valid = adapter.to_float(mask, like=values)
+    real = valid
+    if packed is not None:
+        rows = adapter.to_float(adapter.column(packed, MASK), like=values)
+        real = adapter.multiply(valid, adapter.expand_to_rank(rows, adapter.rank(valid) or 1))
+    factor = adapter.count_ratio(adapter.total(valid), adapter.replica_mean(adapter.total(real)))
+    if packed is not None:
+        values = adapter.multiply(values, adapter.expand_to_rank(
+            adapter.to_float(adapter.column(packed, MASK), like=values), adapter.rank(values) or 1))
+    return adapter.multiply(values, factor)
 
 
 def _per_output(adapter: Adapter, weight: Any, sample_weight: Any, y_pred: Any) -> Any:
@@ -198,7 +241,11 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
             else:
                 weight = _times(adapter, mask, weight)
             if adapter.weights_follow_output_rank:
-                weight = adapter.expand_to_rank(weight, adapter.rank(values) or 1)
+                rank = adapter.rank(values) or 1
+                # A sequence output: Keras multiplies its mask (batch, time) into the
+                # weight in place on torch, so the weight must have the mask's shape.
+                weight = (adapter.broadcast_like(weight, values, rank - 1) if rank > 2
+                          else adapter.expand_to_rank(weight, rank))
             return original(*positional, sample_weight=weight, **kwargs)
 
         return update_state

@@ -72,6 +72,9 @@ parser.add_argument("--batchnorm", action="store_true",
                     help="a BatchNormalization layer after the hidden Dense")
 parser.add_argument("--sync-batchnorm", action="store_true",
                     help="parallelize(sync_batchnorm=True)")
+parser.add_argument("--counted", action="store_true",
+                    help="a loss that divides by a count of valid entries: per-timestep "
+                    "tags under Embedding(mask_zero=True), some ignored (ignore_class=-1)")
 parser.add_argument("--count-collectives", action="store_true",
                     help="torch: count all_reduce calls in fit with, without, and on rank 0 "
                     "alone with a callback that reads the per-batch logs "
@@ -102,9 +105,21 @@ y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype
 
 inputs = keras.Input((6,))
 hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+loss, metrics = "mse", ["mae"]
+if args.counted:
+    x = rng.integers(1, 9, size=(args.rows, 6)).astype("int32")
+    for row, length in enumerate(rng.integers(1, 7, size=args.rows)):
+        x[row, length:] = 0
+    y = np.where(rng.uniform(size=(args.rows, 6)) < 0.3, -1,
+                 rng.integers(0, 3, size=(args.rows, 6))).astype("int64")
+    inputs = keras.Input((6,), dtype="int32")
+    hidden = keras.layers.Embedding(9, 4, mask_zero=True)(inputs)
+    loss = keras.losses.SparseCategoricalCrossentropy(ignore_class=-1)
+    metrics = ["accuracy"]
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
-outputs = keras.layers.Dense(1)(hidden)
+outputs = keras.layers.Dense(3 if args.counted else 1,
+                             activation="softmax" if args.counted else None)(hidden)
 model_class = keras.Model
 if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
     import torch
@@ -136,7 +151,7 @@ model.set_weights([(np.abs(value) + 0.5 if "variance" in w.name else value).asty
 clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
 if args.optimizer_accumulates:
     clip["gradient_accumulation_steps"] = args.optimizer_accumulates
-model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss="mse", metrics=["mae"])
+model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss=loss, metrics=metrics)
 
 options = {"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}
 if args.sync_batchnorm:
