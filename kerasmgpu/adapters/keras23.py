@@ -73,7 +73,8 @@ class Keras23(Adapter):
         return {
             "optimizer": self.fresh_optimizer(model.optimizer),
             "loss": model.loss,
-            "metrics": list(getattr(model, "_compile_metrics", None) or []),
+            # A dict (per-output metrics) stays a dict: list() would keep only its keys.
+            "metrics": _as_given(getattr(model, "_compile_metrics", None)),
             "loss_weights": model.loss_weights,
             "sample_weight_mode": model.sample_weight_mode,
             "weighted_metrics": getattr(model, "_compile_weighted_metrics", None),
@@ -249,3 +250,10 @@ class GroupPlan:
             return (apply if self.apply else accumulate)(inputs)
 
         return train_function
+
+
+def _as_given(metrics: Any) -> Any:
+    """Keras 2.3's compile metrics as the user gave them: a dict per output, else a list."""
+    if isinstance(metrics, dict):
+        return dict(metrics)
+    return list(metrics or [])
