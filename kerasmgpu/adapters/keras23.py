@@ -74,10 +74,10 @@ class Keras23(Adapter):
             "optimizer": self.fresh_optimizer(model.optimizer),
             "loss": model.loss,
             # A dict (per-output metrics) stays a dict: list() would keep only its keys.
-            "metrics": _as_given(getattr(model, "_compile_metrics", None)),
+            "metrics": _fresh(_as_given(getattr(model, "_compile_metrics", None))),
             "loss_weights": model.loss_weights,
             "sample_weight_mode": model.sample_weight_mode,
-            "weighted_metrics": getattr(model, "_compile_weighted_metrics", None),
+            "weighted_metrics": _fresh(getattr(model, "_compile_weighted_metrics", None)),
         }
 
     # --- the training state: graph mode, read through Keras's session ---------------------
@@ -257,3 +257,15 @@ def _as_given(metrics: Any) -> Any:
     if isinstance(metrics, dict):
         return dict(metrics)
     return list(metrics or [])
+
+
+def _fresh(metrics: Any) -> Any:
+    """A new object for each `Metric` instance: the template's is built on the template's
+    graph tensors (its sample-weight placeholder), which the parallel model never feeds."""
+    if isinstance(metrics, dict):
+        return {key: _fresh(value) for key, value in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [_fresh(value) for value in metrics]
+    if hasattr(metrics, "get_config") and hasattr(metrics, "update_state"):
+        return type(metrics).from_config(metrics.get_config())
+    return metrics
