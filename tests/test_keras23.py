@@ -462,3 +462,66 @@ def test_the_opt_in_on_another_keras_says_what_it_is_for(tmp_path: Path) -> None
     assert "Keras23RuntimeError" in done.stderr
     assert "Allowed: standalone keras 2.3.x" in done.stderr
     assert "remove `import kerasmgpu.keras23`" in done.stderr
+
+
+@requires(legacy=True)
+def test_per_output_metrics_as_a_dict_train_as_on_one_device(tmp_path: Path) -> None:
+    # parallelize() recompiled with list(dict), the dict's keys as metric names:
+    # `Unknown metric function: price`.
+    done = _python("""
+        import kerasmgpu.keras23
+        import numpy as np
+        import keras
+        import kerasmgpu
+
+        def build():
+            np.random.seed(0)
+            inp = keras.layers.Input((4,))
+            h = keras.layers.Dense(6, activation="relu", kernel_initializer="glorot_uniform")(inp)
+            model = keras.models.Model(inp, [keras.layers.Dense(1, name="price")(h),
+                                             keras.layers.Dense(1, name="size")(h)])
+            model.compile("sgd", "mse", metrics={"price": ["mae"], "size": ["mse"]})
+            return model
+
+        rng = np.random.RandomState(1)
+        x = rng.normal(size=(23, 4)).astype("float32")
+        ys = [rng.normal(size=(23, 1)).astype("float32") for _ in range(2)]
+        one = build()
+        many = build()
+        many.set_weights(one.get_weights())
+        h1 = one.fit(x, ys, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+        h2 = kerasmgpu.parallelize(many).fit(x, ys, batch_size=8, epochs=2, shuffle=False,
+                                            verbose=0).history
+        w = max(float(np.max(np.abs(a - b))) for a, b in zip(one.get_weights(),
+                                                             many.get_weights()))
+        h = max(abs(a - b) for k in h1 for a, b in zip(h1[k], h2[k]))
+        print("KEYS", sorted(h1) == sorted(h2), "CLOSE", w < 1e-5 and h < 1e-4, w, h)
+    """, tmp_path, KERASMGPU_VIRTUAL_DEVICES="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KEYS True CLOSE True" in done.stdout, done.stdout
+
+
+@requires(legacy=True)
+def test_weighted_metric_objects_with_sample_weight_train_as_on_one_device(tmp_path: Path) -> None:
+    # The template's Metric objects, reused by the recompile, asked for the template's
+    # sample-weight placeholder: `You must feed a value for placeholder tensor`.
+    done = _python("""
+        import kerasmgpu.keras23
+        import numpy as np, keras, kerasmgpu
+        def build():
+            np.random.seed(0)
+            m = keras.Sequential([keras.layers.Dense(4, activation="relu", input_shape=(4,)), keras.layers.Dense(1)])
+            m.compile("sgd", "mse", weighted_metrics=[keras.metrics.MeanSquaredError()])
+            return m
+        rng = np.random.RandomState(1)
+        x = rng.normal(size=(23, 4)).astype("float32"); y = rng.normal(size=(23, 1)).astype("float32")
+        sw = rng.uniform(0.5, 2, size=(23,)).astype("float32")
+        one = build(); many = build(); many.set_weights(one.get_weights())
+        h1 = one.fit(x, y, sample_weight=sw, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+        h2 = kerasmgpu.parallelize(many).fit(x, y, sample_weight=sw, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+        w = max(float(np.max(np.abs(a - b))) for a, b in zip(one.get_weights(), many.get_weights()))
+        h = max(abs(a - b) for k in h1 for a, b in zip(h1[k], h2[k]))
+        print("KEYS", sorted(h1) == sorted(h2), "CLOSE", w < 1e-5 and h < 1e-4, w, h)
+    """, tmp_path, KERASMGPU_VIRTUAL_DEVICES="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "KEYS True CLOSE True" in done.stdout, done.stdout

@@ -73,10 +73,11 @@ class Keras23(Adapter):
         return {
             "optimizer": self.fresh_optimizer(model.optimizer),
             "loss": model.loss,
-            "metrics": list(getattr(model, "_compile_metrics", None) or []),
+            # A dict (per-output metrics) stays a dict: list() would keep only its keys.
+            "metrics": _fresh(_as_given(getattr(model, "_compile_metrics", None))),
             "loss_weights": model.loss_weights,
             "sample_weight_mode": model.sample_weight_mode,
-            "weighted_metrics": getattr(model, "_compile_weighted_metrics", None),
+            "weighted_metrics": _fresh(getattr(model, "_compile_weighted_metrics", None)),
         }
 
     # --- the training state: graph mode, read through Keras's session ---------------------
@@ -249,3 +250,22 @@ class GroupPlan:
             return (apply if self.apply else accumulate)(inputs)
 
         return train_function
+
+
+def _as_given(metrics: Any) -> Any:
+    """Keras 2.3's compile metrics as the user gave them: a dict per output, else a list."""
+    if isinstance(metrics, dict):
+        return dict(metrics)
+    return list(metrics or [])
+
+
+def _fresh(metrics: Any) -> Any:
+    """A new object for each `Metric` instance: the template's is built on the template's
+    graph tensors (its sample-weight placeholder), which the parallel model never feeds."""
+    if isinstance(metrics, dict):
+        return {key: _fresh(value) for key, value in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [_fresh(value) for value in metrics]
+    if hasattr(metrics, "get_config") and hasattr(metrics, "update_state"):
+        return type(metrics).from_config(metrics.get_config())
+    return metrics
