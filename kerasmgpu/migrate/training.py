@@ -31,6 +31,7 @@ apart after 10 steps on a text model). `--to keras23` changes nothing here.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Dict, List, Set, Tuple
 
 import libcst as cst
@@ -163,6 +164,8 @@ class TrainingRule(Rule):
                 self.warn(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
             return
         canonical = canonical_keras_name(module) if module else None
+        if _keras1_merge(self.ctx, canonical, names):
+            return  # Keras 1's merge() function: the keras1 family reports its calls
         if all((canonical or "", name) in GONE for name in names):
             self.ctx.owned.add(id(node))
         for alias, name in zip(node.names, names):
@@ -194,6 +197,11 @@ class TrainingRule(Rule):
         if self.embedding and self.ctx.target is Target.KERAS3:
             for node, name in self.optimizers:
                 self.warn(node, MSG_SPARSE.format(name=name))
+
+
+def _keras1_merge(ctx: Context, module: object, names: List[str]) -> bool:
+    return module == "keras.layers" and "merge" in names and (
+        "Merge" in names or re.search(r"\bmerge\(", ctx.source) is not None)
 
 
 def _label(target: Target) -> str:
