@@ -155,6 +155,12 @@ NO_EQUIVALENT = {
     "clip(0.2x + 0.5, 0, 1): write the latter with keras.ops.clip",
     "print_tensor": "print inside the backend's own debug tools (tf.print, jax.debug.print)",
     "batch_set_value": "call v.assign(value) for each (v, value)",
+    "repeat": "K.repeat(x, n) is keras.ops.repeat(keras.ops.expand_dims(x, 1), n, axis=1)",
+    "bias_add": "K.bias_add(x, bias) is x + bias (channels_last; channels_first: x + "
+    "keras.ops.reshape(bias, (1, -1) + (1,) * (len(x.shape) - 2)))",
+    "cast_to_floatx": "K.cast_to_floatx(x) is numpy.asarray(x, dtype=keras.backend.floatx())",
+    "depthwise_conv2d": "K.depthwise_conv2d(x, kernel, strides, padding) is "
+    "keras.ops.depthwise_conv(x, kernel, strides=strides, padding=padding)",
     "get_session": "", "set_session": "",  # the TF1 family's
 }
 MSG_REWRITE = "K.{name} -> {new}{note}"

@@ -64,6 +64,7 @@ FAMILIES = (
     "saving",
     "losses",
     "image_data",
+    "training",
     "imports",
 )
 
@@ -95,6 +96,9 @@ class Context:
         self.claimed: Set[str] = set()
         # id() of every node inside a statement a family removes: other families leave them.
         self.removed: Set[int] = set()
+        # id() of import statements a family reported as gone with its fix: the import
+        # family leaves them (a rename would hide the ERROR behind "moved").
+        self.owned: Set[int] = set()
         self.star_modules = _star_imports(self.module)
         self.bindings = _module_bindings(self.module)
 

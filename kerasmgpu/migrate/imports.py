@@ -117,6 +117,10 @@ OWNED_ELSEWHERE = frozenset({"multi_gpu_model", "ImageDataGenerator", "merge", "
 
 _ENGINE_PRIVATE = "a training internal of Keras 2.3 with no public successor: "
 GONE_ADVICE: Dict[str, str] = {
+    "model_from_config": "model_from_config(config) is keras.layers.deserialize(config) (what "
+    "Keras 2.3's did)",
+    "convert_all_kernels_in_model": "delete the call: it flipped kernels between Theano's "
+    "and TensorFlow's convolution, and only TensorFlow's exists now",
     "LocallyConnected1D": "Keras 3 dropped it: tf_keras still has it, or write it as a "
     "Conv1D per position",
     "LocallyConnected2D": "Keras 3 dropped it: tf_keras still has it",
@@ -273,6 +277,8 @@ class ImportsRule(Rule):
 
     # -- `from M import a, b` -------------------------------------------------------------
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if id(node) in self.ctx.owned:
+            return
         module = nodes.module_of(node)
         if module == "six.moves" and self.six_moves(node):
             return

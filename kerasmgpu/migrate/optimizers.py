@@ -227,6 +227,12 @@ class _Plan:
             suffix = " (Keras 2.3's default, modern Keras has 0.001)" if (
                 self.rate is None) else ""
             parts.append(f"learning_rate={rate}{suffix}")
+        # Positionals the rewrite names keep their value: the message says so, not only the
+        # rate (`Adam(0.0002, 0.5)` keeps beta_1=0.5).
+        described = {"lr", "learning_rate", "decay", "schedule_decay"} | (
+            {"epsilon"} if self.epsilon else set())
+        parts.extend(f"{key}={ctx.code(arg.value)}" for key, arg in bound.items()
+                     if arg.keyword is None and key not in described)
         if self.adagrad:
             parts.append("initial_accumulator_value=0.0 (Keras 2.3 started at 0)")
         if self.epsilon:

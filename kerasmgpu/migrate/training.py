@@ -1,0 +1,222 @@
+"""What a model trains, and Keras 2.3 internals a project reached into.
+
+`--to keras3` and `--to tf_keras`:
+
+* The GAN pattern: `d.compile(...)`, then `d.trainable = False`, then the combined model's
+  `compile`. Keras 2.3 froze `trainable` at `compile`, so `d.train_on_batch` still trained
+  the discriminator; Keras 3 and tf_keras read it when a model's train step is first built,
+  and `d` then trains nothing (D accuracy 12-21 % against 90-100 % on Keras 2.3.1, issue 29).
+  A WARNING at the assignment names the fix (set `d.trainable = True` before `d`'s own
+  training calls and False before the combined model's: each train step is built, on the
+  first call, with the value it then reads).
+* `History.history['acc']` where the file compiles with `metrics=['accuracy']` (and never
+  `'acc'`): Keras 2.3 and modern Keras both name the key as written in `metrics`, so the
+  read is rewritten to `'accuracy'` (`'val_acc'` to `'val_accuracy'`); code written for
+  Keras 2.2, which called it `acc`, failed on Keras 2.3.1 as well.
+* `from collections import Iterable` (and the other ABCs): gone in Python 3.10, where
+  Keras 2.3's own shim no longer helps: -> `collections.abc`.
+* `x._keras_shape` -> `tuple(x.shape)`: Keras 2.3's private copy of the static shape, batch
+  dimension None; modern Keras tensors carry it in `shape`.
+* Keras 2.3 internals with no public successor (ERROR with the fix): `keras.layers.merge`
+  (the module, and its `_Merge`), `keras.legacy.interfaces`, `imagenet_utils.
+  _obtain_input_shape`, TF1's `tf.metrics.mean_iou`.
+
+`--to keras3` only: an Adam-family optimizer in a file that builds an `Embedding` is a
+WARNING. On the TensorFlow backend the Embedding gradient is a `tf.IndexedSlices` and Keras
+3's optimizer applies it with scatter updates, so rows the batch does not touch keep their
+moments; Keras 2.3 (and tf_keras) decayed every row's moments each step (issue 29: 3e-1
+apart after 10 steps on a text model). `--to keras23` changes nothing here.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Dict, List, Set, Tuple
+
+import libcst as cst
+
+from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
+from kerasmgpu.migrate.report import Target
+
+ABCS = frozenset({
+    "Awaitable", "Coroutine", "AsyncIterable", "AsyncIterator", "AsyncGenerator", "Hashable",
+    "Iterable", "Iterator", "Generator", "Reversible", "Sized", "Container", "Callable",
+    "Collection", "Set", "MutableSet", "Mapping", "MutableMapping", "MappingView", "KeysView",
+    "ItemsView", "ValuesView", "Sequence", "MutableSequence", "ByteString",
+})
+MOMENT_OPTIMIZERS = frozenset({"Adam", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta"})
+MSG_FROZEN = (
+    "{name}.trainable = False after {name}.compile(...) on line {line}: Keras 2.3 froze "
+    "trainable at compile, so {name} still trained in its own train_on_batch/fit; {target} "
+    "reads it when {name}'s train step is first built, and {name} would never train. Fix: "
+    "set {name}.trainable = True right before {name}.train_on_batch/fit and "
+    "{name}.trainable = False right before the combined model's"
+)
+MSG_SPARSE = (
+    "{name} with an Embedding in this file: on the TensorFlow backend Keras 3 applies the "
+    "Embedding gradient as sparse row updates, so rows a batch does not touch keep their "
+    "moments, where Keras 2.3 decayed every row's each step (the embeddings train "
+    "differently). To keep Keras 2.3's update, train on the JAX or PyTorch backend (dense "
+    "gradients), or use SGD without momentum, which both apply alike"
+)
+MSG_HISTORY = (
+    "history[{old!r}] -> history[{new!r}]: the file compiles with metrics=['accuracy'], and "
+    "Keras names the key as written there (Keras 2.2 called it 'acc')"
+)
+MSG_ABC = "from collections import {names} -> from collections.abc: gone from collections " \
+    "in Python 3.10"
+MSG_ABC_MIXED = (
+    "from collections import {names}: the abstract base classes moved to collections.abc "
+    "(gone from collections in Python 3.10): import them from there"
+)
+MSG_SHAPE = "{old} -> tuple({value}.shape): Keras 2.3's private static shape; modern Keras " \
+    "tensors carry it in .shape"
+GONE: Dict[Tuple[str, str], str] = {
+    ("keras.layers.merge", "_Merge"): "Keras 2.3's private merge base is gone: subclass "
+    "keras.layers.Layer and combine the list of inputs in call()",
+    ("keras.layers", "merge"): "the keras.layers.merge module is gone: import the layers "
+    "from keras.layers (Add, Concatenate, Multiply, ...) and call them as layers",
+    ("keras.legacy", "interfaces"): "Keras 2.3's Keras 1 argument converters are gone: "
+    "delete the import and the @interfaces.legacy_... decorators",
+    ("keras.applications.imagenet_utils", "_obtain_input_shape"): "a private helper, gone: "
+    "write the input shape out (e.g. input_shape or (224, 224, 3))",
+}
+MSG_MEAN_IOU = (
+    "tf.metrics.mean_iou is TF1's streaming metric (graph mode, local variables): use "
+    "keras.metrics.MeanIoU(num_classes) as a metric or call it on (y_true, y_pred)"
+)
+
+
+class TrainingRule(Rule):
+    NAME = "training"
+    TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.compiles: List[Tuple[str, int]] = []  # (model, line) of every x.compile(...)
+        self.frozen: List[Tuple[str, cst.CSTNode]] = []  # x.trainable = False
+        self.metrics: Set[str] = set()
+        self.history: List[Tuple[cst.SimpleString, str]] = []
+        self.embedding = False
+        self.optimizers: List[Tuple[cst.CSTNode, str]] = []
+
+    # -- the GAN pattern, metrics, optimizers -------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "compile":
+            owner = nodes.dotted(func.value)
+            if owner is not None:
+                self.compiles.append((owner, self.ctx.position(node)[0]))
+            self.compile_args(node)
+        for name in self.ctx.keras_names(func):
+            if name == "keras.layers.Embedding":
+                self.embedding = True
+            short = name.rsplit(".", 1)[-1]
+            if name.startswith("keras.optimizers.") and short in MOMENT_OPTIMIZERS:
+                self.optimizers.append((node, short))
+        if "tensorflow.metrics.mean_iou" in self.ctx.qualified(func):
+            self.error(node, MSG_MEAN_IOU)
+
+    def compile_args(self, node: cst.Call) -> None:
+        metrics = nodes.kwarg_value(node, "metrics")
+        if isinstance(metrics, (cst.List, cst.Tuple)):
+            self.metrics.update(nodes.string_value(e.value) or "" for e in metrics.elements)
+        optimizer = nodes.kwarg_value(node, "optimizer")
+        value = (nodes.string_value(optimizer) or "").lower()
+        match = next((n for n in MOMENT_OPTIMIZERS if n.lower() == value), None)
+        if match is not None and optimizer is not None:
+            self.optimizers.append((optimizer, match))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if not (isinstance(node.value, cst.Name) and node.value.value == "False"):
+            return
+        for target in node.targets:
+            attr = target.target
+            if isinstance(attr, cst.Attribute) and attr.attr.value == "trainable":
+                owner = nodes.dotted(attr.value)
+                if owner is not None:
+                    self.frozen.append((owner, node))
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        value = node.value
+        if not (isinstance(value, cst.Attribute) and value.attr.value == "history"):
+            return
+        if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return
+        key = node.slice[0].slice.value
+        text = nodes.string_value(key)
+        if isinstance(key, cst.SimpleString) and text in ("acc", "val_acc"):
+            self.history.append((key, text))
+
+    # -- imports and internals ----------------------------------------------------
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        module = nodes.module_of(node)
+        if isinstance(node.names, cst.ImportStar):
+            return
+        names = [nodes.dotted(alias.name) or "" for alias in node.names]
+        if module == "collections" and ABCS & set(names):
+            if set(names) <= ABCS:
+                self.ctx.edit(node, _to_abc)
+                self.info(node, MSG_ABC.format(names=", ".join(names)))
+            else:
+                self.warn(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
+            return
+        canonical = canonical_keras_name(module) if module else None
+        if _keras1_merge(self.ctx, canonical, names):
+            return  # Keras 1's merge() function: the keras1 family reports its calls
+        if all((canonical or "", name) in GONE for name in names):
+            self.ctx.owned.add(id(node))
+        for alias, name in zip(node.names, names):
+            fix = GONE.get((canonical or "", name))
+            if fix is not None:
+                self.error(alias, f"{canonical}.{name} does not exist in "
+                           f"{_label(self.ctx.target)}: {fix}")
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "_keras_shape" and self.ctx.is_load(node):
+            value = self.ctx.code(node.value)
+            self.ctx.replace(node, nodes.expr(f"tuple({value}.shape)"))
+            self.info(node, MSG_SHAPE.format(old=self.ctx.code(node), value=value))
+
+    def finish(self) -> None:
+        target = _label(self.ctx.target)
+        for owner, assign in self.frozen:
+            line = self.ctx.position(assign)[0]
+            before = [at for name, at in self.compiles if name == owner and at < line]
+            after = [at for name, at in self.compiles if name != owner and at > line]
+            if before and after:
+                self.warn(assign, MSG_FROZEN.format(name=owner, line=before[-1],
+                                                    target=target))
+        if "accuracy" in self.metrics and "acc" not in self.metrics:
+            for key, text in self.history:
+                new = text.replace("acc", "accuracy")
+                self.ctx.edit(key, functools.partial(_requote, new=new))
+                self.info(key, MSG_HISTORY.format(old=text, new=new))
+        if self.embedding and self.ctx.target is Target.KERAS3:
+            for node, name in self.optimizers:
+                self.warn(node, MSG_SPARSE.format(name=name))
+
+
+def _keras1_merge(ctx: Context, module: object, names: List[str]) -> bool:
+    return module == "keras.layers" and "merge" in names and (
+        "Merge" in names or re.search(r"\bmerge\(", ctx.source) is not None)
+
+
+def _label(target: Target) -> str:
+    return "tf_keras" if target is Target.TF_KERAS else "Keras 3"
+
+
+def _to_abc(updated: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(updated, cst.ImportFrom)
+    return updated.with_changes(module=nodes.attr_chain("collections.abc"))
+
+
+def _requote(updated: cst.CSTNode, new: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.SimpleString)
+    quote = updated.value[-1]
+    return updated.with_changes(value=f"{updated.prefix}{quote}{new}{quote}")
+
+
+RULE = TrainingRule

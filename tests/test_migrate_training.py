@@ -1,0 +1,143 @@
+"""`kerasmgpu migrate`, the training family: what a model trains, Keras 2.3 internals.
+
+Source tests only (libcst). The GAN warning is not a training comparison: the fix it names
+is a change to the user's training loop that migrate cannot place exactly (which calls
+train which model), so the test checks the line, the model and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+from migrate_cases import assert_idempotent, findings, lines_found, migrate, severities, src
+
+from kerasmgpu.migrate import Severity
+
+GAN = """
+    from keras.models import Model
+    from keras.optimizers import Adam
+
+    class GAN:
+        def __init__(self):
+            self.discriminator = build_d()
+            self.discriminator.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
+            self.discriminator.trainable = False
+            self.combined = Model(z, self.discriminator(img))
+            self.combined.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
+    """
+
+
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_the_gan_freeze_after_compile_is_a_warning_at_its_line(target: str) -> None:
+    [warning] = [f for f in findings(GAN, target) if "trainable" in f.message]
+    assert (warning.line, warning.col, warning.severity) == (8, 9, Severity.WARNING)
+    assert "after self.discriminator.compile(...) on line 7" in warning.message
+    assert "set self.discriminator.trainable = True right before" in warning.message
+    assert_idempotent(GAN, target)
+
+
+def test_a_freeze_before_compile_or_without_a_second_model_is_left() -> None:
+    before = "d.trainable = False\nd.compile('sgd', 'mse')\nc.compile('sgd', 'mse')\n"
+    alone = "d.compile('sgd', 'mse')\nd.trainable = False\n"
+    assert not lines_found(before, "trainable") and not lines_found(alone, "trainable")
+    assert not lines_found(GAN, "trainable", "keras23")
+
+
+def test_positional_optimizer_arguments_are_named_in_the_message() -> None:
+    text = "from keras.optimizers import Adam\nopt = Adam(0.0002, 0.5)\n"
+    assert "opt = Adam(learning_rate=0.0002, beta_1=0.5)\n" in migrate(text)
+    assert lines_found(text, "Adam(0.0002, 0.5) -> Adam(learning_rate=0.0002, beta_1=0.5)") \
+        == [2]
+
+
+EMBEDDING = """
+    from keras.layers import Embedding
+    from keras.optimizers import Adam
+    emb = Embedding(1000, 8)
+    model.compile(optimizer='rmsprop', loss='mse')
+    model.compile(optimizer=Adam(1e-3), loss='mse')
+    """
+
+
+def test_a_moment_optimizer_with_an_embedding_is_a_warning_on_keras3() -> None:
+    assert lines_found(EMBEDDING, "sparse row updates") == [4, 5]
+    assert severities(EMBEDDING, "sparse row updates") == [Severity.WARNING] * 2
+    assert not lines_found(EMBEDDING, "sparse row updates", "tf_keras")
+    no_embedding = "from keras.optimizers import Adam\nopt = Adam()\n"
+    assert not lines_found(no_embedding, "sparse row updates")
+
+
+def test_history_acc_follows_the_metric_name() -> None:
+    text = """
+        model.compile('sgd', 'mse', metrics=['accuracy'])
+        h = model.fit(x, y)
+        plt.plot(h.history["acc"]); plt.plot(h.history['val_acc'])
+        """
+    after = assert_idempotent(text)
+    assert """plt.plot(h.history["accuracy"]); plt.plot(h.history['val_accuracy'])""" in after
+    assert lines_found(text, "history['acc'] -> history['accuracy']") == [3]
+    kept = text.replace("'accuracy'", "'acc'")
+    assert migrate(kept) == src(kept)  # metrics=['acc'] names the key 'acc' everywhere
+
+
+def test_collections_abcs_move_to_collections_abc() -> None:
+    text = "from collections import Iterable, Mapping\nfrom collections import OrderedDict\n"
+    assert migrate(text, "tf_keras") == (
+        "from collections.abc import Iterable, Mapping\nfrom collections import OrderedDict\n")
+    mixed = "from collections import Iterable, OrderedDict\n"
+    assert severities(mixed, "moved to collections.abc") == [Severity.WARNING]
+    assert migrate(text, "keras23") == text
+
+
+def test_keras_shape_becomes_the_static_shape() -> None:
+    text = "rows = x._keras_shape[1]\n"
+    assert migrate(text) == "rows = tuple(x.shape)[1]\n"
+    assert lines_found(text, "_keras_shape -> tuple(x.shape)") == [1]
+
+
+@pytest.mark.parametrize(
+    ("line", "col", "fix"),
+    [
+        ("from keras.layers.merge import _Merge", 32, "subclass keras.layers.Layer"),
+        ("from keras.legacy import interfaces", 26, "@interfaces.legacy_"),
+        ("from keras.layers import merge", 26, "import the layers from keras.layers"),
+        ("from keras.applications.imagenet_utils import _obtain_input_shape", 47,
+         "write the input shape out"),
+    ],
+)
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_keras23_internals_are_errors_with_the_fix(line: str, col: int, fix: str,
+                                                   target: str) -> None:
+    text = f"import os\n{line}\n"
+    errors = [(f.line, f.col) for f in findings(text, target)
+              if f.severity is Severity.ERROR and fix in f.message]
+    assert errors == [(2, col)]
+    assert migrate(text, target) == text  # not renamed to a name that does not exist
+
+
+def test_tf1_mean_iou_is_an_error_naming_the_keras_metric() -> None:
+    text = "import tensorflow as tf\nm = tf.metrics.mean_iou(a, b, 2)\n"
+    assert severities(text, "keras.metrics.MeanIoU(num_classes)") == [Severity.ERROR]
+
+
+@pytest.mark.parametrize(
+    ("call", "fix"),
+    [
+        ("K.repeat(x, 3)", "keras.ops.repeat(keras.ops.expand_dims(x, 1), n, axis=1)"),
+        ("K.bias_add(x, b)", "is x + bias"),
+        ("K.cast_to_floatx(x)", "numpy.asarray(x, dtype=keras.backend.floatx())"),
+        ("K.depthwise_conv2d(x, k)", "keras.ops.depthwise_conv(x, kernel"),
+    ],
+)
+def test_backend_errors_name_their_one_line_replacement(call: str, fix: str) -> None:
+    text = f"from keras import backend as K\ny = {call}\n"
+    assert severities(text, fix) == [Severity.ERROR]
+
+
+def test_gone_model_helpers_name_their_replacement() -> None:
+    text = ("from keras.models import model_from_config\n"
+            "from keras.utils import convert_all_kernels_in_model\n")
+    messages: List[str] = [f.message for f in findings(text)]
+    assert any("keras.layers.deserialize(config)" in m for m in messages)
+    assert any("delete the call" in m and "Theano" in m for m in messages)
