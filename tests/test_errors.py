@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import IN_PROCESS, ON_JAX, VIRTUAL, keras_module, mlp, requires
+from helpers import (
+    IN_PROCESS,
+    LINE,
+    ON_JAX,
+    VIRTUAL,
+    classification_data,
+    keras_module,
+    mlp,
+    requires,
+)
 
 import kerasmgpu
+from kerasmgpu.env.versions import KerasLine
 
 pytestmark = [requires(in_process=True), pytest.mark.core]
 if IN_PROCESS:
@@ -210,3 +220,68 @@ def test_feature_width_names_the_input_and_both_shapes(fresh_pmodel) -> None:
     assert "(1001, 19)" in text and "(None, 20)" in text, text
     with pytest.raises(ValueError, match=r"\(1001, 19\)"):
         fresh_pmodel.predict(x, verbose=0)
+
+
+# --- the mirrored route: what TensorFlow cannot train there, refused up front ---------------
+
+
+def _tf_refusals():
+    if not IN_PROCESS or ON_JAX:
+        return []
+    out = [("jit_compile", {"jit_compile": True}, r"jit_compile=True.*CPU devices")]
+    if LINE is KerasLine.KERAS_3:
+        out += [("steps_per_execution", {"steps_per_execution": 4},
+                 r"steps_per_execution=4.*multi_step_on_iterator"),
+                ("ema", {"optimizer": lambda: keras.optimizers.SGD(
+                    0.1, use_ema=True, ema_overwrite_frequency=2)},
+                 r"ema_overwrite_frequency=2.*merge_call")]
+    return out
+
+
+@requires(tf=True)
+@pytest.mark.parametrize("setting,compiled,expected", _tf_refusals(),
+                         ids=[r[0] for r in _tf_refusals()])
+def test_what_the_mirrored_route_cannot_train_is_refused(setting, compiled, expected) -> None:
+    """Each fails inside fit on plain MirroredStrategy too (a framework trace there)."""
+    made = {k: v() if callable(v) else v for k, v in compiled.items()}
+    template = mlp(keras, **made)
+    before = template.get_weights()
+    with pytest.raises(ValueError, match=expected) as info:
+        kerasmgpu.parallelize(template, gpus=2)
+    _message(info)
+    parallel = kerasmgpu.parallelize(mlp(keras), gpus=2)
+    made = {k: v() if callable(v) else v for k, v in compiled.items()}
+    with pytest.raises(ValueError, match=expected):  # a compile of the parallel model
+        parallel.compile(optimizer=made.pop("optimizer", "sgd"),
+                         loss="sparse_categorical_crossentropy", **made)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@requires(tf=True)
+def test_a_model_of_the_users_own_strategy_is_refused() -> None:
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        template = mlp(keras)
+    with pytest.raises(ValueError, match=r"your own tf.distribute.MirroredStrategy") as info:
+        kerasmgpu.parallelize(template, gpus=2)
+    _message(info)
+    assert "_kerasmgpu" not in template.__dict__
+
+
+@requires(tf=True)
+def test_an_unbatched_dataset_is_refused_before_a_step() -> None:
+    import tensorflow as tf
+
+    x, y = classification_data(20)
+    template = mlp(keras)
+    before = template.get_weights()
+    parallel = kerasmgpu.parallelize(template, gpus=2)
+    with pytest.raises(ValueError, match=r"unbatched tf.data.Dataset.*dataset.batch") as info:
+        parallel.fit(tf.data.Dataset.from_tensor_slices((x, y)), verbose=0)
+    _message(info)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    parallel.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(5), verbose=0)  # batched: trains

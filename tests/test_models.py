@@ -138,6 +138,47 @@ def test_custom_train_step_gets_x_y_and_matches_one_device(replicas: int) -> Non
                                atol=1e-5)
 
 
+@requires(tf=True, lines=[KerasLine.KERAS_3])
+def test_own_loss_tracker_of_compute_loss_reads_one_devices_loss() -> None:
+    """The guide's `Mean("loss")` tracker of compute_loss's value: Keras 3 on TF divides
+    that value by the replicas inside a replica (History read 1/replicas of it)."""
+    import tensorflow as tf
+
+    class TrackerModel(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tracked = keras.metrics.Mean(name="loss")
+
+        @property
+        def metrics(self):
+            return [self.tracked]
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                                 self.trainable_variables)
+            self.tracked.update_state(loss)
+            return {"loss": self.tracked.result()}
+
+    def model():
+        seed_all(keras, 3)
+        inputs = keras.Input((6,))
+        made = TrackerModel(inputs, keras.layers.Dense(1)(inputs))
+        deterministic_weights(made, 3)
+        made.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return made
+
+    single, template = model(), model()
+    # 60 rows, batch 12: every batch divides, so one device's Mean weighs them alike.
+    h1 = single.fit(X[:60], Y[:60], batch_size=12, epochs=2, shuffle=False, verbose=0)
+    h2 = kerasmgpu.parallelize(template, gpus=REPLICAS[-1]).fit(
+        X[:60], Y[:60], batch_size=12, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
 def _autoencoder(units: int = 3):
     """Trained by `add_loss` only: the reconstruction error is added by a layer."""
 

@@ -543,6 +543,13 @@ class Adapter:
         inside a replica (identity where Keras does not scale for distribution)."""
         return loss
 
+    def loss_reading_as_one_device(self, loss: Any) -> Any:
+        """The loss `compute_loss` returned inside a replica, reading as one device's
+        while its gradient stays the replica's own (identity where Keras does not scale
+        for distribution): a user's train_step tracks what it reads and differentiates
+        what the all-reduce sums."""
+        return loss
+
     def ones_like_rows(self, packed: Any) -> Any:
         raise NotImplementedError
 

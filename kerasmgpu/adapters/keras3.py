@@ -211,6 +211,15 @@ class Keras3(Adapter):
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
 
+    def loss_reading_as_one_device(self, loss: Any) -> Any:
+        # The value of `unscale_for_replicas`, the gradient of the scaled loss: what the
+        # replicas' gradients sum to stays one device's gradient.
+        if self.backend != "tensorflow" or loss is None:
+            return loss
+        import tensorflow as tf
+
+        return loss + tf.stop_gradient(self.unscale_for_replicas(loss) - loss)
+
     # --- hooks -----------------------------------------------------------------------------
 
     def _compile_loss(self, model: Any) -> Any:

@@ -30,6 +30,7 @@ class Dataset(Input):
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         dataset = request.x
+        refuse_unbatched(dataset, request.inputs)
         if planner.process_count > 1:
             refuse_unseeded_shuffle(dataset, planner.process_count)
         map_fn = None if self.predict else adapter.class_weight_map_fn(request.class_weight)
@@ -90,3 +91,26 @@ def refuse_unseeded_shuffle(dataset: Any, processes: int) -> None:
             "pass arrays with fit(shuffle=True)",
             raw=True,
         )
+
+
+def refuse_unbatched(dataset: Any, inputs: Any) -> None:
+    """A dataset of single samples (no `.batch()`): each element's inputs have one axis
+    less than the model's, and kerasmgpu would split a sample's first feature axis over
+    the replicas as if it were rows."""
+    if not inputs:
+        return
+    spec = getattr(dataset, "element_spec", None)
+    if isinstance(spec, (tuple, list)) and len(spec) > 3:
+        return  # not x / (x, y) / (x, y, w): Keras's own message says so
+    x = unpack(spec)[0]
+    found = [getattr(getattr(leaf, "shape", None), "rank", None) for leaf in leaves(x)]
+    ranks = sorted(int(rank) for rank in found if rank is not None)
+    expected = sorted(len(shape) - 1 for _, shape in inputs)
+    if not ranks or ranks != expected:
+        return
+    shapes = [tuple(leaf.shape) for leaf in leaves(x)]
+    raise bad_value(
+        "x", f"an unbatched tf.data.Dataset (elements of shape {shapes}; the model takes "
+        f"{[tuple(shape) for _, shape in inputs]}, batch axis first)",
+        "a dataset of batches, as Keras takes", "call `dataset.batch(batch_size)` before "
+        "passing it (kerasmgpu splits each batch over the replicas)", raw=True)

@@ -158,12 +158,58 @@ class MirroredEngine(Engine):
                 out[index] = self.strategy.experimental_local_results(total)[0].numpy()
         return out
 
+    def parallelize(self, model: Any) -> Any:
+        theirs = self.adapter.distribution_strategy_of(model)
+        if theirs is not None and theirs is not self.strategy:
+            raise bad_value(
+                "model", f"a model built under your own tf.distribute."
+                f"{type(theirs).__name__} (its variables belong to that strategy's "
+                "devices)", "a model built outside any tf.distribute strategy scope, or in "
+                "`kerasmgpu.scope()`", "build and compile the model without "
+                "`strategy.scope()` and pass it to parallelize(), which places it on the "
+                "devices itself", raw=True)
+        self.refuse_compiled(model)
+        return super().parallelize(model)
+
+    def refuse_compiled(self, model: Any) -> None:
+        """Compile settings this route cannot train with, refused before any step."""
+        if getattr(model, "jit_compile", False) is True and any(
+                d.kind == "cpu" for d in self.devices):
+            raise bad_value(
+                "jit_compile", True, "False (or \"auto\") on CPU devices: XLA compiles "
+                "the step for one device, and a MirroredStrategy replica's variables on "
+                "the others cannot be reached from it (plain MirroredStrategy fails too: "
+                "'Trying to access resource ... located in device CPU:1 from device CPU:0')",
+                "compile with jit_compile=False, or train on GPUs")
+        if not self.adapter.keras3:
+            return
+        steps = int(getattr(model, "steps_per_execution", 1) or 1)
+        if steps > 1:
+            raise bad_value(
+                "steps_per_execution", steps, "1 with Keras 3 on TensorFlow under "
+                "parallelize() (Keras 3's multi-step function under a MirroredStrategy "
+                "fails: 'You must feed a value for placeholder tensor ... "
+                "multi_step_on_iterator'); larger values: JAX, tf_keras, tf.keras 2.15",
+                "compile with steps_per_execution=1, or train on JAX (KERAS_BACKEND=jax)")
+        for optimizer in self.adapter.optimizers_of(model):
+            every = getattr(optimizer, "ema_overwrite_frequency", None)
+            if getattr(optimizer, "use_ema", False) and every:
+                raise bad_value(
+                    "optimizer", f"{type(optimizer).__name__}(use_ema=True, "
+                    f"ema_overwrite_frequency={every}) with Keras 3 on TensorFlow",
+                    "use_ema=True without ema_overwrite_frequency here (the overwrite is a "
+                    "merge_call inside a cond, which MirroredStrategy cannot run: plain "
+                    "Keras fails mid-fit)", "leave ema_overwrite_frequency out and call "
+                    "`optimizer.finalize_variable_values(model.trainable_variables)` "
+                    "where you want the averages (fit does at its end)")
+
     def prepare_replica(self, replica: Any) -> None:
         # Keras 3 reads a batch through an iterator of its own before fit/evaluate
         # under a strategy; one device does not (a reshuffle would be drawn by it).
         self.adapter.build_without_peeking(replica)
 
     def prepare_compiled(self, replica: Any) -> None:
+        self.refuse_compiled(replica)  # a compile of the parallel model
         # Keras 3 clips a replica's own gradient; one device clips the batch's.
         for optimizer in self.adapter.optimizers_of(replica):
             self.adapter.reduce_gradients_first(optimizer)

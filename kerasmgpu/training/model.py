@@ -721,14 +721,55 @@ def _install_steps(replica: Any) -> None:
         report.after(kind, frame, model, state.has_compiled_loss)
 
     for name, kind in _STEP_KINDS.items():
+        original = state.originals[name]
+        if kind in state.custom_steps:
+            original = _users_step(original)
         replica.__dict__[name] = types.MethodType(
-            step_hooks.make_step(adapter, state.originals[name], kind, hook_metrics, after), replica)
+            step_hooks.make_step(adapter, original, kind, hook_metrics, after), replica)
     replica.__dict__["predict_step"] = types.MethodType(
         step_hooks.make_predict_step(adapter, state.originals["predict_step"], hook_metrics), replica)
     for name in ("compute_loss", "compute_metrics"):
         if name in state.originals:
-            replica.__dict__[name] = types.MethodType(
-                step_hooks.make_unbundling(state.originals[name]), replica)
+            unbundled = step_hooks.make_unbundling(state.originals[name])
+            if name == "compute_loss":
+                unbundled = _read_as_one_device(adapter, unbundled)
+            replica.__dict__[name] = types.MethodType(unbundled, replica)
+
+
+# Set while a user's own train_step / test_step runs (on each replica's thread).
+_in_users_step = threading.local()
+
+
+def _users_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(*args: Any, **kwargs: Any) -> Any:
+        previous = getattr(_in_users_step, "on", False)
+        _in_users_step.on = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _in_users_step.on = previous
+
+    return step
+
+
+def _read_as_one_device(adapter: Adapter, compute_loss: Callable[..., Any]
+                        ) -> Callable[..., Any]:
+    """`compute_loss` as a user's own step sees it: one device's value (Keras 3 on TF
+    divides it by the replicas inside a replica, and the Keras guide's `Mean("loss")`
+    tracker would read 1/replicas of it), the replica's gradient. Keras's own steps
+    unscale for their tracker themselves: unchanged there."""
+
+    def compute(*args: Any, **kwargs: Any) -> Any:
+        loss = compute_loss(*args, **kwargs)
+        if not getattr(_in_users_step, "on", False):
+            return loss
+        loss = adapter.loss_reading_as_one_device(loss)
+        frame = step_hooks.current()
+        if frame is not None:  # its loss tracker must not unscale it again
+            frame.one_device_losses.add(id(loss))
+        return loss
+
+    return compute
 
 
 def _is_keras_own(function: Any) -> bool:

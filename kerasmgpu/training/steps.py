@@ -63,6 +63,8 @@ class Frame:
     packed: Any
     loss_weighted: bool = False  # Keras's compiled loss applied the padding weights
     unweightable_metric: Optional[str] = None  # a metric updated without sample_weight
+    # ids of losses already reading as one device's (a user's step's compute_loss)
+    one_device_losses: set = field(default_factory=set)
 
 
 _local = threading.local()
@@ -276,7 +278,7 @@ def tracker_update(adapter: Adapter, total: bool = True
                 # `metric.update_state(loss)`). What it got from Keras's compiled loss
                 # is divided by the replica count where Keras scales losses for
                 # tf.distribute; one device tracks the whole value.
-                if total and frame.loss_weighted:
+                if total and frame.loss_weighted and id(values) not in frame.one_device_losses:
                     values = adapter.unscale_for_replicas(values)
                 return original(values, **kwargs)
             if frame.packed is None:  # the fast path: Keras's own row count is right
