@@ -33,7 +33,8 @@ from helpers import (
 import kerasmgpu
 from kerasmgpu.env.versions import KerasLine
 
-pytestmark = requires(in_process=True)
+# heavy: trains the most models; the middle releases leave it out (tox.ini).
+pytestmark = [requires(in_process=True), pytest.mark.heavy]
 
 if IN_PROCESS:
     keras = keras_module()

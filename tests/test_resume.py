@@ -34,7 +34,8 @@ EPOCHS, BATCH, SAVE_FREQ = 3, 64, 5
 
 in_process = pytest.mark.skipif(ON_TORCH, reason="the torch route trains one device a "
                                 "process: tests/test_distributed.py resumes it")
-pytestmark = [in_process, requires(lines=[KerasLine.KERAS_3, KerasLine.TF_KERAS,
+# heavy: trains the most models; the middle releases leave it out (tox.ini).
+pytestmark = [in_process, pytest.mark.heavy, requires(lines=[KerasLine.KERAS_3, KerasLine.TF_KERAS,
                                            KerasLine.TF_KERAS_LEGACY])]
 
 

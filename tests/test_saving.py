@@ -121,7 +121,10 @@ def _formats() -> Dict[str, str]:
             "model.keras": "model", "savedmodel": "model"}
 
 
-@pytest.mark.parametrize("replicas", REPLICAS)
+# What is saved is the template, whatever the replica count: 3 replicas are a `wide`
+# combination (a TF SavedModel export costs about 30 s an env).
+@pytest.mark.parametrize("replicas", [pytest.param(n, marks=pytest.mark.wide) if n == 3 else n
+                                      for n in REPLICAS])
 def test_every_file_loads_without_kerasmgpu(replicas: int, tmp_path: Path) -> None:
     template = _model()
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)

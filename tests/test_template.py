@@ -37,7 +37,8 @@ import kerasmgpu
 from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.training import model as parallel_model
 
-pytestmark = requires(in_process=True)
+# heavy: trains the most models; the middle releases leave it out (tox.ini).
+pytestmark = [requires(in_process=True), pytest.mark.heavy]
 if IN_PROCESS:
     keras = keras_module()
 X, Y = classification_data(203)
