@@ -81,9 +81,20 @@ def test_adapted_preprocessing_layers_train_as_on_one_device() -> None:
     # against 2.7 here), Keras 3 + TF's lookup "Table not initialized", tf_keras a
     # weight-shape ValueError inside parallelize() (the copy's bins lost).
     # Keras 3's lookups and Discretization.adapt need TensorFlow (also on JAX).
-    with_tables = ON_TF
+    with_tables = ON_TF and _one_device_trains_tables()
     x = [XN, XI] if with_tables else [XN]
     _fit_both(lambda: _adapted(with_tables), x)
+
+
+def _one_device_trains_tables():
+    """Whether plain Keras trains the lookup model on one device: Keras 3.10 itself fails
+    on it (its one-hot Discretization's output shape), so there only Normalization is
+    compared - kerasmgpu is held to what one device can train."""
+    try:
+        _adapted(True).fit([XN, XI], Y, batch_size=20, epochs=1, verbose=0)
+    except ValueError:
+        return False
+    return True
 
 
 def _scaled_layer_class():

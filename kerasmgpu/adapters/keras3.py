@@ -256,13 +256,32 @@ class Keras3(Adapter):
         weight, name), 3.3-3.15) so that `steps.loss_values` sees the values it reduces
         and the mask `Loss.__call__` will apply (`y_pred`'s and the values' Keras masks,
         `keras.src.backend.get_keras_mask`, anded as `Loss.__call__` does)."""
-        from keras.src.backend import get_keras_mask, set_keras_mask
+        try:
+            from keras.src.backend import get_keras_mask, set_keras_mask
+        except ImportError:
+            # Breakpoint: before the masking helpers (3.3 verified; 3.8 has them), a
+            # Keras mask is the tensor attribute `_keras_mask`, which 3.3's
+            # `Loss.__call__` reads with getattr.
+            def get_keras_mask(x: Any) -> Any:
+                return getattr(x, "_keras_mask", None)
 
-        for entry in getattr(container, "_flat_losses", None) or []:
-            loss = entry[1] if isinstance(entry, (tuple, list)) and len(entry) > 1 else None
-            if loss is None or getattr(loss, HOOKED, False) or not callable(
-                    getattr(loss, "call", None)):
+            def set_keras_mask(x: Any, mask: Any) -> None:
+                x._keras_mask = mask
+
+        entries = getattr(container, "_flat_losses", None)
+        if entries is None:
+            # Breakpoint: 3.3 (verified) keeps the built losses as `flat_losses`, a list
+            # of Loss objects (None for an output without a loss); 3.8+ as tuples.
+            entries = getattr(container, "flat_losses", None)
+        for entry in entries or []:
+            loss = entry[1] if isinstance(entry, (tuple, list)) and len(entry) > 1 else entry
+            if loss is None or getattr(loss, HOOKED, False):
                 continue
+            if not callable(getattr(loss, "call", None)):
+                # The padding weight is applied in the loss's values only: a loss that
+                # cannot be wrapped would count the padding rows, silently.
+                raise self.fail("a compiled loss has no call() to weigh its values",
+                                type(loss).__name__)
             loss.__dict__["call"] = self._values_call(
                 loss, loss.call, (get_keras_mask, set_keras_mask), loss_values)
             loss.__dict__[HOOKED] = True

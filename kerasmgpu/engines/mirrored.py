@@ -98,10 +98,6 @@ class MirroredEngine(Engine):
     def owns(self, model: Any) -> bool:
         return self.adapter.distribution_strategy_of(model) is self.strategy
 
-    def parallelize(self, model: Any) -> Any:
-        _refuse_stateful(self.adapter, model)
-        return super().parallelize(model)
-
     def owns_optimizer(self, optimizer: Any) -> bool:
         return self.adapter.optimizer_strategy(optimizer) is self.strategy
 
@@ -169,6 +165,7 @@ class MirroredEngine(Engine):
                 "`strategy.scope()` and pass it to parallelize(), which places it on the "
                 "devices itself", raw=True)
         self.refuse_compiled(model)
+        _refuse_stateful(self.adapter, model)
         return super().parallelize(model)
 
     def refuse_compiled(self, model: Any) -> None:
