@@ -8,6 +8,7 @@ what is allowed and the fix.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
@@ -133,7 +134,7 @@ def parallelize(
     from kerasmgpu.training import verify as self_check
 
     steps = check_accumulate_steps(accumulate_steps)
-    checked = self_check.resolve(verify)
+    checked = self_check.resolve(verify, os.environ.get(self_check.VERIFY_ENV, ""))
     if model is None:
         from kerasmgpu._errors import bad_type
 

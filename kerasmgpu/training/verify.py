@@ -17,7 +17,6 @@ in inference mode (training=False); the message and the debug log say which.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -40,14 +39,15 @@ _RANDOM = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D"
 _BATCH_STATISTICS = ("BatchNormalization",)
 
 
-def resolve(verify: Any) -> bool:
-    """verify= as given (True / False), or KERASMGPU_VERIFY when left out (None)."""
+def resolve(verify: Any, environ_value: str = "") -> bool:
+    """verify= as given (True / False), or KERASMGPU_VERIFY (read by api, passed here:
+    nothing below api reads the process environment) when left out (None)."""
     if isinstance(verify, bool):
         return verify
     if verify is not None:
         raise bad_type("verify", verify, "True, False or None (None: KERASMGPU_VERIFY=1 "
                        "turns it on)", "pass verify=True or leave it out")
-    value = os.environ.get(VERIFY_ENV, "").strip().lower()
+    value = environ_value.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("", "0", "false", "no", "off"):
