@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from packaging.version import Version
 
 from kerasmgpu._errors import bad_type, bad_value
-from kerasmgpu.adapters import layer_state
 from kerasmgpu.env.versions import KerasLine
 
 # Hooks are recorded on the objects they wrap under this attribute, so that a second
@@ -322,11 +321,18 @@ class Adapter:
                 )
         except (NotImplementedError, TypeError, ValueError, AttributeError) as exc:
             raise self._uncopiable(model, graph, exc) from exc
+        # Imported here, not at the top: layer_state needs numpy, and the package's
+        # __init__ runs for `kerasmgpu migrate` too (adapters.keras23_names), which runs
+        # where only libcst is installed.
+        from kerasmgpu.adapters import layer_state
+
         for layer, copy in self.layer_pairs(model, clone):
             layer_state.carry_attributes(layer, copy)
         return clone
 
     def _copy_of(self, layer: Any) -> Any:
+        from kerasmgpu.adapters import layer_state  # numpy: see clone_model
+
         copy = self.copy_layer(layer)
         layer_state.carry_attributes(layer, copy)
         return copy
@@ -345,6 +351,8 @@ class Adapter:
     def carry_state(self, model: Any, clone: Any) -> None:
         """After the copy took `model`'s weights: what its adapted preprocessing layers
         hold besides (derived tensors, vocabularies), as Keras's saving restores it."""
+        from kerasmgpu.adapters import layer_state  # numpy: see clone_model
+
         pairs = [(a, b) for a, b in self.layer_pairs(model, clone) if layer_state.adaptable(a)]
         layer_state.carry_adapted(pairs)
 

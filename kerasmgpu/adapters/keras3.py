@@ -241,12 +241,23 @@ class Keras3(Adapter):
 
         def call(y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
             current = container.__dict__[HOOKED + "_fn"]
-            if not getattr(container, "built", True):
-                container.build(y_true, y_pred)
-            if values is not None:
+            if values is not None and getattr(container, "built", True):
                 self._hook_loss_values(container, values)
             return original(y_true, y_pred, current(y_true, y_pred, sample_weight))
 
+        if values is not None and callable(getattr(container, "build", None)):
+            # The losses to weigh exist once Keras has built the container, which it
+            # does inside `call`, after it matched y_true to y_pred (3.8+: targets keyed
+            # by output name for list outputs). Built here on the raw targets, it failed
+            # on them; so the values are hooked right after Keras's own build.
+            build = container.build
+
+            def build_then_hook(*args: Any, **kwargs: Any) -> Any:
+                out = build(*args, **kwargs)
+                self._hook_loss_values(container, values)
+                return out
+
+            container.__dict__["build"] = build_then_hook
         container.__dict__["call"] = call
         container.__dict__[HOOKED + "_fn"] = hook
         container.__dict__[HOOKED] = True
