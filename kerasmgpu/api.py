@@ -329,20 +329,26 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
     """The route parallelize() would take (or took, for a parallel `model`), in words.
 
     Keys: route, engine, replicas, devices, all_reduce, step (what one training step
-    does with the batch on this route; `error` instead when no route can be built here,
-    e.g. torch outside `kerasmgpu launch`).
+    does with the batch on this route), remainder (`padded`: a global batch that does not
+    divide is padded and the padding masked; `sliced`: split unpadded, the last replica
+    taking the remainder); `error` instead when no route can be built here, e.g. torch
+    outside `kerasmgpu launch`.
     """
     from kerasmgpu.training import model as parallel_model
 
     state = parallel_model.state_of(model) if model is not None else None
     if state is not None:
-        return dict(state.engine.describe())
+        return _described(state.engine)
     try:
         adapter, cls, selected, environment = _prepare(gpus, None)
         if devices_module.default_device_only(selected) and cls.single_device_passthrough(
                 adapter, environment):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return dict(_engine(cls, adapter, selected, environment).describe())
+        return _described(_engine(cls, adapter, selected, environment))
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _described(engine: Any) -> Dict[str, str]:
+    return {**engine.describe(), "remainder": "padded" if engine.pads_remainders else "sliced"}

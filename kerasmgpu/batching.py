@@ -101,6 +101,27 @@ class BatchPlan:
         return text
 
 
+def sliced_rows(real: int, replicas: int) -> List[int]:
+    """The rows per replica of Keras 2.3's `multi_gpu_model`, which slices a batch
+    unpadded: `real // replicas` each, the last replica the remainder besides (its
+    `get_slice`; kerasmgpu's Keras 2.3 route keeps that split)."""
+    real, replicas = _check_positive("real", real), _check_positive("replicas", replicas)
+    step = real // replicas
+    return [step] * (replicas - 1) + [real - step * (replicas - 1)]
+
+
+def describe_split(real: int, replicas: int, *, padded: bool = True) -> str:
+    """One global batch's split in words: padded and masked (kerasmgpu's steps), or
+    sliced unpadded (`padded=False`: Keras 2.3's `multi_gpu_model`)."""
+    if padded:
+        return plan_batch(real, replicas).describe()
+    sizes = sliced_rows(real, replicas)
+    text = f"global batch {real} -> {replicas} replicas, rows per replica {sizes}"
+    if len(set(sizes)) > 1:
+        text += " (sliced unpadded: the last replica takes the remainder)"
+    return text
+
+
 def plan_batch(real: int, replicas: int) -> BatchPlan:
     return BatchPlan(_check_positive("real", real), _check_positive("replicas", replicas))
 

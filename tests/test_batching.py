@@ -114,6 +114,22 @@ def test_describe_says_what_happens() -> None:
     assert "3 replicas x 17 rows" in text and "1 padding row" in text
 
 
+@given(st.integers(1, 500), st.integers(1, 8))
+def test_keras23_slices_cover_the_batch_unpadded(real: int, n: int) -> None:
+    # Keras 2.3's get_slice: `real // n` rows each, the last replica the rest.
+    sizes = batching.sliced_rows(real, n)
+    assert len(sizes) == n and sum(sizes) == real
+    assert sizes[:-1] == [real // n] * (n - 1) and sizes[-1] >= sizes[0]
+
+
+def test_describe_split_says_what_the_route_does() -> None:
+    assert batching.describe_split(50, 3) == batching.plan_batch(50, 3).describe()
+    sliced = batching.describe_split(50, 3, padded=False)
+    assert "[16, 16, 18]" in sliced and "last replica takes the remainder" in sliced
+    assert "padding" not in sliced
+    assert "remainder" not in batching.describe_split(51, 3, padded=False)
+
+
 def test_planner_refuses_replicas_that_processes_cannot_share() -> None:
     with pytest.raises(ValueError, match="3 replicas cannot be split evenly over 2 processes"):
         batching.Planner(3, 0, 2)

@@ -631,12 +631,16 @@ def test_demo_verdict_follows_the_route() -> None:
 def test_describe_says_what_a_step_does_on_this_route() -> None:
     import kerasmgpu
 
-    step = kerasmgpu.describe(gpus=2)["step"]
+    described = kerasmgpu.describe(gpus=2)
+    step = described["step"]
     if ON_LEGACY:  # Keras's own multi_gpu_model: one set of weights, nothing to all-reduce
         assert "concatenated on the CPU" in step and "(no all-reduce)" in step
         assert "all-reduced" not in step
+        # It slices unpadded: the demo must not print padding rows there.
+        assert described["remainder"] == "sliced"
     else:
         assert "all-reduce" in step and "concatenated" not in step
+        assert described["remainder"] == "padded"
 
 
 def test_demo_without_scikit_learn_says_how_to_install_it(

@@ -385,8 +385,9 @@ def run(args: argparse.Namespace, report: Report) -> Tuple[Dict[str, Any], int]:
     data = load_digits_split()
     x, _, x_val, _ = data
     sizes = batching.batch_sizes(len(x), args.batch_size)
-    split_full = batching.plan_batch(sizes[0], replicas).describe()
-    split_last = (batching.plan_batch(sizes[-1], replicas).describe()
+    padded = (setup.route or {}).get("remainder") != "sliced"
+    split_full = batching.describe_split(sizes[0], replicas, padded=padded)
+    split_last = (batching.describe_split(sizes[-1], replicas, padded=padded)
                   if sizes[-1] != sizes[0] else None)
     _print_header(setup, args, report, made, split_full, split_last, len(x), len(x_val))
 

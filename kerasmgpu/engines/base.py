@@ -38,6 +38,10 @@ class Engine(abc.ABC):
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
+    # Whether a global batch that does not divide by the replicas is padded to a multiple
+    # and the padding masked (kerasmgpu's own steps), or sliced unpadded as Keras 2.3's
+    # multi_gpu_model does (the last replica takes the remainder).
+    pads_remainders: ClassVar[bool] = True
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:

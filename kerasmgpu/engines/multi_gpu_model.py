@@ -40,6 +40,7 @@ from kerasmgpu.training import sync
 
 class MultiGpuModelEngine(Engine):
     route = Route.MULTI_GPU_MODEL
+    pads_remainders = False  # Keras's own get_slice: the last replica takes the remainder
     adapter: Keras23
 
     def __init__(self, adapter: Keras23, devices: Sequence[Device],
