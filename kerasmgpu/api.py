@@ -128,7 +128,7 @@ def parallelize(
     wins): each fit checks its first and first padded global batch - loss and gradients
     on the template on one device against the parallel model - and evaluate / predict
     their first batch's outputs, raising `kerasmgpu.VerificationError` before anything is
-    applied (Keras 3 on JAX and TensorFlow in this release; refused elsewhere).
+    applied (every route; docs/semantics.md says what each compares).
     """
     from kerasmgpu.accumulation import check_accumulate_steps
     from kerasmgpu.training import verify as self_check
@@ -142,8 +142,6 @@ def parallelize(
     adapter, cls, selected, environment = _prepare(gpus, route, model)
     _check_options(adapter, cls, model, steps, sync_batchnorm,
                    several=environment.multi_process())
-    if checked:
-        self_check.check_route(cls.route, adapter)
     from kerasmgpu.training.model import options as parallel_options
 
     with parallel_options(steps, sync_batchnorm, checked):

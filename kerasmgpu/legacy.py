@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import types
 import warnings
@@ -145,12 +146,16 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     _migration_hint()
     if entry.route is registry.Route.MULTI_GPU_MODEL:
         from kerasmgpu.engines.multi_gpu_model import MultiGpuModelEngine
+        from kerasmgpu.training import verify
+        from kerasmgpu.training.model import options
 
         assert isinstance(adapter, keras23.Keras23)
         route = MultiGpuModelEngine(adapter, [available[i] for i in ids], cpu_merge=cpu_merge,
                                    cpu_relocation=cpu_relocation,
                                    environment=environment)
-        return route.parallelize(model)
+        # KERASMGPU_VERIFY=1 turns the self-check on here too (a CI job of legacy code).
+        with options(verify=verify.resolve(None, os.environ.get(verify.VERIFY_ENV, ""))):
+            return route.parallelize(model)
     return api.parallelize(model, gpus=ids)
 
 

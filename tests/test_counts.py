@@ -71,7 +71,9 @@ def test_counted_losses_match_one_device(kind: str, rows: int) -> None:
     x = TOKENS[:rows]
     y = (LABELS if kind == "ignore_class" else TAGS)[:rows]
     single, template = _model(kind), _model(kind)
-    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    # verify=True: the self-check sees each replica's count all-reduced, as the step
+    # does (on TF it raised here, a per-replica count against one device's).
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas, verify=True)
     h1 = single.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     h2 = pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert_weights_close(single, template, atol=1e-5)

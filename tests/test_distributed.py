@@ -125,7 +125,8 @@ SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["
 # test checks its own run. One job start-up instead of one per test.
 RUNS: Dict[str, List[str]] = {
     **{inputs: ["train.py", *extra, "--listeners"] for inputs, extra in INPUTS.items()},
-    "chief": ["train.py", "--chief-sets"],
+    # With the self-check on in every process: it must pass, and change nothing.
+    "chief": ["train.py", "--chief-sets", "--verify"],
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
@@ -247,7 +248,8 @@ def test_counted_loss_divides_by_the_global_count(job: Job, one: Path) -> None:
 @trains_in_processes
 def test_the_chiefs_template_is_the_truth(job: Job, one: Path) -> None:
     """Between two fits rank 0 alone changes its template (weights halved, a new
-    learning rate): both workers continue from rank 0's, as one process does."""
+    learning rate): both workers continue from rank 0's, as one process does - with
+    parallelize(verify=True) in every process, whose checks pass and change nothing."""
     two = _finished(job, "chief")
     rank0, rank1 = two / "rank0.npz", two / "rank1.npz"
     for u, v in _paired_weights(rank0, rank1):
@@ -543,11 +545,13 @@ def test_every_sample_once_per_epoch(job: Job, inputs: str) -> None:
     assert seen[0]["weights"] == seen[1]["weights"]
 
 
-# The torch line's misuses (tests/workers/misuse.py) share one job too: the refused
-# unbuilt model is recorded and the job goes on; the lonely evaluate comes last (it
-# leaves rank 0's collectives timed out).
+# The torch line's misuses (tests/workers/misuse.py) and its self-check's faults
+# (tests/workers/verify.py) share one job too: the refused unbuilt model is recorded and
+# the job goes on; the lonely evaluate comes last (it leaves rank 0's collectives timed
+# out).
 MISUSES: Dict[str, List[str]] = {"uncompiled": ["misuse.py", "uncompiled"],
                                  "unbuilt!": ["misuse.py", "unbuilt"],
+                                 "verify": ["verify.py"],
                                  "evaluate-alone": ["misuse.py", "evaluate-alone"]}
 
 
@@ -589,6 +593,27 @@ def test_torch_says_to_compile_an_uncompiled_parallel_model(misuse: Job) -> None
         assert result["is_value_error"] is True
         assert f"not compiled, in {name}()" in result["ours"]
         assert "Fix: call `compile(optimizer=..., loss=...)` on your model" in result["ours"]
+
+
+@requires(torch=True)
+def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process(
+        misuse: Job) -> None:
+    """parallelize(verify=True) on two processes (tests/workers/verify.py): a correct
+    model trains as without the check; a replica whose weights differ in one process,
+    a wrong padding weight, a Python attribute changed on one process, and evaluate's
+    first batch raise VerificationError in both processes, before any weight moves."""
+    out = _finished(misuse, "verify")
+    named = {"weights": "'hidden'", "padding": "No layer's output differs",
+             "state": "'scale'", "evaluate": "'hidden'"}
+    for rank in (0, 1):
+        outcome = json.loads((out / f"verify{rank}.json").read_text())
+        assert outcome.pop("correct") == 0.0, outcome
+        for fault, result in outcome.items():
+            assert result["said"].startswith("kerasmgpu verify:"), (rank, fault, result)
+            assert named[fault] in result["said"], (rank, fault, result["said"])
+            assert result["moved"] == 0.0, (rank, fault, result)
+            if fault != "evaluate":
+                assert "Nothing was applied" in result["said"], result["said"]
 
 
 @requires(lines=[KerasLine.KERAS_3])

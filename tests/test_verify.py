@@ -1,9 +1,22 @@
 """parallelize(verify=True): the self-check passes on what is right and raises on what
-is broken on purpose, before any weight moves (Keras 3 on JAX and TensorFlow); refused
-elsewhere.
+is broken on purpose, before any weight moves - on every route that runs in one process
+(Keras 3 on JAX and TensorFlow, tf.keras, tf_keras, Keras 2.3's multi_gpu_model). The
+torch route's checks run in the misuse job of tests/test_distributed.py
+(tests/workers/verify.py).
 
 One small model, 101 rows in batches of 40 on 3 replicas: the first batch is padded
-(40 = 3 x 14 - 2) and the last (21 rows) is short.
+(40 = 3 x 14 - 2; Keras 2.3 slices it 13 + 13 + 14) and the last (21 rows) is short.
+The faults, per route:
+* a replica's copy of a variable changed after the copy: on TensorFlow only replica 1's
+  copy (the check runs each replica on its own copy), on JAX the one replicated array, on
+  Keras 2.3 the copy `cpu_relocation=True` trains;
+* a wrong padding weight (every padding row weighted as a real one); Keras 2.3 pads
+  nothing, and the parallel model's compile arguments carried wrong stand in for it;
+* a layer's state that is not a variable (a Python attribute read in `call`) changed on
+  the copy; on Keras 2.3, whose graph reads it once, changed on the template between its
+  graph and the parallel model's;
+* Keras 2.3: a layer that mixes the rows of its batch, which multi_gpu_model's slices
+  cannot compute as one device does.
 """
 
 from __future__ import annotations
@@ -11,22 +24,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import (
-    BACKEND,
     IN_PROCESS,
     LINE,
+    ON_JAX,
+    ON_LEGACY,
     assert_weights_close,
     classification_data,
+    deterministic_weights,
     keras_module,
     mlp,
-    requires,
+    seed_all,
 )
 
 import kerasmgpu
 from kerasmgpu import batching
 from kerasmgpu.env.versions import KerasLine
 
-# The routes the check runs on: Keras 3 on JAX and on TensorFlow.
-CHECKED = IN_PROCESS and LINE is KerasLine.KERAS_3 and BACKEND in ("jax", "tensorflow")
+# Every route that runs in one process (torch needs `kerasmgpu launch`).
+CHECKED = IN_PROCESS or ON_LEGACY
 
 X, Y = classification_data(101)
 FIT = dict(batch_size=40, epochs=1, shuffle=False, verbose=0)
@@ -43,19 +58,8 @@ def test_verification_error_is_public_without_a_framework() -> None:
     assert "VerificationError" in kerasmgpu.__all__
 
 
-@requires(in_process=True)
-@pytest.mark.skipif(CHECKED, reason="Keras 3 on JAX and TensorFlow run the check")
-def test_verify_is_refused_where_it_does_not_run_yet(monkeypatch) -> None:
-    keras = keras_module()
-    with pytest.raises(ValueError, match=r"Received: verify=True.*Allowed: False on the.*Fix:"):
-        kerasmgpu.parallelize(mlp(keras), gpus=3, verify=True)
-    monkeypatch.setenv("KERASMGPU_VERIFY", "1")
-    with pytest.raises(ValueError, match="verify"):
-        kerasmgpu.parallelize(mlp(keras), gpus=3)
-    assert kerasmgpu.parallelize(mlp(keras), gpus=3, verify=False) is not None
-
-
-checked = pytest.mark.skipif(not CHECKED, reason="needs Keras 3 on JAX or TensorFlow")
+checked = pytest.mark.skipif(not CHECKED, reason=f"needs a route that runs in one process; "
+                             f"this env: {LINE.value} (torch: tests/workers/verify.py)")
 
 if CHECKED:
     keras = keras_module()
@@ -70,18 +74,89 @@ if CHECKED:
         def call(self, x):
             return x * self.factor
 
+    class Centered(keras.layers.Layer):
+        """Subtracts its batch's mean: the rows of a batch mix (one device's batch is
+        not a replica's slice)."""
 
-def _model(scaled: bool = False):
-    if not scaled:
-        return mlp(keras)
-    keras.utils.set_random_seed(1)
+        def call(self, x):
+            return x - keras.backend.mean(x, axis=0, keepdims=True)
+
+
+def _model(layer=None):
+    if layer is None:
+        return mlp(keras, metrics=())
+    seed_all(keras, 1)
     inputs = keras.Input((20,))
     hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
-    scaled_out = Scale(name="scale")(hidden)
-    outputs = keras.layers.Dense(3, activation="softmax", name="out")(scaled_out)
-    model = keras.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    outputs = keras.layers.Dense(3, activation="softmax", name="out")(layer(hidden))
+    model = deterministic_weights(keras.Model(inputs, outputs), 1)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss="sparse_categorical_crossentropy")
     return model
+
+
+def _relocated(template):
+    """Keras 2.3: multi_gpu_model(cpu_relocation=True) trains a copy of the template
+    (verify from KERASMGPU_VERIFY, as legacy code turns it on); the copy it trains."""
+    from kerasmgpu.legacy import multi_gpu_model
+
+    pmodel = multi_gpu_model(template, gpus=3, cpu_relocation=True)
+    inner = [layer for layer in pmodel.layers if isinstance(layer, keras.Model)]
+    assert len(inner) == 1
+    return pmodel, inner[0]
+
+
+def _copy_changed(pmodel, copy):
+    """A kernel of the replicas' copy moved after the copy was made."""
+    if ON_LEGACY:
+        kernel = copy.layers[1].kernel
+        keras.backend.set_value(kernel, keras.backend.get_value(kernel) + 0.5)
+        return "dense"
+    kernel = pmodel.layers[1].kernel
+    if ON_JAX:
+        kernel.assign(np.asarray(kernel.value) + 0.5)
+        return "dense"
+    # TensorFlow: replica 1's copy alone (a MirroredVariable's component).
+    strategy = pmodel.__dict__["_kerasmgpu"].engine.strategy
+    mirrored = kernel.value if LINE is KerasLine.KERAS_3 else kernel
+    copy = strategy.experimental_local_results(mirrored)[1]
+    copy.assign(copy.numpy() + 0.5)
+    return "dense"
+
+
+def _parallel(fault, monkeypatch):
+    """(template, its parallel model with verify on, the fault's mark in the message),
+    the fault made."""
+    if fault == "mixing":
+        template = _model(Centered(name="centered"))
+        return template, kerasmgpu.parallelize(template, gpus=3, verify=True), "'centered'"
+    template = _model(Scale(name="scale") if fault == "state" else None)
+    if fault == "state" and ON_LEGACY:
+        # Graph mode reads a Python attribute when a graph is built: the template's was
+        # built before this change, the parallel model's after it.
+        template.get_layer("scale").factor = 3.0
+        return template, kerasmgpu.parallelize(template, gpus=3, verify=True), "was built"
+    if fault == "padding":
+        if ON_LEGACY:  # nothing is padded here: the recompile weighs the loss wrong
+            from kerasmgpu.adapters.keras23 import Keras23
+
+            own = Keras23.compile_args
+            monkeypatch.setattr(Keras23, "compile_args",
+                                lambda self, m: {**own(self, m), "loss_weights": [2.0]})
+        else:
+            monkeypatch.setattr(batching.BatchPlan, "mask",
+                                lambda self: np.ones(self.padded, "float32"))
+        return template, kerasmgpu.parallelize(template, gpus=3, verify=True), "loss"
+    if ON_LEGACY:
+        monkeypatch.setenv("KERASMGPU_VERIFY", "1")
+        pmodel, copy = _relocated(template)
+    else:
+        pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
+        copy = pmodel
+    if fault == "state":
+        copy.get_layer("scale").factor = 3.0
+        return template, pmodel, "'scale'"
+    return template, pmodel, _copy_changed(pmodel, copy)
 
 
 @checked
@@ -98,33 +173,13 @@ def test_verify_changes_nothing_on_a_correct_model() -> None:
     pchecked.evaluate(X, Y, batch_size=40, verbose=0)
 
 
-def _kernel_changed(pmodel):
-    kernel = pmodel.layers[1].kernel
-    kernel.assign(np.asarray(kernel.value) + 0.5)
-    return "dense"
-
-
-def _padding_wrong(pmodel, monkeypatch):
-    monkeypatch.setattr(batching.BatchPlan, "mask", lambda self: np.ones(self.padded, "float32"))
-    return "loss"
-
-
-def _state_missed(pmodel):
-    pmodel.get_layer("scale").factor = 3.0
-    return "'scale'"
+FAULTS = ["kernel", "padding", "state"] + (["mixing"] if ON_LEGACY else [])
 
 
 @checked
-@pytest.mark.parametrize("fault", ["kernel", "padding", "state"])
+@pytest.mark.parametrize("fault", FAULTS)
 def test_verify_raises_before_any_weight_moves(fault, monkeypatch) -> None:
-    template = _model(scaled=fault == "state")
-    pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
-    if fault == "kernel":
-        named = _kernel_changed(pmodel)
-    elif fault == "padding":
-        named = _padding_wrong(pmodel, monkeypatch)
-    else:
-        named = _state_missed(pmodel)
+    template, pmodel, named = _parallel(fault, monkeypatch)
     before = [w.copy() for w in pmodel.get_weights()]
     before_template = [w.copy() for w in template.get_weights()]
     with pytest.raises(kerasmgpu.VerificationError, match=named) as raised:
@@ -132,26 +187,29 @@ def test_verify_raises_before_any_weight_moves(fault, monkeypatch) -> None:
     assert "Nothing was applied" in str(raised.value)
     for a, b in zip(pmodel.get_weights() + template.get_weights(), before + before_template):
         np.testing.assert_array_equal(a, b)
-    assert int(np.asarray(template.optimizer.iterations)) == 0
+    iterations = template.optimizer.iterations
+    assert int(keras.backend.get_value(iterations) if ON_LEGACY else np.asarray(iterations)) == 0
 
 
 @checked
-def test_predict_and_evaluate_compare_their_first_batch() -> None:
-    pmodel = kerasmgpu.parallelize(_model(), gpus=3, verify=True)
-    _kernel_changed(pmodel)
+def test_predict_and_evaluate_compare_their_first_batch(monkeypatch) -> None:
+    _, pmodel, named = _parallel("kernel", monkeypatch)
     for call in (lambda: pmodel.predict(X, batch_size=40, verbose=0),
                  lambda: pmodel.evaluate(X, Y, batch_size=40, verbose=0)):
-        with pytest.raises(kerasmgpu.VerificationError, match="dense"):
+        with pytest.raises(kerasmgpu.VerificationError, match=named):
             call()
 
 
 @checked
 def test_environment_variable_turns_it_on_and_an_explicit_false_wins(monkeypatch) -> None:
     monkeypatch.setenv("KERASMGPU_VERIFY", "1")
-    pmodel = kerasmgpu.parallelize(_model(), gpus=3)
-    _kernel_changed(pmodel)
+    pmodel = kerasmgpu.parallelize(_model(Centered()) if ON_LEGACY else _model(), gpus=3)
+    if not ON_LEGACY:
+        _copy_changed(pmodel, pmodel)
     with pytest.raises(kerasmgpu.VerificationError):
         pmodel.fit(X, Y, **FIT)
-    unchecked = kerasmgpu.parallelize(_model(), gpus=3, verify=False)
-    _kernel_changed(unchecked)
+    unchecked = kerasmgpu.parallelize(_model(Centered()) if ON_LEGACY else _model(), gpus=3,
+                                      verify=False)
+    if not ON_LEGACY:
+        _copy_changed(unchecked, unchecked)
     unchecked.fit(X, Y, **FIT)  # explicit verify=False: no check, trains

@@ -14,11 +14,12 @@ unless the user opts in.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from packaging.version import Version
 
@@ -483,12 +484,49 @@ class Adapter:
         line cannot."""
         return False
 
+    # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
+
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
-                           training: bool) -> Optional[Tuple[Any, List[Any]]]:
+                           training: bool, class_weight: Any = None
+                           ) -> Optional[Tuple[Any, List[Any]]]:
         """The compiled loss of one batch and its gradients per trainable variable, as
-        numpy, computed without assigning anything (no metric, optimizer or moving
-        statistic changes) - for `parallelize(verify=True)`. None: not on this line."""
+        numpy, computed without assigning anything (no optimizer or moving statistic
+        changes; a line whose compiled loss updates its loss trackers restores them in
+        `kept_metrics`). `class_weight`: Keras 2.3 only (elsewhere it is in the sample
+        weights already). None: not on this line."""
         return None
+
+    def replica_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                                   training: bool) -> List[Any]:
+        """`[loss, *gradients]` of one replica's rows as backend tensors, computed inside
+        that replica (a tf.distribute replica context, a torch process) as its step
+        computes them, nothing assigned but loss trackers (`kept_metrics`)."""
+        raise NotImplementedError(f"the self-check's replica side on {self.LABEL}")
+
+    def numpy(self, value: Any) -> Any:
+        """A backend tensor as a NumPy array."""
+        import numpy as np
+
+        return np.asarray(value)
+
+    def kept_metrics(self, model: Any) -> ContextManager[Any]:
+        """Metric state the check's compiled loss updates, put back when it leaves."""
+        return contextlib.nullcontext()
+
+    def outputs_of(self, model: Any, x: Any) -> Optional[List[Any]]:
+        """The model's outputs on `x` in inference mode, as NumPy, where calling the
+        model does not compute them (Keras 2.3's graph); None: call it."""
+        return None
+
+    def layer_outputs(self, model: Any, x: Any) -> Optional[Tuple[List[Any], List[Any]]]:
+        """(layers, their outputs on `x` in inference mode) where a probe model cannot
+        compute them (Keras 2.3's graph); None: a probe model of Keras's does."""
+        return None
+
+    def replica_layer_outputs(self, parallel: Any, x: Any, replicas: int) -> List[Any]:
+        """`layer_outputs` of the template's layers as the parallel model runs them on
+        `x` (Keras 2.3)."""
+        raise NotImplementedError(f"the layer-by-layer probe on {self.LABEL}")
 
     def layers_of(self, model: Any) -> List[Any]:
         """The model and every layer inside it, each before the layers it holds."""

@@ -102,6 +102,95 @@ class Keras23(Adapter):
     def write_values(self, variables: List[Any], values: List[Any]) -> None:
         self.keras.backend.batch_set_value(list(zip(variables, values)))
 
+    # --- parallelize(verify=True): Keras's graph, run by backend functions ----------------
+    # Read on 2.3.1: `_standardize_user_data`, `_feed_inputs` / `_feed_targets` /
+    # `_feed_sample_weights`, `_collected_trainable_weights`, `total_loss` and
+    # `_uses_dynamic_learning_phase` - what `fit` and `predict` feed their functions.
+
+    def _function(self, model: Any, key: str, of: Any, make: Callable[[], Any]) -> Any:
+        """A backend function made once per model and graph tensor `of` (a recompile
+        makes a new loss): the check adds ops to Keras's graph only the first time."""
+        held = model.__dict__.get("_kerasmgpu_verify_" + key)
+        if held is None or held[0] is not of:
+            held = (of, make())
+            model.__dict__["_kerasmgpu_verify_" + key] = held
+        return held[1]
+
+    def _phase(self, model: Any, training: bool) -> List[float]:
+        return [1.0 if training else 0.0] if model._uses_dynamic_learning_phase() else []
+
+    def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                           training: bool, class_weight: Any = None
+                           ) -> Optional[Tuple[Any, List[Any]]]:
+        """The compiled total loss and its gradients by a backend function with no
+        updates: nothing is assigned (no optimizer step, moving statistic or metric)."""
+        backend = self.keras.backend
+        loss = getattr(model, "total_loss", None)
+        if loss is None:
+            return None
+
+        def make() -> Any:
+            params = list(model._collected_trainable_weights)
+            grads = [backend.zeros_like(p) if g is None else g
+                     for g, p in zip(backend.gradients(loss, params), params)]
+            return backend.function(model._feed_inputs + model._feed_targets
+                                    + model._feed_sample_weights + self._learning_phase(model),
+                                    [loss] + grads)
+
+        import numpy as np
+
+        ins, targets, weights = model._standardize_user_data(
+            x, y, sample_weight=sample_weight, class_weight=class_weight)
+        values = self._function(model, "loss", loss, make)(
+            ins + targets + weights + self._phase(model, training))
+        return float(values[0]), [np.asarray(v) for v in values[1:]]
+
+    def _learning_phase(self, model: Any) -> List[Any]:
+        phase = self.keras.backend.learning_phase()
+        return [phase] if model._uses_dynamic_learning_phase() else []
+
+    def outputs_of(self, model: Any, x: Any) -> Optional[List[Any]]:
+        import numpy as np
+
+        outputs = list(model.outputs)
+        function = self._function(model, "outputs", outputs[0], lambda: self.keras.backend.function(
+            model._feed_inputs + self._learning_phase(model), outputs))
+        return [np.asarray(v) for v in function(model._standardize_user_data(x)[0]
+                                                + self._phase(model, False))]
+
+    def layer_outputs(self, model: Any, x: Any) -> Optional[Tuple[List[Any], List[Any]]]:
+        return self._layer_outputs(model, model._standardize_user_data(x)[0])
+
+    def _layer_outputs(self, model: Any, ins: List[Any]) -> Tuple[List[Any], List[Any]]:
+        import numpy as np
+
+        # Output 0 of each layer: the model's own graph (a template inside a
+        # multi_gpu_model has one more node per replica).
+        layers = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]
+        tensors = [layer.get_output_at(0) for layer in layers]
+        function = self._function(model, "layers", tensors[0] if tensors else None,
+                                  lambda: self.keras.backend.function(
+                                      model._feed_inputs + self._learning_phase(model),
+                                      tensors))
+        return layers, [np.asarray(v) for v in function(ins + self._phase(model, False))]
+
+    def replica_layer_outputs(self, parallel: Any, x: Any, replicas: int) -> List[Any]:
+        """The layers of the model a multi_gpu_model runs, on each replica's slice by
+        Keras's own rule (`multi_gpu_utils.get_slice`: `rows // replicas` each, the
+        last one the remainder), concatenated - what its replicas compute."""
+        import numpy as np
+
+        inner = [layer for layer in parallel.layers if isinstance(layer, self.keras.Model)]
+        if replicas == 1 or len(inner) != 1:  # a one-device copy: a model as it is
+            return self._layer_outputs(parallel, parallel._standardize_user_data(x)[0])[1]
+        ins = inner[0]._standardize_user_data(x)[0]
+        rows = int(ins[0].shape[0])
+        step = rows // replicas
+        cuts = [slice(i * step, rows if i == replicas - 1 else (i + 1) * step)
+                for i in range(replicas)]
+        parts = [self._layer_outputs(inner[0], [a[cut] for a in ins])[1] for cut in cuts]
+        return [np.concatenate([part[i] for part in parts]) for i in range(len(parts[0]))]
+
     # --- sync_batchnorm: the replicas built layer by layer (`keras23_batchnorm`) -----------
 
     def synchronized_multi_gpu_model(self, model: Any, gpus: Sequence[int],

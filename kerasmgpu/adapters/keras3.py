@@ -25,6 +25,8 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   masked mean divides by one device's count (`steps.loss_values`); for that the mask
   `Loss.__call__` applies is read with `keras.src.backend.get_keras_mask` (and the
   values' mask put back with `set_keras_mask`). Metrics get the padding mask as a weight.
+* verify=True: the public `stateless_call` / `stateless_compute_loss` (TF, torch) and
+  the JAX trainer's `compute_loss_and_updates`; nothing they return is assigned.
 * change tokens (`state_reader`): `variable._value`, the backend value the public
   `value` returns (outside an autocast or stateless scope, where it is a copy) - a JAX
   array, replaced by every assign, or a torch tensor, whose `_version` counts in-place
@@ -724,13 +726,17 @@ class Keras3(Adapter):
         return tf_internals.value_hasher([v.value for v in variables])
 
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
-                           training: bool) -> Optional[Tuple[Any, List[Any]]]:
-        if self.backend == "tensorflow":
-            return self._tf_loss_and_gradients(model, x, y, sample_weight, training)
-        if self.backend != "jax":
-            return None
-        import jax
+                           training: bool, class_weight: Any = None
+                           ) -> Optional[Tuple[Any, List[Any]]]:
         import numpy as np
+
+        if self.backend != "jax":
+            # Outside a tf.distribute replica (the template: one device) the same
+            # stateless computation as a replica's.
+            loss, *grads = self.replica_loss_and_gradients(model, x, y, sample_weight,
+                                                           training)
+            return float(self.numpy(loss)), [self.numpy(g) for g in grads]
+        import jax
 
         # JAX's trainer computes the loss statelessly (`compute_loss_and_updates`,
         # public on Keras 3.0 - 3.15): the new states it returns are dropped, so the
@@ -746,27 +752,52 @@ class Keras3(Adapter):
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
 
-    def _tf_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
-                               training: bool) -> Tuple[Any, List[Any]]:
-        """Keras 3 on TF: `stateless_call` and `stateless_compute_loss` (public on Keras
-        3.0 - 3.15) on the variables' values, outside the strategy's scope (inside,
-        Keras divides the loss by the replica count; a mirrored variable's value is
-        readable there, its handle is not)."""
-        import numpy as np
+    def numpy(self, value: Any) -> Any:
+        return self.keras.ops.convert_to_numpy(value)  # torch: detached, on the CPU
+
+    def replica_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                                   training: bool) -> List[Any]:
+        """`stateless_call` and `stateless_compute_loss` (public on Keras 3.0 - 3.15; the
+        `training` argument of the latter from 3.8) on the variables' current values:
+        the new states they return are dropped, nothing is assigned. Inside a
+        tf.distribute replica a variable's value is the replica's own copy, and Keras
+        divides the loss by the replica count there, as in its step."""
+        import inspect
+
+        kwargs = {}
+        if "training" in inspect.signature(model.stateless_compute_loss).parameters:
+            kwargs["training"] = training
+
+        def loss_of(trainable: List[Any], others: List[Any], metrics: List[Any]) -> Any:
+            y_pred, _ = model.stateless_call(trainable, others, x, training=training)
+            loss, _ = model.stateless_compute_loss(trainable, others, metrics, x=x, y=y,
+                                                   y_pred=y_pred,
+                                                   sample_weight=sample_weight, **kwargs)
+            return loss
+
+        if self.backend == "torch":
+            import torch
+
+            trainable = [v.value.detach().clone().requires_grad_(True)
+                         for v in model.trainable_variables]
+            with torch.enable_grad():
+                loss = loss_of(trainable, [v.value.detach() for v in model.non_trainable_variables],
+                               [v.value.detach() for v in model.metrics_variables])
+                grads = torch.autograd.grad(loss, trainable, allow_unused=True)
+            return [loss.detach()] + [torch.zeros_like(v) if g is None else g
+                                      for g, v in zip(grads, trainable)]
         import tensorflow as tf
 
         trainable = [tf.convert_to_tensor(v.value) for v in model.trainable_variables]
-        others = [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables]
-        metrics = [tf.convert_to_tensor(v.value) for v in model.metrics_variables]
         with tf.GradientTape() as tape:
             tape.watch(trainable)
-            y_pred, _ = model.stateless_call(trainable, others, x, training=training)
-            loss, _ = model.stateless_compute_loss(trainable, others, metrics, x=x, y=y,
-                                                   y_pred=y_pred, sample_weight=sample_weight,
-                                                   training=training)
+            loss = loss_of(trainable,
+                           [tf.convert_to_tensor(v.value) for v in model.non_trainable_variables],
+                           [tf.convert_to_tensor(v.value) for v in model.metrics_variables])
         grads = tape.gradient(loss, trainable)
-        return float(np.asarray(loss)), [np.zeros(v.shape) if g is None else np.asarray(g)
-                                         for g, v in zip(grads, trainable)]
+        # An Embedding's gradient is IndexedSlices: dense, to be summed and compared.
+        return [loss] + [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                         for g, v in zip(grads, trainable)]
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric

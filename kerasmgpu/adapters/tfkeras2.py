@@ -22,6 +22,8 @@ wrapped here:
   `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
   the instance; the model's `make_train_function` / `train_function` and
   `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
+* verify=True: the public `compute_loss(x, y, y_pred, sample_weight)` and `metrics`
+  (the loss trackers it updates are read and written back per replica copy).
 * `BatchNormalization._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`
   (the same in 2.12 - 2.21): replaced on the instance for synchronized BatchNorm, and
   `fused` set False there (the fused kernel ignores masks).
@@ -29,10 +31,11 @@ wrapped here:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
@@ -425,6 +428,62 @@ class TfKeras2(Adapter):
             layer.fused = False
             layer.__dict__[HOOKED + "_moments"] = True
         return True
+
+    # --- parallelize(verify=True) -----------------------------------------------------------
+
+    def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                           training: bool, class_weight: Any = None
+                           ) -> Optional[Tuple[Any, List[Any]]]:
+        loss, *grads = self.replica_loss_and_gradients(model, x, y, sample_weight, training)
+        return float(loss.numpy()), [g.numpy() for g in grads]
+
+    def replica_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
+                                   training: bool) -> List[Any]:
+        """The model's call and its public `compute_loss` (2.12 - 2.21) under a gradient
+        tape, as Keras's `train_step` computes them (inside a tf.distribute replica its
+        compiled loss divides by the replica count); the loss trackers that compiled loss
+        updates are put back by `kept_metrics`."""
+        tf = self._tf
+
+        def tensors(value: Any) -> Any:
+            return tf.nest.map_structure(
+                lambda leaf: leaf if leaf is None else tf.convert_to_tensor(leaf), value)
+
+        x, y, sample_weight = tensors(x), tensors(y), tensors(sample_weight)
+        variables = list(model.trainable_variables)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=training)
+            loss = model.compute_loss(x, y, y_pred, sample_weight)
+        grads = tape.gradient(loss, variables)
+        # An Embedding's gradient is IndexedSlices: dense, to be summed and compared.
+        return [loss] + [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                         for g, v in zip(grads, variables)]
+
+    @contextlib.contextmanager
+    def kept_metrics(self, model: Any) -> Iterator[None]:
+        """tf.keras's compiled loss updates its loss trackers at every call (its
+        `_total_loss_mean` / `_loss_metric` and per-output means): their values are read
+        per replica copy before and written back after; trackers the call built are left
+        at zero, as Keras makes them."""
+        strategy = self.distribution_strategy_of(model)
+
+        def copies(variable: Any) -> List[Any]:
+            if strategy is None:
+                return [variable]
+            return list(strategy.experimental_local_results(variable))
+
+        def variables() -> List[Any]:
+            return [v for metric in model.metrics for v in metric.variables]
+
+        held = {id(v): [c.numpy() for c in copies(v)] for v in variables()}
+        try:
+            yield
+        finally:
+            for variable in variables():
+                saved = held.get(id(variable))
+                for index, copy in enumerate(copies(variable)):
+                    copy.assign(saved[index] if saved is not None
+                                else self._tf.zeros_like(copy))
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from typing import Any, ClassVar, ContextManager, Dict, List, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Sequence
 
 import numpy as np
 
@@ -123,6 +123,22 @@ class Engine(abc.ABC):
         """Whether `flag` is set on any process of the job (one collective); every
         process must call it together."""
         return flag
+
+    def step_gradients(self, compute: Callable[..., List[Any]],
+                       parts: Sequence[Sequence[Any]]) -> List[Any]:
+        """`compute(*parts[r])` - a loss and its gradients, as backend tensors - run by
+        every replica r of the job where it trains (its device, its own copy of the
+        variables, its replica context), reduced as this engine's step reduces the
+        replicas' gradients: the parallel model's figures for the whole batch, as NumPy,
+        the same on every process (`parallelize(verify=True)`). Every process must call
+        it together. Routes whose step is one program over the batch have none."""
+        raise NotImplementedError(f"the {self.route} route checks the whole batch at once")
+
+    def replica_outputs(self, compute: Callable[..., List[Any]],
+                        parts: Sequence[Sequence[Any]]) -> List[Any]:
+        """`compute(*parts[r])` run as in `step_gradients`, its results concatenated over
+        the replicas in replica order (each replica's outputs for its rows)."""
+        raise NotImplementedError(f"the {self.route} route checks the whole batch at once")
 
     def owns_optimizer(self, optimizer: Any) -> bool:
         """Whether `optimizer` was made in this route's scope (then a model trained

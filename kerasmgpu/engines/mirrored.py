@@ -9,7 +9,7 @@ Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from kerasmgpu._errors import NotYetSupportedError, bad_value
 from kerasmgpu.adapters import Adapter
@@ -153,6 +153,50 @@ class MirroredEngine(Engine):
             for index, total in zip(group, reduced):
                 out[index] = self.strategy.experimental_local_results(total)[0].numpy()
         return out
+
+    def step_gradients(self, compute: Callable[..., List[Any]],
+                       parts: Sequence[Sequence[Any]]) -> List[Any]:
+        # The step all-reduces the replicas' gradients by a sum: inside a replica
+        # Keras divides a mean loss by the replica count, so the sum is one device's.
+        return self._on_replicas(compute, parts, gather=False)
+
+    def replica_outputs(self, compute: Callable[..., List[Any]],
+                        parts: Sequence[Sequence[Any]]) -> List[Any]:
+        return self._on_replicas(compute, parts, gather=True)
+
+    def _on_replicas(self, compute: Callable[..., List[Any]], parts: Sequence[Sequence[Any]],
+                     gather: bool) -> List[Any]:
+        """One `strategy.run` in a tf.function, as Keras runs a step: each replica takes
+        its own part (by its id in the job, from the parts stacked) and the results are
+        all-reduced (or all-gathered) in float64, on every worker alike. The tf.function
+        is kept on `compute` itself (it lives as long as `compute` does): traced once per
+        shape and strategy, not once a call."""
+        import numpy as np
+        import tensorflow as tf
+
+        held = getattr(compute, "_kerasmgpu_traced", None)
+        function = held[1] if held is not None and held[0] is self.strategy else None
+        if function is None:
+            def run(*stacked: Any) -> Any:
+                def replica() -> Any:
+                    context = tf.distribute.get_replica_context()
+                    mine = [tf.gather(leaf, context.replica_id_in_sync_group)
+                            for leaf in stacked]
+                    out = [tf.cast(value, tf.float64) for value in compute(*mine)]
+                    if gather:
+                        return [context.all_gather(value, axis=0) for value in out]
+                    return context.all_reduce(tf.distribute.ReduceOp.SUM, out)
+
+                return self.strategy.run(replica)
+
+            function = tf.function(run)
+            compute._kerasmgpu_traced = (self.strategy, function)  # type: ignore[attr-defined]
+        stacked = [tf.constant(np.stack([np.asarray(part[i]) for part in parts]))
+                   for i in range(len(parts[0]))]
+        with self.scope():
+            results = function(*stacked)
+        return [self.strategy.experimental_local_results(value)[0].numpy()
+                for value in results]
 
     def parallelize(self, model: Any) -> Any:
         theirs = self.adapter.distribution_strategy_of(model)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import types
 from typing import Any, ContextManager, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -262,10 +261,10 @@ def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None
     klass = type(parallel)
     busy: List[str] = []  # fit_generator calls train_on_batch: only the outermost syncs
     for name in _TRAINING_CALLS + _OTHER_CALLS:
-        original = getattr(klass, name, None)
-        if original is not None:
-            parallel.__dict__[name] = types.MethodType(
-                _synced(original, name, mirror, device, busy), parallel)
+        if getattr(klass, name, None) is not None:
+            # The call as it is now (verify=True's check wraps Keras's own first).
+            parallel.__dict__[name] = _synced(getattr(parallel, name), name, mirror, device,
+                                              busy)
 
 
 def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str],
@@ -274,18 +273,18 @@ def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str]
 
     trains, fits = name in _TRAINING_CALLS, name.startswith("fit")
 
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         placed = tf.device(device) if device else contextlib.nullcontext()
         if busy:
             with placed:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
         sync.before_call(mirror, training=trains, collective=False)
         if fits:
             kwargs["callbacks"] = [_epoch_end(mirror)] + list(kwargs.get("callbacks") or [])
         busy.append(name)
         try:
             with placed:
-                result = original(self, *args, **kwargs)
+                result = original(*args, **kwargs)
         finally:
             busy.pop()
         if trains:

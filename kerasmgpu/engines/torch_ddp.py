@@ -133,6 +133,34 @@ class TorchDDPEngine(Engine):
         _collective(self.timeout, self.dist.all_reduce, value, op=self.dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def step_gradients(self, compute: Callable[..., List[Any]],
+                       parts: Sequence[Sequence[Any]]) -> List[Any]:
+        # The step averages the processes' gradients (`prepare_compiled`).
+        totals = _all_reduce_flat(self.timeout, self.dist, self._mine(compute, parts))
+        return [(total / self.world).cpu().numpy() for total in totals]
+
+    def replica_outputs(self, compute: Callable[..., List[Any]],
+                        parts: Sequence[Sequence[Any]]) -> List[Any]:
+        import torch
+
+        out = []
+        for value in self._mine(compute, parts):
+            pieces = [torch.empty_like(value) for _ in range(self.world)]
+            _collective(self.timeout, self.dist.all_gather, pieces, value)
+            out.append(torch.cat(pieces).cpu().numpy())
+        return out
+
+    def _mine(self, compute: Callable[..., List[Any]], parts: Sequence[Sequence[Any]]
+              ) -> List[Any]:
+        """`compute` on this process's part (one replica a process), as float64 tensors
+        on its device (Keras's own conversion places the inputs there)."""
+        import torch
+
+        convert = self.adapter.keras.ops.convert_to_tensor
+        mine = compute(*[convert(part) for part in parts[int(self.dist.get_rank())]])
+        return [torch.as_tensor(value).detach().to(torch.float64).contiguous()
+                for value in mine]
+
     # --- the DDP pieces ---------------------------------------------------------------
 
     def _broadcast(self, variables: Sequence[Any]) -> None:

@@ -61,6 +61,9 @@ class ParallelState:
     # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
     verify: bool = False
     sync_batchnorm: bool = False
+    # The self-check's per-replica computations, kept while what they read stays (an
+    # engine that traces them - TensorFlow - then traces each once, not once a fit).
+    checks: Dict[Any, Any] = field(default_factory=dict)
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
@@ -135,9 +138,46 @@ def hold(parallel: Any, template: Any, engine: EngineOps, adapter: Adapter) -> P
     """Mark `parallel` as the parallel model of `template` on `engine`, for a model
     whose steps are Keras's own (Keras 2.3's multi_gpu_model feeds itself, so no step
     report and no hooks): `state_of`, `describe()` and `route_for()` then see it."""
-    state = ParallelState(template=template, engine=engine, adapter=adapter)
+    state = ParallelState(template=template, engine=engine, adapter=adapter,
+                          verify=getattr(_options, "verify", False),
+                          sync_batchnorm=getattr(_options, "sync_batchnorm", False))
     parallel.__dict__[STATE_ATTR] = state
+    if state.verify:
+        _checked_calls(parallel, state)
     return state
+
+
+def _checked_calls(model: Any, state: ParallelState) -> None:
+    """parallelize(verify=True) on a model whose calls are Keras's own (`hold`): fit
+    checks its first (and first uneven) batch, evaluate and predict their first batch's
+    outputs, then Keras's call runs. Wraps the calls as they are now, so that wrappers
+    the engine puts around them later (the template's changes reaching a copy first)
+    run before the check."""
+    klass = type(model)
+    for name in ("fit", "evaluate", "predict"):
+        own = getattr(model, name, None)
+        if own is None:
+            continue
+        signature = inspect.signature(getattr(klass, name))
+
+        def checked(*args: Any, _own: Any = own, _name: str = name,
+                    _signature: Any = signature, **kwargs: Any) -> Any:
+            given = _signature.bind(model, *args, **kwargs)
+            given.apply_defaults()
+            call = given.arguments
+            if _name != "fit":
+                self_check.check_outputs(state, model, call["x"], call["batch_size"], _name)
+                return _own(*args, **kwargs)
+            x, y, weights = call["x"], call["y"], call["sample_weight"]
+            if call["validation_split"] and call["validation_data"] is None and \
+                    structure.is_array_like(x):
+                (x, y, weights), _ = feeds.split_validation(x, y, weights,
+                                                            call["validation_split"])
+            self_check.before_fit(state, model, x, y, weights, call["class_weight"],
+                                  call["batch_size"], state.sync_batchnorm)
+            return _own(*args, **kwargs)
+
+        model.__dict__[name] = checked
 
 
 def is_parallel(model: Any) -> bool:

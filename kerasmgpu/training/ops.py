@@ -6,7 +6,7 @@ engines sit above training with no import cycle, and an engine hands a model to 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, ContextManager, Dict, List, Protocol
+from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Protocol, Sequence
 
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
@@ -41,6 +41,12 @@ class EngineOps(Protocol):
     def any_process(self, flag: bool) -> bool: ...
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]: ...
+
+    def step_gradients(self, compute: Callable[..., List[Any]],
+                       parts: Sequence[Sequence[Any]]) -> List[Any]: ...
+
+    def replica_outputs(self, compute: Callable[..., List[Any]],
+                        parts: Sequence[Sequence[Any]]) -> List[Any]: ...
 
     def owns_optimizer(self, optimizer: Any) -> bool: ...
 

@@ -1,13 +1,28 @@
 """The self-check: `parallelize(verify=True)` or KERASMGPU_VERIFY=1.
 
 Before a fit trains, its first global batch - and its first padded one, the short last
-batch - is run through the parallel model's padded path (the padding weights of its
-compiled loss, its variables, its layers' state) and through the template on one device,
-and the losses and gradients are compared; evaluate and predict compare their first
-batch's outputs. Nothing is assigned (the JAX trainer's stateless loss), so the check
-changes no weight, metric, optimizer or moving statistic; a difference raises
-`VerificationError` before the optimizer applies anything, naming the first layer (in
-the model's layer order) whose output on that batch differs in inference mode.
+batch - is run through the template on one device and through the parallel model as its
+step runs it, and the losses and gradients are compared; evaluate and predict compare
+their first batch's outputs. Nothing is assigned, so the check changes no weight,
+metric, optimizer or moving statistic; a difference raises `VerificationError` before
+the optimizer applies anything, naming the first layer (in the model's layer order)
+whose output on that batch differs in inference mode.
+
+The parallel model's side, per route:
+* keras_distribution (JAX): one program over the padded global batch (the trainer's
+  stateless loss);
+* mirrored (TensorFlow) and torch_ddp: every replica computes its loss and gradients
+  over its own rows of the padded batch where it trains - its device, its own copy of the
+  variables, its replica context (so the step's own all-reduces, of a count say, take
+  place) - and the engine reduces them as its step reduces gradients
+  (`EngineOps.step_gradients`);
+* multi_gpu_model (Keras 2.3): the parallel model's own compiled loss over the whole
+  batch, which Keras slices over the replicas inside its graph (a backend function that
+  updates nothing).
+
+In a job of several processes the truth is rank 0's template: its figures are broadcast
+and every process reaches the same verdict (`EngineOps.any_process`), so all raise
+together and none is left waiting in a collective.
 
 Layers that cannot agree exactly between one device and replicas (dropout and noise
 layers, BatchNormalization without sync_batchnorm) make the loss and gradients compared
@@ -17,7 +32,7 @@ in inference mode (training=False); the message and the debug log say which.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +52,11 @@ _log = logging.getLogger("kerasmgpu.verify")
 _RANDOM = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D",
            "GaussianDropout", "GaussianNoise", "AlphaDropout")
 _BATCH_STATISTICS = ("BatchNormalization",)
+# Routes whose check computes training-mode batch statistics without assigning them: a
+# synchronized BatchNormalization is compared in training mode there.
+_STATELESS = (Route.KERAS_DISTRIBUTION, Route.MULTI_GPU_MODEL)
+
+Figures = Tuple[float, List[Any]]
 
 
 def resolve(verify: Any, environ_value: str = "") -> bool:
@@ -56,17 +76,6 @@ def resolve(verify: Any, environ_value: str = "") -> bool:
                     f"set {VERIFY_ENV}=1 or unset it")
 
 
-def check_route(route: Any, adapter: Adapter) -> None:
-    """verify=True where the check runs: Keras 3 on JAX and on TensorFlow."""
-    if route is Route.KERAS_DISTRIBUTION or (route is Route.MIRRORED and adapter.keras3):
-        return
-    raise bad_value(
-        "verify", True, f"False on the {route} route of {adapter.line.value} in this "
-        "release (verify=True: Keras 3 on JAX or TensorFlow)",
-        f"leave verify out (and {VERIFY_ENV} unset) on this route, or run the check "
-        "with Keras 3 on JAX or TensorFlow")
-
-
 def tolerance(model: Any) -> float:
     """Relative tolerance by the compute dtype: 16-bit policies sum in another order."""
     policy = getattr(model, "dtype_policy", None)
@@ -74,12 +83,15 @@ def tolerance(model: Any) -> float:
     return 1e-2 if "16" in dtype else 1e-5
 
 
-def _inexact_layers(adapter: Adapter, model: Any, sync_batchnorm: bool) -> List[str]:
+def _inexact_layers(adapter: Adapter, model: Any, sync_batchnorm: bool, stateless: bool
+                    ) -> List[str]:
+    """Layers compared in inference mode: random ones, and batch statistics unless they
+    are synchronized and the check computes them without assigning them."""
     names = []
     for layer in adapter.layers_of(model):
         kind = type(layer).__name__
-        if kind in _RANDOM or (kind in _BATCH_STATISTICS and not sync_batchnorm
-                               and not getattr(layer, "synchronized", False)):
+        synchronized = sync_batchnorm or getattr(layer, "synchronized", False) is True
+        if kind in _RANDOM or (kind in _BATCH_STATISTICS and not (stateless and synchronized)):
             names.append(f"{layer.name} ({kind})")
     return names
 
@@ -110,7 +122,11 @@ def _batches(rows: int, batch_size: int, replicas: int) -> List[slice]:
 def _take(value: Any, rows: slice) -> Any:
     if value is None:
         return None
-    return structure.map_structure(lambda leaf: np.asarray(leaf)[rows], value)
+    return structure.map_structure(lambda leaf: np.asarray(leaf)[rows], value, skip_none=True)
+
+
+def _rows(x: Any) -> int:
+    return int(structure.leaves(x)[0].shape[0])
 
 
 def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
@@ -120,16 +136,12 @@ def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
     if not _arrays(state, x, "fit"):
         return
     x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
-    rows = int(structure.leaves(x)[0].shape[0])
-    template, adapter = state.template, state.adapter
-    # Only JAX computes the loss statelessly: elsewhere a training-mode
-    # BatchNormalization would move its statistics.
-    stateless = state.engine.route is Route.KERAS_DISTRIBUTION
-    inexact = _inexact_layers(adapter, template, sync_batchnorm and stateless)
+    inexact = _inexact_layers(state.adapter, state.template, sync_batchnorm,
+                              state.engine.route in _STATELESS)
     training = not inexact
     how = ("in training mode" if training else "in inference mode (training=False), since "
            f"{', '.join(inexact)} cannot agree exactly between one device and replicas")
-    for rows_of in _batches(rows, int(batch_size or 32), state.engine.planner.replicas):
+    for rows_of in _batches(_rows(x), int(batch_size or 32), state.engine.planner.replicas):
         batch = (_take(x, rows_of), _take(y, rows_of), _take(sample_weight, rows_of))
         _log.debug("kerasmgpu verify: fit batch rows %s-%s, loss and gradients compared %s",
                    rows_of.start, rows_of.stop, how)
@@ -148,8 +160,10 @@ def _arrays(state: Any, x: Any, call: str) -> bool:
 
 
 def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
-            replicas: Optional[int] = None) -> Tuple[Any, Any, Any, Any]:
-    planner = state.engine.planner if replicas is None else batching.Planner(replicas)
+            replicas: int) -> Tuple[Any, Any, Any, Any]:
+    """The whole global batch padded over `replicas` - all of the job's, in every
+    process alike (a process's share is its replicas' rows of it) - or 1 (one device)."""
+    planner = batching.Planner(replicas)
     parts = split(feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight, planner))
     assert parts is not None  # pad_batch always bundles
     return parts
@@ -157,62 +171,131 @@ def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
 
 def _check_step(state: Any, replica: Any, batch: Tuple[Any, Any, Any], class_weight: Any,
                 training: bool, how: str) -> None:
-    adapter, template = state.adapter, state.template
+    adapter, template, engine = state.adapter, state.template, state.engine
     x, y, sample_weight = batch
     if not adapter.is_compiled(template):
         _check_outputs(state, replica, x, "fit", how + "; outputs only (the template is "
                        "not compiled)")
         return
-    tx, ty, tsw, _ = _padded(state, x, y, sample_weight, class_weight, replicas=1)
-    reference = adapter.loss_and_gradients(template, tx, ty, tsw, training)
-    parallel = _replicas_loss(state, replica, _padded(state, x, y, sample_weight,
-                                                     class_weight), training)
-    assert reference is not None and parallel is not None
+    reference = _reference(state, batch, class_weight, training)
+    parallel = _replicas_loss(state, replica, batch, class_weight, training)
     tol = tolerance(template)
+    found = _differences(template, parallel, reference, tol)
+    if engine.any_process(bool(found)):
+        found = found or ["on another process of the job (its message names it)"]
+        raise VerificationError(
+            f"kerasmgpu verify: the parallel model's first checked training batch "
+            f"({_rows(x)} rows) differs from the template on one device beyond {tol:g}: "
+            f"{'; '.join(found)}. Compared {how}. {_locate(state, replica, x, tol)} "
+            "Nothing was applied.")
+
+
+def _differences(template: Any, parallel: Figures, reference: Figures, tol: float
+                 ) -> List[str]:
     found = []
     loss_off = _difference(parallel[0], reference[0])
     if loss_off > tol:
         found.append(f"loss {parallel[0]!r} against one device's {reference[0]!r} "
                      f"(relative {loss_off:.3g})")
-    names = [v.path if hasattr(v, "path") else v.name for v in template.trainable_variables]
+    if len(parallel[1]) != len(reference[1]):
+        found.append(f"the parallel model trains {len(parallel[1])} variables, one device "
+                     f"{len(reference[1])}")
+        return found
+    names = [getattr(v, "path", None) or v.name for v in template.trainable_weights]
     for name, g, ref in zip(names, parallel[1], reference[1]):
         off = _difference(g, ref)
         if off > tol:
             found.append(f"gradient of {name} off by {off:.3g} (relative)")
             break
-    if found:
-        raise VerificationError(
-            f"kerasmgpu verify: the parallel model's first checked training batch "
-            f"({int(structure.leaves(x)[0].shape[0])} rows) differs from the template on "
-            f"one device beyond {tol:g}: {'; '.join(found)}. Compared {how}. "
-            f"{_locate(state, replica, x, tol)} Nothing was applied.")
+    return found
 
 
-def _replicas_loss(state: Any, replica: Any, padded: Tuple[Any, Any, Any, Any],
-                   training: bool) -> Optional[Tuple[float, List[Any]]]:
-    """The parallel model's loss and gradients of a padded global batch, as its step
-    computes them: on JAX one program over the whole batch; under tf.distribute each
-    replica's loss over its own rows, divided by the replica count, then summed (what
-    the strategy's all-reduce of the gradients adds up)."""
-    rx, ry, rsw, packed = padded
-    adapter = state.adapter
-    if state.engine.route is Route.KERAS_DISTRIBUTION:
-        with state.engine.scope(), step_hooks.active(packed):
-            return adapter.loss_and_gradients(replica, rx, ry, rsw, training)
-    replicas = state.engine.planner.replicas
-    size = int(np.asarray(packed).shape[0]) // replicas
-    total: Optional[Tuple[float, List[Any]]] = None
-    for r in range(replicas):
-        rows = slice(r * size, (r + 1) * size)
-        with step_hooks.active(np.asarray(packed)[rows]):
-            part = adapter.loss_and_gradients(replica, _take(rx, rows), _take(ry, rows),
-                                              _take(rsw, rows), training)
-        if part is None:
-            return None
-        loss, grads = part[0] / replicas, [g / replicas for g in part[1]]
-        total = (loss, grads) if total is None else (
-            total[0] + loss, [a + b for a, b in zip(total[1], grads)])
-    return total
+def _reference(state: Any, batch: Tuple[Any, Any, Any], class_weight: Any,
+               training: bool) -> Figures:
+    """The template's loss and gradients of the batch on one device (rank 0's in a job
+    of several processes)."""
+    adapter, template = state.adapter, state.template
+    x, y, sample_weight = batch
+    if state.engine.route is Route.MULTI_GPU_MODEL:
+        # Keras 2.3 takes class_weight itself; nothing is padded on this route.
+        figures = adapter.loss_and_gradients(template, x, y, sample_weight, training,
+                                             class_weight=class_weight)
+    else:
+        tx, ty, tsw, _ = _padded(state, x, y, sample_weight, class_weight, replicas=1)
+        with adapter.kept_metrics(template):
+            figures = adapter.loss_and_gradients(template, tx, ty, tsw, training)
+    assert figures is not None
+    shared = state.engine.broadcast_arrays([np.asarray(figures[0])] + list(figures[1]))
+    return float(np.asarray(shared[0])), list(shared[1:])
+
+
+def _replica_parts(value: Sequence[Any], replicas: int) -> Tuple[List[List[Any]],
+                                                                   Callable[..., Any]]:
+    """`value`'s leaves cut into each replica's rows, and how to rebuild a replica's
+    structure from its leaves."""
+    size = _rows(value) // replicas
+    cuts = [_take(value, slice(r * size, (r + 1) * size)) for r in range(replicas)]
+
+    def rebuild(*leaves: Any) -> Any:
+        given = iter(leaves)
+        return structure.map_structure(lambda _: next(given), cuts[0], skip_none=True)
+
+    return [structure.leaves(cut) for cut in cuts], rebuild
+
+
+def _replicas_loss(state: Any, replica: Any, batch: Tuple[Any, Any, Any],
+                   class_weight: Any, training: bool) -> Figures:
+    """The parallel model's loss and gradients of the batch, as its step computes them
+    (see the module doc, per route)."""
+    adapter, engine = state.adapter, state.engine
+    x, y, sample_weight = batch
+    if engine.route is Route.MULTI_GPU_MODEL:
+        figures = adapter.loss_and_gradients(replica, x, y, sample_weight, training,
+                                             class_weight=class_weight)
+        assert figures is not None
+        return figures
+    if engine.route is Route.KERAS_DISTRIBUTION:
+        # One program over the global batch: in a job of several processes each runs
+        # it on the same (whole) batch, as the step's global array holds it.
+        rx, ry, rsw, packed = _padded(state, x, y, sample_weight, class_weight,
+                                      replicas=engine.planner.replicas)
+        with engine.scope(), step_hooks.active(packed):
+            figures = adapter.loss_and_gradients(replica, rx, ry, rsw, training)
+        assert figures is not None
+        return figures
+    padded = _padded(state, x, y, sample_weight, class_weight,
+                     replicas=engine.planner.replicas)
+    parts, rebuild = _replica_parts(padded, engine.planner.replicas)
+
+    def make() -> Callable[..., List[Any]]:
+        def compute(*leaves: Any) -> List[Any]:
+            rx, ry, rsw, packed = rebuild(*leaves)
+            with step_hooks.active(packed):
+                return adapter.replica_loss_and_gradients(replica, rx, ry, rsw, training)
+
+        return compute
+
+    # A compile or a changed trainable flag makes another computation.
+    reads = tuple(replica.trainable_weights) + tuple(adapter.compile_token(replica))
+    compute = _kept(state, ("loss", training, _signature(parts[0])), reads, make)
+    with adapter.kept_metrics(replica):
+        total = engine.step_gradients(compute, parts)
+    return float(np.asarray(total[0])), list(total[1:])
+
+
+def _signature(leaves: Sequence[Any]) -> Tuple[Any, ...]:
+    return tuple((np.asarray(leaf).dtype.str, np.shape(leaf)) for leaf in leaves)
+
+
+def _kept(state: Any, key: Any, reads: Tuple[Any, ...],
+          make: Callable[[], Callable[..., List[Any]]]) -> Callable[..., List[Any]]:
+    """The computation kept for `key` while the objects it reads are these very ones
+    (the same function object lets an engine reuse what it traced for it)."""
+    held = state.checks.get(key)
+    if held is None or len(held[0]) != len(reads) or any(
+            a is not b for a, b in zip(held[0], reads)):
+        held = state.checks[key] = (reads, make())
+    return held[1]
 
 
 def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> None:
@@ -226,22 +309,54 @@ def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) 
 
 def _check_outputs(state: Any, replica: Any, x: Any, call: str, how: str) -> None:
     tol = tolerance(state.template)
-    rows = int(structure.leaves(x)[0].shape[0])
-    reference = _forward(state.template, x, rows)
-    rx, _, _, packed = _padded(state, x, None, None, None)
-    with state.engine.scope(), step_hooks.active(packed):
-        parallel = _forward(replica, rx, rows)
+    rows = _rows(x)
+    reference = state.engine.broadcast_arrays(
+        [state.adapter.numpy(a) for a in _forward(state.adapter, state.template, x)])
+    parallel = _parallel_outputs(state, replica, x, lambda model, inputs: _forward(
+        state.adapter, model, inputs), kept=True)
     _log.debug("kerasmgpu verify: %s batch of %s rows, outputs compared %s", call, rows, how)
     off = max((_difference(a, b) for a, b in zip(parallel, reference)), default=0.0)
-    if off > tol or len(parallel) != len(reference):
+    if state.engine.any_process(off > tol or len(parallel) != len(reference)):
         raise VerificationError(
             f"kerasmgpu verify: {call}()'s first batch ({rows} rows): the parallel model's "
             f"outputs differ from the template's on one device by {off:.3g} (relative, "
             f"beyond {tol:g}), compared {how}. {_locate(state, replica, x, tol)}")
 
 
-def _forward(model: Any, x: Any, rows: int) -> List[Any]:
-    return [np.asarray(leaf)[:rows] for leaf in structure.leaves(model(x, training=False))]
+def _forward(adapter: Adapter, model: Any, x: Any) -> List[Any]:
+    """The model's outputs on `x` in inference mode (NumPy on Keras 2.3's graph)."""
+    given = adapter.outputs_of(model, x)
+    if given is not None:
+        return given
+    return structure.leaves(model(x, training=False))
+
+
+def _parallel_outputs(state: Any, replica: Any, x: Any,
+                      run: Callable[[Any, Any], List[Any]], kept: bool = False) -> List[Any]:
+    """`run(model, inputs)` on the parallel model for the rows of `x`, as its calls run
+    it: Keras 2.3's own slicing; one program on JAX; each replica its own rows elsewhere
+    (`kept`: the same `run` every time, its computation kept as the loss's is)."""
+    engine = state.engine
+    rows = _rows(x)
+    if engine.route is Route.MULTI_GPU_MODEL:
+        return [np.asarray(a) for a in run(replica, x)]
+    replicas = engine.planner.replicas
+    rx, _, _, packed = _padded(state, x, None, None, None, replicas=replicas)
+    if engine.route is Route.KERAS_DISTRIBUTION:
+        with engine.scope(), step_hooks.active(packed):
+            return [state.adapter.numpy(a)[:rows] for a in run(replica, rx)]
+    parts, rebuild = _replica_parts((rx, packed), replicas)
+
+    def make() -> Callable[..., List[Any]]:
+        def compute(*leaves: Any) -> List[Any]:
+            inputs, rows_packed = rebuild(*leaves)
+            with step_hooks.active(rows_packed):
+                return run(replica, inputs)
+
+        return compute
+
+    compute = _kept(state, ("outputs", _signature(parts[0])), (), make) if kept else make()
+    return [np.asarray(a)[:rows] for a in engine.replica_outputs(compute, parts)]
 
 
 def _probed(model: Any) -> List[Any]:
@@ -253,26 +368,43 @@ def _inputs(model: Any) -> Any:
     return inputs[0] if isinstance(inputs, (list, tuple)) and len(inputs) == 1 else inputs
 
 
+def _layer_outputs(state: Any, replica: Any, x: Any) -> Tuple[List[Any], List[Any],
+                                                                List[Any]]:
+    """The template's layers, and their outputs on `x` in inference mode on the template
+    (rank 0's) and on the parallel model (as its calls run it)."""
+    adapter, template = state.adapter, state.template
+    given = adapter.layer_outputs(template, x)
+    if given is not None:  # Keras 2.3: its graph, and its own slicing for the replicas
+        layers, reference = given
+        parallel = adapter.replica_layer_outputs(replica, x, state.engine.planner.replicas)
+        return layers, state.engine.broadcast_arrays(reference), parallel
+    keras = adapter.keras
+    layers, r_layers = _probed(template), _probed(replica)
+    t_probe = keras.Model(_inputs(template), [layer.output for layer in layers])
+    with state.engine.scope():
+        r_probe = keras.Model(_inputs(replica), [layer.output for layer in r_layers])
+    reference = [adapter.numpy(a) for a in structure.leaves(t_probe(x, training=False))]
+    parallel = _parallel_outputs(state, replica, x, lambda model, inputs: structure.leaves(
+        r_probe(inputs, training=False)))
+    return layers, state.engine.broadcast_arrays(reference), parallel
+
+
 def _locate(state: Any, replica: Any, x: Any, tol: float) -> str:
     """The first layer, in the model's layer order, whose output on `x` differs (both
     models in inference mode, on the real rows only)."""
-    keras = state.adapter.keras
-    template = state.template
     try:
-        t_layers, r_layers = _probed(template), _probed(replica)
-        t_probe = keras.Model(_inputs(template), [layer.output for layer in t_layers])
-        with state.engine.scope():
-            r_probe = keras.Model(_inputs(replica), [layer.output for layer in r_layers])
-            r_out = r_probe(x, training=False)
-        t_out = t_probe(x, training=False)
+        layers, reference, parallel = _layer_outputs(state, replica, x)
     except Exception as exc:  # a model without a functional graph: no layer to name
         return (f"(Layer by layer: not available for this model, {type(exc).__name__}; "
                 "look for state a copy misses.)")
-    for layer, a, b in zip(t_layers, structure.leaves(r_out), structure.leaves(t_out)):
+    for layer, a, b in zip(layers, parallel, reference):
         off = _difference(a, b)
         if off > tol:
             return (f"First layer whose output differs (inference mode): {layer.name!r} "
                     f"({type(layer).__name__}), by {off:.3g} relative.")
+    built = (", or in a value a layer read when the parallel model's graph was built (a "
+             "Python attribute changed since the template's graph was)"
+             if state.engine.route is Route.MULTI_GPU_MODEL else "")
     return ("No layer's output differs in inference mode: the difference is in the loss's "
             "weighting of the batch (padding rows, sample weights) or in training-mode "
-            "behaviour.")
+            f"behaviour{built}.")

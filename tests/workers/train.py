@@ -21,7 +21,7 @@ falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, 
 with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR1@T` does
 at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 (a BatchNormalization layer after the hidden Dense), --sync-batchnorm
-(parallelize(sync_batchnorm=True)).
+(parallelize(sync_batchnorm=True)), --verify (parallelize(verify=True)).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
 (and to pid<R>.run<N> under a restarting launcher, N its restart count).
 """
@@ -72,6 +72,8 @@ parser.add_argument("--batchnorm", action="store_true",
                     help="a BatchNormalization layer after the hidden Dense")
 parser.add_argument("--sync-batchnorm", action="store_true",
                     help="parallelize(sync_batchnorm=True)")
+parser.add_argument("--verify", action="store_true",
+                    help="parallelize(verify=True): the self-check in every process")
 parser.add_argument("--counted", action="store_true",
                     help="a loss that divides by a count of valid entries: per-timestep "
                     "tags under Embedding(mask_zero=True), some ignored (ignore_class=-1)")
@@ -156,6 +158,8 @@ model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss=loss, metrics=m
 options = {"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}
 if args.sync_batchnorm:
     options["sync_batchnorm"] = True
+if args.verify:
+    options["verify"] = True
 pmodel = kerasmgpu.parallelize(model, **options)
 
 

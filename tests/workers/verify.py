@@ -1,0 +1,103 @@
+"""parallelize(verify=True) on the torch line, in every process of a job.
+
+    kerasmgpu launch --nproc 2 tests/workers/verify.py OUT_DIR
+
+21 rows in global batches of 8 (the last, 5 rows, is padded for 2 processes). A correct
+model must train with the check exactly as without it; then each fault must raise
+kerasmgpu.VerificationError in every process (none is left waiting in a collective),
+before any weight moves:
+* weights: rank 1's kernel moved in place through `.data`, which the template link's
+  change tokens do not see - a replica whose weights differ in one process;
+* padding: every padding row weighted as a real one (both processes);
+* state: a Python attribute read in `call`, changed on rank 1 alone;
+* evaluate: the weights fault met by evaluate's first batch.
+Each process writes OUT_DIR/verify<R>.json: what each case did.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+import kerasmgpu  # before Keras: it sets up the multi-process engine
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+args = parser.parse_args()
+
+import keras  # noqa: E402
+
+from kerasmgpu import batching  # noqa: E402
+
+rank = kerasmgpu.process_index()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(21, 5)).astype("float32")
+y = rng.integers(0, 3, size=21).astype("int64")
+FIT = dict(batch_size=8, epochs=1, shuffle=False, verbose=0)
+
+
+class Scale(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = 1.0
+
+    def call(self, inputs):
+        return inputs * self.factor
+
+
+def build():
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(6, activation="relu", name="hidden")(inputs)
+    outputs = keras.layers.Dense(3, activation="softmax", name="out")(
+        Scale(name="scale")(hidden))
+    model = keras.Model(inputs, outputs)
+    init = np.random.default_rng(1)
+    model.set_weights([init.normal(scale=0.3, size=w.shape).astype("float32")
+                       for w in model.get_weights()])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    return model
+
+
+outcome = {}
+plain, checked = build(), build()
+kerasmgpu.parallelize(plain).fit(x, y, **FIT)
+kerasmgpu.parallelize(checked, verify=True).fit(x, y, **FIT)
+outcome["correct"] = max(float(np.max(np.abs(a - b)))
+                         for a, b in zip(plain.get_weights(), checked.get_weights()))
+
+
+def fault(name, model):
+    if name in ("weights", "evaluate") and rank == 1:
+        with __import__("torch").no_grad():
+            model.get_layer("hidden").kernel.value.data.add_(0.5)
+    if name == "state" and rank == 1:
+        model.get_layer("scale").factor = 3.0
+
+
+own_mask = batching.BatchPlan.mask
+for name in ("weights", "padding", "state", "evaluate"):
+    model = build()
+    pmodel = kerasmgpu.parallelize(model, verify=True)
+    fault(name, model)
+    if name == "padding":
+        batching.BatchPlan.mask = lambda self: np.ones(self.padded, "float32")
+    before = [w.copy() for w in model.get_weights()]
+    try:
+        if name == "evaluate":
+            pmodel.evaluate(x, y, batch_size=8, verbose=0)
+        else:
+            pmodel.fit(x, y, **FIT)
+        said = "returned"
+    except kerasmgpu.VerificationError as error:
+        said = str(error)
+    finally:
+        batching.BatchPlan.mask = own_mask
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), before))
+    outcome[name] = {"said": said, "moved": moved}
+
+with open(os.path.join(args.out, f"verify{rank}.json"), "w") as f:
+    json.dump(outcome, f)
+print(f"rank {rank}: done", flush=True)
+sys.exit(0)
