@@ -318,6 +318,29 @@ def test_reshuffles_continue_across_fit_calls() -> None:
     assert_weights_close(single, template)
 
 
+@pytest.mark.core
+@requires(lines=[KerasLine.KERAS_3])
+def test_validation_from_an_infinite_generator_reads_what_one_device_reads() -> None:
+    """Keras 3 makes a new iterator of a generator's dataset for every validation pass,
+    and each starts with the first two batches it peeked: one device validates on
+    those every epoch (validation_steps=2). On TF the parallel model validated on the
+    batches after them (val_loss 2-3 epochs off by 1e-1, weights equal)."""
+
+    def forever(seed: int) -> Any:
+        rng = np.random.default_rng(seed)
+        while True:
+            rows = rng.integers(0, ROWS, size=10)
+            yield X[rows], Y[rows]
+
+    single, template = mlp(keras), mlp(keras)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    fit = dict(steps_per_epoch=4, epochs=3, validation_steps=2, verbose=0)
+    h1 = single.fit(forever(1), validation_data=forever(2), **fit)
+    h2 = pmodel.fit(forever(1), validation_data=forever(2), **fit)
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
 # --- target structures --------------------------------------------------------------------
 
 GUIDE_ROWS = np.random.default_rng(5)

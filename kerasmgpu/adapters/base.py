@@ -230,6 +230,11 @@ class Adapter:
                 "accepts",
             ) from exc
 
+    def generator_replays(self) -> int:
+        """How many of a Python generator's first batches every further iterator Keras
+        makes of it reads again, before reading on (0: none, it reads on)."""
+        return 0
+
     def fresh_metric(self, metric: Any) -> Any:
         """Metric objects hold state; a replica gets its own copy, strings stay strings."""
         if isinstance(metric, self.keras.metrics.Metric):
