@@ -230,6 +230,10 @@ class Adapter:
                 "accepts",
             ) from exc
 
+    def check_sample_weight_structure(self, y: Any, sample_weight: Any) -> None:
+        """Refuse, as this Keras refuses on one device, sample weights given as arrays in
+        a structure that is not the targets' (None: Keras takes any)."""
+
     def generator_replays(self) -> int:
         """How many of a Python generator's first batches every further iterator Keras
         makes of it reads again, before reading on (0: none, it reads on)."""

@@ -139,6 +139,22 @@ class Keras3(Adapter):
             raise self.fail(f"`keras.src.trainers.data_adapters.{name}` is missing",
                             "Keras's class_weight rule") from exc
 
+    def check_sample_weight_structure(self, y: Any, sample_weight: Any) -> None:
+        # Keras 3 (3.3 - 3.15, `ArrayDataAdapter`): a list, tuple or dict of sample
+        # weights must have the structure of the targets (one array per output).
+        if not isinstance(sample_weight, (list, tuple, dict)):
+            return
+        try:
+            self.keras.tree.assert_same_structure(y, sample_weight)
+        except (ValueError, TypeError) as exc:
+            shown = (sorted(sample_weight) if isinstance(sample_weight, dict)
+                     else f"{len(sample_weight)} arrays")
+            raise bad_value(
+                "sample_weight", f"weights for {shown}",
+                "one sample_weight array per output in y, in y's structure (Keras 3 refuses "
+                "others)", "give every output a weight (ones where it has none)",
+                raw=True) from exc
+
     def generator_replays(self) -> int:
         # Keras 3.4+ (`generator_data_adapter.peek_and_restore` returns a function; 3.3
         # returns one chain): every iterator Keras makes of a generator's dataset starts
