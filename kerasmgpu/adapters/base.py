@@ -148,6 +148,24 @@ class Adapter:
         divides by is the replica's, not the global batch's."""
         return False
 
+    @property
+    def whole_batch_on_batch(self) -> bool:
+        """The `*_on_batch` calls hand every replica the whole batch (Keras 3 on TF: the
+        step runs in `strategy.run` on the undistributed arguments): each replica then
+        takes its share in the step (`replica_share`), and the results are read across
+        replicas (`flat_metric_results`)."""
+        return False
+
+    def replica_share(self, structures: Any) -> Any:
+        """The rows of this replica in every array of `structures` (a tuple), whose first
+        axis is a batch padded to a multiple of the replicas; outside a replica as is."""
+        return structures
+
+    def flat_metric_results(self, model: Any, logs: Dict[str, Any]) -> Any:
+        """`logs` in the order Keras returns `*_on_batch` results without `return_dict`."""
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
     def total(self, x: Any) -> Any:
         raise NotImplementedError
 

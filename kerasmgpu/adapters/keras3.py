@@ -354,6 +354,40 @@ class Keras3(Adapter):
     def counts_per_replica(self) -> bool:
         return self.backend in ("tensorflow", "torch")
 
+    @property
+    def whole_batch_on_batch(self) -> bool:
+        # Keras 3 on TF (3.10 - 3.15): `train_on_batch` / `test_on_batch` run the step
+        # through `strategy.run` on their arguments as they are, one whole batch per
+        # replica; a replica's metric updates then counted it N times, which Keras 3.10 -
+        # 3.12, whose *_on_batch keep the state a fit left behind, added to fit's counts.
+        return self.backend == "tensorflow"
+
+    def replica_share(self, structures: Any) -> Any:
+        if self.backend != "tensorflow":
+            return structures
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return structures
+        replicas = context.num_replicas_in_sync
+        replica = context.replica_id_in_sync_group
+
+        def share(t: Any) -> Any:
+            rows = tf.shape(t)[0] // replicas
+            return t[rows * replica:rows * (replica + 1)]
+
+        return tuple(None if s is None else tf.nest.map_structure(share, s)
+                     for s in structures)
+
+    def flat_metric_results(self, model: Any, logs: Dict[str, Any]) -> Any:
+        # `Trainer._flatten_metrics_in_order` (3.3 - 3.15): what *_on_batch return.
+        flatten = getattr(model, "_flatten_metrics_in_order", None)
+        if flatten is None:
+            raise self.fail("`Trainer._flatten_metrics_in_order` is missing",
+                            "the order of the *_on_batch results")
+        return flatten(logs)
+
     def total(self, x: Any) -> Any:
         return self.keras.ops.sum(x)
 
