@@ -467,3 +467,70 @@ def test_parallelize_on_keras23_is_keras_multi_gpu_model(replicas: int) -> None:
     h2 = _fit(pmodel)
     assert_history_close(h1, h2)
     assert_weights_close(single, template)
+
+
+@requires(legacy=True)
+def test_keras23_the_template_optimizer_and_flags_are_the_parallel_models() -> None:
+    # Keras's multi_gpu_model kept an optimizer of its own and a graph built once: a
+    # learning rate set on the template was not used (History 1.6e-1 off), the
+    # template's `iterations` stayed 0, and a layer frozen on it and recompiled kept
+    # training. 203 rows, batch 40: the last batch has 3 rows on 3 replicas.
+    K = keras.backend
+    x, y = X[:203], Y[:203]
+    fit = dict(batch_size=40, epochs=1, shuffle=False, verbose=0)
+    one, template = (mlp(keras, optimizer=keras.optimizers.Adam(0.001)) for _ in range(2))
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    for model in (one, template):
+        K.set_value(model.optimizer.learning_rate, 0.01)
+    assert_history_close(one.fit(x, y, **fit), pmodel.fit(x, y, **fit))
+    assert K.get_value(template.optimizer.iterations) == K.get_value(one.optimizer.iterations)
+    # The template trained alone goes on with the moments the parallel fit made.
+    assert_history_close(one.fit(x, y, **fit), template.fit(x, y, **fit))
+    for model in (one, template):
+        model.layers[1].trainable = False
+        model.compile(model.optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    frozen = template.layers[1].get_weights()
+    assert_history_close(one.fit(x, y, **fit), pmodel.fit(x, y, **fit))
+    for before, after in zip(frozen, template.layers[1].get_weights()):
+        np.testing.assert_array_equal(before, after)
+    assert_weights_close(one, template)
+    for u, v in zip(one.optimizer.get_weights(), template.optimizer.get_weights()):
+        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pmodel.evaluate(x, y, batch_size=40, verbose=0),
+                               one.evaluate(x, y, batch_size=40, verbose=0), rtol=1e-5)
+
+
+@requires(legacy=True)
+def test_keras23_a_batchnorm_frozen_after_parallelize_stays_put() -> None:
+    # The replicas' update ops were gathered into the template's lists when
+    # multi_gpu_model built them: a BatchNormalization frozen afterwards (and
+    # recompiled) kept updating its moving statistics in the parallel fit, and one
+    # frozen before never updated again once unfrozen. One device follows the flags.
+    x, y = X[:203], Y[:203]
+    fit = dict(batch_size=40, epochs=1, shuffle=False, verbose=0)
+
+    def build() -> Any:
+        inputs = keras.Input((X.shape[1],))
+        hidden = keras.layers.BatchNormalization(name="bn")(
+            keras.layers.Dense(8, name="hidden")(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+        return model
+
+    def recompile(model: Any, trainable: bool) -> Any:
+        model.get_layer("bn").trainable = trainable
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+        return model.get_layer("bn").get_weights()
+
+    moved = {}
+    for trainable in (False, True):  # at parallelize(): the opposite
+        one, template = build(), build()
+        template.set_weights(one.get_weights())
+        recompile(template, not trainable)
+        pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+        for name, model, trains in (("one", one, one), ("parallel", template, pmodel)):
+            before = recompile(model, trainable)
+            trains.fit(x, y, **fit)
+            moved[name, trainable] = max(float(np.max(np.abs(a - b))) for a, b in
+                                         zip(before, model.get_layer("bn").get_weights()))
+    assert moved["one", False] == moved["parallel", False] == 0.0, moved
+    assert moved["one", True] > 1e-3 and moved["parallel", True] > 1e-3, moved

@@ -149,6 +149,24 @@ class Adapter:
         divides by is the replica's, not the global batch's."""
         return False
 
+    @property
+    def whole_batch_on_batch(self) -> bool:
+        """The `*_on_batch` calls hand every replica the whole batch (Keras 3 on TF: the
+        step runs in `strategy.run` on the undistributed arguments): each replica then
+        takes its share in the step (`replica_share`), and the results are read across
+        replicas (`flat_metric_results`)."""
+        return False
+
+    def replica_share(self, structures: Any) -> Any:
+        """The rows of this replica in every array of `structures` (a tuple), whose first
+        axis is a batch padded to a multiple of the replicas; outside a replica as is."""
+        return structures
+
+    def flat_metric_results(self, model: Any, logs: Dict[str, Any]) -> Any:
+        """`logs` in the order Keras returns `*_on_batch` results without `return_dict`."""
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
     def total(self, x: Any) -> Any:
         raise NotImplementedError
 
@@ -230,6 +248,15 @@ class Adapter:
                 "made then), or give your optimizer a get_config() that from_config() "
                 "accepts",
             ) from exc
+
+    def check_sample_weight_structure(self, y: Any, sample_weight: Any) -> None:
+        """Refuse, as this Keras refuses on one device, sample weights given as arrays in
+        a structure that is not the targets' (None: Keras takes any)."""
+
+    def generator_replays(self) -> int:
+        """How many of a Python generator's first batches every further iterator Keras
+        makes of it reads again, before reading on (0: none, it reads on)."""
+        return 0
 
     def fresh_metric(self, metric: Any) -> Any:
         """Metric objects hold state; a replica gets its own copy, strings stay strings."""

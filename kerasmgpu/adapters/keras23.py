@@ -10,6 +10,7 @@ import contextlib
 import importlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from kerasmgpu.adapters import keras23_template
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import Adapter, StateReader
 from kerasmgpu.adapters.keras23_names import (  # noqa: F401 - re-exported
@@ -69,9 +70,10 @@ class Keras23(Adapter):
             utils._get_available_devices = original
 
     def compile_args(self, model: Any) -> Dict[str, Any]:
-        """Keras 2.3 keeps its compile arguments on the model; a fresh optimizer each."""
+        """Keras 2.3 keeps its compile arguments on the model. The optimizer is the
+        model's own object: the parallel model shares it (`keras23_template`)."""
         return {
-            "optimizer": self.fresh_optimizer(model.optimizer),
+            "optimizer": model.optimizer,
             "loss": model.loss,
             # A dict (per-output metrics) stays a dict: list() would keep only its keys.
             "metrics": _fresh(_as_given(getattr(model, "_compile_metrics", None))),
@@ -79,6 +81,33 @@ class Keras23(Adapter):
             "sample_weight_mode": model.sample_weight_mode,
             "weighted_metrics": _fresh(getattr(model, "_compile_weighted_metrics", None)),
         }
+
+    def compile_token(self, model: Any) -> Tuple[Any, ...]:
+        return keras23_template.compile_token(model)
+
+    # --- the template's optimizer and flags are the parallel model's (`keras23_template`) --
+
+    def share_optimizer(self, template: Any) -> None:
+        """The template's optimizer keeps one set of slots for every train function built
+        for one compile of the template (its own, the parallel model's, a copy's)."""
+        optimizer = getattr(template, "optimizer", None)
+        if optimizer is not None and not callable(getattr(optimizer, "get_updates", None)):
+            raise self.fail("`Optimizer.get_updates` is missing", "where the optimizer's slots "
+                            "are made, which the template and the parallel model share")
+        keras23_template.share_slots(self.keras, optimizer, template)
+
+    def replica_updates(self, model: Any) -> keras23_template.ReplicaUpdates:
+        """Before `multi_gpu_model(model)`: what regathers its replicas' update ops by the
+        trainable flags when the parallel model's train function is made."""
+        missing = keras23_template.missing_lists(model)
+        if missing or not hasattr(model, "_inbound_nodes") or not hasattr(
+                self.keras.Model, "_make_train_function"):
+            raise self.fail(f"`Layer.{keras23_template.UPDATES}`, `_inbound_nodes` or "
+                            f"`Model._make_train_function` is missing "
+                            f"({', '.join(missing) or model.name})",
+                            "the update ops Keras 2.3 keeps per input, and where it makes "
+                            "the train function")
+        return keras23_template.ReplicaUpdates(self.keras, model)
 
     # --- the training state: graph mode, read through Keras's session ---------------------
 
@@ -256,11 +285,16 @@ class Keras23(Adapter):
         functions = []
         for name, replacement in (("get_updates", accumulating),
                                   ("get_gradients", group_gradients)):
+            # Put back what stood there: the shared slots' get_updates (keras23_template).
+            before = optimizer.__dict__.get(name)
             optimizer.__dict__[name] = replacement
             try:
                 own()
             finally:
-                del optimizer.__dict__[name]
+                if before is None:
+                    del optimizer.__dict__[name]
+                else:
+                    optimizer.__dict__[name] = before
             functions.append(model.train_function)
             model.train_function = None
         if not asked:

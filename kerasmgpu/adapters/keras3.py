@@ -14,7 +14,9 @@ oldest, a middle and the newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   wrapped on the instance to notice them (`has_call_time_losses`).
 * `keras.src.utils.rng_utils.get_random_seed`: whether the user seeded Keras.
 * `keras.src.trainers.data_adapters`: `data_adapter_utils.class_weight_to_sample_weights`
-  and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule.
+  and `tf_dataset_adapter.make_class_weight_map_fn`, Keras's own `class_weight` rule;
+  `generator_data_adapter.peek_and_restore` and `NUM_BATCHES_FOR_TENSOR_SPEC`, the
+  batches every new iterator of a generator starts with (`generator_replays`).
 * optimizers on TF: `_backend_apply_gradients`, `_all_reduce_sum_gradients` (see
   `reduce_gradients_first`; with accumulate_steps also the public `apply`, wrapped on
   the instance); models on TF: `_maybe_symbolic_build`, given an element spec
@@ -138,6 +140,37 @@ class Keras3(Adapter):
         except ImportError as exc:
             raise self.fail(f"`keras.src.trainers.data_adapters.{name}` is missing",
                             "Keras's class_weight rule") from exc
+
+    def check_sample_weight_structure(self, y: Any, sample_weight: Any) -> None:
+        # Keras 3 (3.3 - 3.15, `ArrayDataAdapter`): a list, tuple or dict of sample
+        # weights must have the structure of the targets (one array per output).
+        if not isinstance(sample_weight, (list, tuple, dict)):
+            return
+        try:
+            self.keras.tree.assert_same_structure(y, sample_weight)
+        except (ValueError, TypeError) as exc:
+            shown = (sorted(sample_weight) if isinstance(sample_weight, dict)
+                     else f"{len(sample_weight)} arrays")
+            raise bad_value(
+                "sample_weight", f"weights for {shown}",
+                "one sample_weight array per output in y, in y's structure (Keras 3 refuses "
+                "others)", "give every output a weight (ones where it has none)",
+                raw=True) from exc
+
+    def generator_replays(self) -> int:
+        # Keras 3.4+ (`generator_data_adapter.peek_and_restore` returns a function; 3.3
+        # returns one chain): every iterator Keras makes of a generator's dataset starts
+        # with the first `NUM_BATCHES_FOR_TENSOR_SPEC` batches it peeked, then reads on
+        # (checked in the sources of 3.3, 3.10, 3.12 and 3.15; measured on 3.15).
+        adapter = self._data_adapters("generator_data_adapter")
+        peek = getattr(adapter, "peek_and_restore", None)
+        count = getattr(self._data_adapters("data_adapter_utils"),
+                        "NUM_BATCHES_FOR_TENSOR_SPEC", None)
+        if peek is None or not isinstance(count, int):
+            raise self.fail("`peek_and_restore` or `NUM_BATCHES_FOR_TENSOR_SPEC` is missing",
+                            "how Keras reads a generator again")
+        _, restore = peek(iter(()))
+        return count if callable(restore) else 0
 
     def class_weigher(self, class_weight: Any, kind: str
                       ) -> Optional[Callable[[Any, Any], Any]]:
@@ -322,6 +355,40 @@ class Keras3(Adapter):
     @property
     def counts_per_replica(self) -> bool:
         return self.backend in ("tensorflow", "torch")
+
+    @property
+    def whole_batch_on_batch(self) -> bool:
+        # Keras 3 on TF (3.10 - 3.15): `train_on_batch` / `test_on_batch` run the step
+        # through `strategy.run` on their arguments as they are, one whole batch per
+        # replica; a replica's metric updates then counted it N times, which Keras 3.10 -
+        # 3.12, whose *_on_batch keep the state a fit left behind, added to fit's counts.
+        return self.backend == "tensorflow"
+
+    def replica_share(self, structures: Any) -> Any:
+        if self.backend != "tensorflow":
+            return structures
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return structures
+        replicas = context.num_replicas_in_sync
+        replica = context.replica_id_in_sync_group
+
+        def share(t: Any) -> Any:
+            rows = tf.shape(t)[0] // replicas
+            return t[rows * replica:rows * (replica + 1)]
+
+        return tuple(None if s is None else tf.nest.map_structure(share, s)
+                     for s in structures)
+
+    def flat_metric_results(self, model: Any, logs: Dict[str, Any]) -> Any:
+        # `Trainer._flatten_metrics_in_order` (3.3 - 3.15): what *_on_batch return.
+        flatten = getattr(model, "_flatten_metrics_in_order", None)
+        if flatten is None:
+            raise self.fail("`Trainer._flatten_metrics_in_order` is missing",
+                            "the order of the *_on_batch results")
+        return flatten(logs)
 
     def total(self, x: Any) -> Any:
         return self.keras.ops.sum(x)

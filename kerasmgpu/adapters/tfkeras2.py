@@ -75,6 +75,11 @@ class _CompiledLoss:
         container = self.__dict__["_kerasmgpu_container"]
         if not container.built:
             container.build(y_pred)
+        if isinstance(sample_weight, dict):
+            # Weights for some outputs only ({"price": w}): Keras's own conforming gives
+            # the others None, which the padding weight then stands in for (left a dict,
+            # they got no weight, and their padded rows counted).
+            sample_weight = container._conform_to_outputs(y_pred, sample_weight)
         weights = self.__dict__["_kerasmgpu_fn"](y_true, y_pred, sample_weight)
         return container(y_true, y_pred, sample_weight=weights,
                          regularization_losses=regularization_losses)

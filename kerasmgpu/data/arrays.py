@@ -148,6 +148,8 @@ class Arrays(Input):
                                to_numpy(request.sample_weight))
         if predict:
             y = sample_weight = None
+        else:
+            adapter.check_sample_weight_structure(y, sample_weight)
         weigh = None if predict else adapter.class_weigher(request.class_weight, "arrays")
         weights = None if predict else user_weights(y, sample_weight, weigh)
         check_inputs(x, request.inputs)

@@ -79,3 +79,9 @@ def split(data: Any) -> Optional[Tuple[Any, Any, Any, Any]]:
         b = data[1]
         return data[0], b.get(Y_KEY), b.get(SAMPLE_WEIGHT_KEY), b[PACKING_KEY]
     return None
+
+
+def on_batch(data: Any) -> bool:
+    """Whether a step's data came from an `*_on_batch` call: `(x, bundle, placeholder)`
+    (a feed's batches are `(x, bundle)`)."""
+    return isinstance(data, (tuple, list)) and len(data) == 3 and is_bundle(data[1])

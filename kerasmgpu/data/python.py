@@ -133,7 +133,7 @@ class Generator(Input):
             for number, element in enumerate(source):
                 yield as_tuples(pad_element(element, weigh, planner, predict, number))
 
-        replay = Replay(padded())
+        replay = Replay(padded(), self.adapter.generator_replays())
         first = replay.peek()
         signature = tf.nest.map_structure(
             lambda a: tf.TensorSpec((None,) + tuple(a.shape[1:]), tf.as_dtype(a.dtype)), first
@@ -151,11 +151,17 @@ class Replay:
     generator every batch an older iterator prefetched would be lost. Here a newer
     iterator starts where the older ones stopped handing batches out, and older
     iterators stop: no batch is lost or trained on twice.
+
+    Keras 3 reads a generator through a dataset whose every new iterator starts with
+    the first `replays` batches it peeked once (its validation pass, a new iterator each
+    epoch, validates on those again): a newer iterator here does the same.
     """
 
-    def __init__(self, iterator: Iterator[Any]) -> None:
+    def __init__(self, iterator: Iterator[Any], replays: int = 0) -> None:
         import threading
 
+        self._replays = replays
+        self._first: List[Any] = []  # the stream's first `replays` elements
         self._source = iterator
         self._buffer: List[Any] = []
         self._base = 0  # stream index of _buffer[0]
@@ -165,10 +171,18 @@ class Replay:
     def _get(self, index: int) -> Any:
         while index >= self._base + len(self._buffer):
             self._buffer.append(next(self._source))  # StopIteration ends the stream
+            if len(self._first) < self._replays:
+                self._first.append(self._buffer[-1])
         return self._buffer[index - self._base]
 
     def peek(self) -> Any:
+        """The first element; the first `replays` are read now, as Keras peeks them."""
         with self._lock:
+            for index in range(self._base, self._base + self._replays):
+                try:
+                    self._get(index)
+                except StopIteration:
+                    break
             return self._get(self._base)
 
     def __call__(self) -> Iterator[Any]:
@@ -176,6 +190,8 @@ class Replay:
             self._generation += 1
             generation = self._generation
             position = self._base
+            again = list(self._first) if generation > 1 else []
+        yield from again
         while True:
             with self._lock:
                 if generation != self._generation:

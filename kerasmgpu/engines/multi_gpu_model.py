@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, ContextManager, Dict, List, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,20 +84,23 @@ class MultiGpuModelEngine(Engine):
             inner.set_weights(model.get_weights())
         if parallel_model.requested_sync_batchnorm():
             # BatchNormalization over the global batch: the replicas built layer by
-            # layer (Keras's own builds them one after the other).
+            # layer (Keras's own builds them one after the other), as layers of the
+            # parallel model, whose updates Keras gathers by their flags itself.
             parallel = self.adapter.synchronized_multi_gpu_model(inner, ids, self.cpu_merge)
         else:
+            updates = self.adapter.replica_updates(inner)
             with self._gpu_names_for_virtual_devices():
                 parallel = keras_multi_gpu_model(
                     inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
                 )
-        if self.adapter.is_compiled(model):
-            parallel.compile(**self.adapter.compile_args(model))
+            updates.built(parallel)
         parallel_model.hold(parallel, model, self, self.adapter)
+        follow = _Follow(parallel, model, self.adapter)
+        mirror = None
         if inner is not model:
-            _keep_equal(parallel, sync.link(model, inner, self.adapter, self,
-                                            with_optimizer=False))
-        _compile_first(parallel, self.adapter)
+            mirror = sync.link(model, inner, self.adapter, self, with_optimizer=False,
+                               recompile=follow.recompile)
+        _calls(parallel, self.adapter, follow, mirror)
         _accumulate(parallel, self.adapter)
         return parallel
 
@@ -113,12 +116,11 @@ class MultiGpuModelEngine(Engine):
         with tf.device(device):
             replica = self.adapter.keras.models.clone_model(model)
             replica.set_weights(model.get_weights())
-            if self.adapter.is_compiled(model):
-                replica.compile(**self.adapter.compile_args(model))
         parallel_model.hold(replica, model, self, self.adapter)
-        _keep_equal(replica, sync.link(model, replica, self.adapter, self,
-                                       with_optimizer=False), device)
-        _compile_first(replica, self.adapter)
+        follow = _Follow(replica, model, self.adapter, device)
+        mirror = sync.link(model, replica, self.adapter, self, with_optimizer=False,
+                           recompile=follow.recompile)
+        _calls(replica, self.adapter, follow, mirror, device)
         _accumulate(replica, self.adapter)
         return replica
 
@@ -146,21 +148,48 @@ class MultiGpuModelEngine(Engine):
         }
 
 
-def _compile_first(model: Any, adapter: Keras23) -> None:
-    """Training and evaluation calls of an uncompiled parallel model raise our error
-    (what to compile, and where) instead of Keras's bare one; predict is left alone, as
-    Keras allows it uncompiled. Checked at each call: compiling later is fine."""
-    for name in _TRAINING_CALLS + _EVALUATION_CALLS:
-        current = getattr(model, name, None)
-        if current is None:
-            continue
+class _Follow:
+    """The parallel model is compiled with the template's compile arguments and its very
+    optimizer (one learning rate, one `iterations`, one set of slots: keras23_template),
+    at parallelize() and again whenever the template has been compiled anew - Keras 2.3
+    collects the trainable weights at compile, so a layer frozen on the template and
+    recompiled stops training in the parallel model, as on one device. A parallel model
+    you compile yourself (Keras's own multi_gpu_model usage) is yours: it follows the
+    template no more."""
 
-        def checked(*args: Any, _call: Any = current, _name: str = name, **kwargs: Any) -> Any:
-            if not adapter.is_compiled(model):
-                raise not_compiled(model, _name)
-            return _call(*args, **kwargs)
+    def __init__(self, parallel: Any, template: Any, adapter: Keras23,
+                 device: Optional[str] = None) -> None:
+        self.parallel, self.template, self.adapter, self.device = (
+            parallel, template, adapter, device)
+        self.token: Tuple[Any, ...] = ()
+        self.given: Any = None
+        if adapter.is_compiled(template):
+            self.compile(adapter.compile_args(template))
+        self.token = adapter.compile_token(template)
 
-        model.__dict__[name] = checked
+    def compile(self, args: Dict[str, Any]) -> None:
+        import tensorflow as tf
+
+        self.adapter.share_optimizer(self.template)
+        placed = tf.device(self.device) if self.device else contextlib.nullcontext()
+        with placed:
+            self.parallel.compile(**args)
+        self.given = getattr(self.parallel, "optimizer", None)
+
+    def recompile(self, args: Dict[str, Any]) -> None:
+        """The template was compiled anew: so is the parallel model, unless you compiled
+        it yourself since."""
+        if getattr(self.parallel, "optimizer", None) is self.given:
+            self.compile(args)
+
+    def __call__(self) -> None:
+        """Before a call: the template compiled anew since is compiled in here too."""
+        token = self.adapter.compile_token(self.template)
+        if all(a is b for a, b in zip(token, self.token)) and len(token) == len(self.token):
+            return
+        self.token = token
+        if self.adapter.is_compiled(self.template):
+            self.recompile(self.adapter.compile_args(self.template))
 
 
 _TRAINING_CALLS = ("fit", "fit_generator", "train_on_batch")
@@ -194,7 +223,7 @@ def _accumulate(model: Any, adapter: Keras23) -> None:
         # The schedule first; after the user's, one that applies a group a callback
         # stopped the fit inside of (`stop_training` in on_train_batch_end).
         given["callbacks"] = [schedule] + list(given.get("callbacks") or []) + [finisher]
-        # All by keyword: the wrappers below (`_synced`) add to `callbacks` by name.
+        # All by keyword: the wrappers below (`_call`) add to `callbacks` by name.
         named = {k: v for k, v in given.items() if k not in ("self", "kwargs")}
         return fit(**named, **extra)
 
@@ -254,32 +283,42 @@ def _stopped_group(adapter: Keras23, plan: GroupPlan) -> Any:
     return StoppedGroup()
 
 
-def _keep_equal(parallel: Any, mirror: sync.Mirror, device: Optional[str] = None) -> None:
-    """Every call of `parallel` starts from the template's state and, when it trains,
-    gives the template its weights (at every epoch end too); with `device`, it runs
-    under `tf.device(device)`."""
+def _calls(parallel: Any, adapter: Keras23, follow: _Follow,
+           mirror: Optional[sync.Mirror] = None, device: Optional[str] = None) -> None:
+    """Every call of `parallel` first follows the template's compile; training and
+    evaluation calls of an uncompiled one raise our error (what to compile, and where)
+    instead of Keras's bare one (predict is left alone, as Keras allows it uncompiled).
+    With `mirror` (a copy trains), each call starts from the template's state and, when
+    it trains, gives the template its weights (at every epoch end too); with `device`,
+    it runs under `tf.device(device)`."""
     klass = type(parallel)
     busy: List[str] = []  # fit_generator calls train_on_batch: only the outermost syncs
     for name in _TRAINING_CALLS + _OTHER_CALLS:
         if getattr(klass, name, None) is not None:
             # The call as it is now (verify=True's check wraps Keras's own first).
-            parallel.__dict__[name] = _synced(getattr(parallel, name), name, mirror, device,
-                                              busy)
+            parallel.__dict__[name] = _call(parallel, getattr(parallel, name), name, adapter,
+                                            follow, mirror, device, busy)
 
 
-def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str],
-            busy: List[str]) -> Any:
+def _call(parallel: Any, original: Any, name: str, adapter: Keras23, follow: _Follow,
+          mirror: Optional[sync.Mirror], device: Optional[str], busy: List[str]) -> Any:
     import tensorflow as tf
 
     trains, fits = name in _TRAINING_CALLS, name.startswith("fit")
+    checked = name in _TRAINING_CALLS + _EVALUATION_CALLS
 
     def call(*args: Any, **kwargs: Any) -> Any:
         placed = tf.device(device) if device else contextlib.nullcontext()
         if busy:
             with placed:
                 return original(*args, **kwargs)
-        sync.before_call(mirror, training=trains, collective=False)
-        if fits:
+        if mirror is not None:  # the template's flags reach the copy before it compiles
+            sync.before_call(mirror, training=trains, collective=False)
+        else:
+            follow()
+        if checked and not adapter.is_compiled(parallel):
+            raise not_compiled(parallel, name)
+        if fits and mirror is not None:
             kwargs["callbacks"] = [_epoch_end(mirror)] + list(kwargs.get("callbacks") or [])
         busy.append(name)
         try:
@@ -287,7 +326,7 @@ def _synced(original: Any, name: str, mirror: sync.Mirror, device: Optional[str]
                 result = original(*args, **kwargs)
         finally:
             busy.pop()
-        if trains:
+        if trains and mirror is not None:
             sync.after_training(mirror)
         return result
 

@@ -545,7 +545,7 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight,
                                  state.engine.planner)
     with state.engine.scope():
-        logs = state.originals["train_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
+        logs = _on_batch(state, self, "train_on_batch", xb, packed, kwargs)
     _trained(state)
     return logs
 
@@ -556,7 +556,25 @@ def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
     state = _state(self, training=False)
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, None, state.engine.planner)
     with state.engine.scope():
-        return state.originals["test_on_batch"](self, xb, packed, _placeholder(xb), **kwargs)
+        return _on_batch(state, self, "test_on_batch", xb, packed, kwargs)
+
+
+def _on_batch(state: ParallelState, model: Any, name: str, x: Any, packed: Any,
+              kwargs: Dict[str, Any]) -> Any:
+    """Keras's own `name` on the padded batch. Where it hands every replica the whole
+    batch (Keras 3 on TF), each replica's step takes its share and the results are the
+    metrics read across replicas: one device's, also over the state a fit left (Keras
+    3.10 - 3.12 do not reset it there)."""
+    call = state.originals[name]
+    if not state.adapter.whole_batch_on_batch:
+        return call(model, x, packed, _placeholder(x), **kwargs)
+    return_dict = kwargs.pop("return_dict", False)
+    logs = call(model, x, packed, _placeholder(x), return_dict=True, **kwargs)
+    import numpy as np
+
+    read = dict(model.get_metrics_result())  # outside a replica: summed over replicas
+    logs = {key: np.array(read.get(key, value)) for key, value in logs.items()}
+    return logs if return_dict else state.adapter.flat_metric_results(model, logs)
 
 
 def _placeholder(x: Any) -> Any:

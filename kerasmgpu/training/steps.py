@@ -41,6 +41,7 @@ from kerasmgpu.data.bundle import (
     SAMPLE_WEIGHT_KEY,
     Y_KEY,
     is_bundle,
+    on_batch,
     split,
 )
 from kerasmgpu.data.structure import map_structure, nested, same_structure, zip_map
@@ -387,6 +388,8 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
         if parts is None:  # a feed without padding on TensorFlow (`bundle.plain`)
             return plain_step(data, call)
         x, y, sample_weight, packed = parts
+        if adapter.whole_batch_on_batch and on_batch(data):
+            x, y, sample_weight, packed = adapter.replica_share((x, y, sample_weight, packed))
         if unpadded(packed):
             return plain_step(adapter.pack_data(x, y, sample_weight), call)
         with active(packed) as frame:

@@ -1,0 +1,233 @@
+"""Keras 2.3: the template's optimizer and trainable flags are the parallel model's.
+
+Keras's own `multi_gpu_model` shares the template's variables, not its optimizer, and
+builds the replicas' graph once: a learning rate set on the template, its `iterations`,
+and a layer frozen on it and recompiled did not reach the parallel fit. kerasmgpu
+compiles the parallel model with the template's own optimizer object (one learning
+rate, one `iterations`) and with one set of slots: Keras 2.3 makes an optimizer's slots
+(moments, accumulators) anew in every `get_updates`, that is in every train function
+it builds, so the template's and the parallel model's train functions would otherwise
+keep moments apart. Here a train function built for the same compile of the template
+takes the slots the other one made (`share_slots`); a compile of the template makes
+fresh ones, as Keras does on one device.
+
+Keras's `Network.updates` leaves out a frozen layer's updates (a BatchNormalization's
+moving statistics), reading `trainable` when the train function is built; but the
+replicas' update ops were collected into the template's own lists (its
+`_per_input_updates`, per replica input) when `multi_gpu_model` built them, with the
+flags of that moment. `ReplicaUpdates` gives the parallel model's train function, when
+it is built, the update ops of the layers trainable then - a layer frozen after
+`parallelize()` and recompiled stays put, one unfrozen updates again.
+
+Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
+`keras23_runtime` (`import kerasmgpu.keras23`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+# The attribute of an optimizer whose slots are shared (see `share_slots`).
+SHARED = "_kerasmgpu_shared_slots"
+# Keras 2.3's per-input update lists of a layer.
+UPDATES = "_per_input_updates"
+
+
+def compile_token(model: Any) -> Tuple[Any, ...]:
+    """Objects a compile replaces: the optimizer, and the list of trainable weights
+    Keras 2.3 collects at every compile (a new list each time, also when nothing else
+    changed)."""
+    return (getattr(model, "optimizer", None),
+            getattr(model, "_collected_trainable_weights", None))
+
+
+class _Slots:
+    """The slots an optimizer made for one compile of the template, in the order its
+    `get_updates` asked `K.zeros` for them."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.made: List[Any] = []
+
+
+def share_slots(keras: Any, optimizer: Any, template: Any) -> None:
+    """`optimizer`'s `get_updates` makes its slots once per compile of `template`: a
+    train function built later for the same compile (the template's, the parallel
+    model's or a copy's, whose trainable weights are in the same order) takes the ones
+    made first, so one set of moments sees every step, as on one device."""
+    if optimizer is None or SHARED in vars(optimizer):
+        return
+    backend = keras.backend
+    own = optimizer.get_updates
+    slots = _Slots()
+    if getattr(template, "train_function", None) is not None:
+        # The template trained since its last compile: the slots it made are the ones.
+        slots.key = getattr(template, "_collected_trainable_weights", None)
+        slots.made = [w for w in (getattr(optimizer, "weights", None) or [])
+                      if not any(w is value for value in vars(optimizer).values())]
+
+    def get_updates(*args: Any, **kwargs: Any) -> Any:
+        key = getattr(template, "_collected_trainable_weights", None)
+        reuse = slots.made if key is not None and key is slots.key else []
+        made: List[Any] = []
+        zeros = backend.zeros
+        backend.zeros = _slot_maker(backend, zeros, reuse, made)
+        try:
+            updates = own(*args, **kwargs)
+        finally:
+            backend.zeros = zeros
+        slots.key, slots.made = key, made
+        return updates
+
+    optimizer.__dict__["get_updates"] = get_updates
+    optimizer.__dict__[SHARED] = slots
+
+
+def _slot_maker(backend: Any, zeros: Callable[..., Any], reuse: List[Any],
+                made: List[Any]) -> Callable[..., Any]:
+    """`K.zeros` that hands out the slots in `reuse` in order while their shape and
+    dtype match what is asked for (kerasmgpu's own variables are always made anew)."""
+
+    def slot(shape: Any, dtype: Optional[str] = None, name: Optional[str] = None) -> Any:
+        index = len(made)
+        wanted = (tuple(shape) if isinstance(shape, (list, tuple)) else (shape,),
+                  dtype or backend.floatx())
+        if (index < len(reuse) and not str(name or "").startswith("kerasmgpu")
+                and (tuple(backend.int_shape(reuse[index])), backend.dtype(reuse[index]))
+                == wanted):
+            variable = reuse[index]
+        else:
+            variable = zeros(shape, dtype=dtype, name=name)
+        made.append(variable)
+        return variable
+
+    return slot
+
+
+# --- the replicas' update ops, by the layers' trainable flags when a train function is made -
+
+
+def _inner(layer: Any) -> List[Any]:
+    return list(getattr(layer, "layers", None) or [])
+
+
+def _owners(layer: Any) -> List[Any]:
+    """The layer and the layers it wraps (TimeDistributed(BatchNormalization()): the
+    inner layer registers the updates)."""
+    owners = [layer]
+    while getattr(owners[-1], "layer", None) is not None:
+        owners.append(owners[-1].layer)
+    return owners
+
+
+def _tree(model: Any) -> List[Tuple[Any, bool]]:
+    """Every layer under `model` (itself included), with whether it and every model it
+    sits in is trainable now."""
+    out: List[Tuple[Any, bool]] = []
+
+    def walk(layer: Any, active: bool) -> None:
+        active = active and bool(getattr(layer, "trainable", True))
+        out.append((layer, active))
+        for inner in _inner(layer):
+            walk(inner, active)
+
+    walk(model, True)
+    return out
+
+
+class ReplicaUpdates:
+    """The update ops of the replicas `multi_gpu_model` builds of `model`, regathered
+    by the trainable flags of the moment the parallel model's train function is made.
+
+    Made before the replicas are built (`ReplicaUpdates(keras, model)`), told when they
+    are (`built()`); `as_now()` is the context the train function is made in."""
+
+    def __init__(self, keras: Any, model: Any) -> None:
+        self.keras, self.model = keras, model
+        self._nodes = len(getattr(model, "_inbound_nodes", None) or [])
+        self._before = self._keys()
+        self._replica_keys: Dict[int, Set[Any]] = {}
+        self._model_keys: List[Any] = []
+
+    def _keys(self) -> Dict[int, Set[Any]]:
+        return {id(owner): set(getattr(owner, UPDATES))
+                for layer, _ in _tree(self.model) for owner in _owners(layer)
+                if isinstance(getattr(owner, UPDATES, None), dict)}
+
+    def built(self, parallel: Any) -> None:
+        """`parallel`, the model of the replicas, is built: their keys are the ones made
+        since, and its train function is made in `as_now()` from now on."""
+        uid = self.keras.utils.generic_utils.object_list_uid
+        now = self._keys()
+        self._replica_keys = {k: keys - self._before.get(k, set()) for k, keys in now.items()}
+        nodes = (getattr(self.model, "_inbound_nodes", None) or [])[self._nodes:]
+        self._model_keys = [uid(node.input_tensors) for node in nodes]
+        own = parallel._make_train_function
+
+        def make_train_function() -> None:
+            if getattr(parallel, "train_function", None) is not None:
+                return own()
+            with self.as_now():
+                return own()
+
+        parallel.__dict__["_make_train_function"] = make_train_function
+
+    @contextlib.contextmanager
+    def as_now(self) -> Iterator[None]:
+        """While Keras makes the train function: the model's lists for the replicas'
+        inputs hold the update ops of the layers trainable now (each owner's own, for
+        every replica) and the ops nobody owns; the lists of the models inside it are
+        empty then (their ops are in the outer list already)."""
+        if not self._model_keys:
+            yield
+            return
+        tree = _tree(self.model)
+        own: Dict[int, List[Any]] = {}
+        for layer, active in tree:
+            if _inner(layer):
+                continue
+            for owner in _owners(layer):
+                keys = self._replica_keys.get(id(owner), set())
+                lists = getattr(owner, UPDATES)
+                own.setdefault(id(owner), []).extend(
+                    (active, op) for key in keys for op in lists.get(key, []))
+        owned = {id(op) for ops in own.values() for _, op in ops}
+        lists = getattr(self.model, UPDATES)
+        found = [op for key in self._model_keys for op in lists.get(key, [])]
+        gathered = list({id(op): op for ops in own.values() for active, op in ops
+                         if active}.values())
+        gathered += [op for op in found if id(op) not in owned]
+        saved = self._replace(tree, gathered)
+        try:
+            yield
+        finally:
+            for lists, key, value in reversed(saved):
+                if value is None:
+                    lists.pop(key, None)
+                else:
+                    lists[key] = value
+
+    def _replace(self, tree: List[Tuple[Any, bool]], gathered: List[Any]
+                 ) -> List[Tuple[Dict[Any, Any], Any, Optional[List[Any]]]]:
+        saved: List[Tuple[Dict[Any, Any], Any, Optional[List[Any]]]] = []
+
+        def put(lists: Dict[Any, Any], key: Any, value: List[Any]) -> None:
+            saved.append((lists, key, lists.get(key)))
+            lists[key] = value
+
+        lists = getattr(self.model, UPDATES)
+        for index, key in enumerate(self._model_keys):
+            put(lists, key, gathered if index == 0 else [])
+        for layer, _ in tree[1:]:
+            if _inner(layer):
+                for key in self._replica_keys.get(id(layer), set()):
+                    put(getattr(layer, UPDATES), key, [])
+        return saved
+
+
+
+def missing_lists(model: Any) -> List[str]:
+    """The layers under `model` without Keras 2.3's per-input update lists."""
+    return [layer.name for layer, _ in _tree(model)
+            if not isinstance(getattr(layer, UPDATES, None), dict)]
