@@ -162,7 +162,7 @@ class Restored:
     """The generation a resume restores, and where it stands."""
     generation: backups.Generation
     position: Position
-    layout: Layout
+    layout: Optional[Layout]
 
 
 def choose(directory: str, rank: int, job: Optional[Layout]) -> Tuple[Optional[Restored], int]:
@@ -181,8 +181,8 @@ def choose(directory: str, rank: int, job: Optional[Layout]) -> Tuple[Optional[R
     if chosen is None:
         return None, choice.next_number
     manifest = chosen.manifest
-    layout = Layout.from_record(manifest["job"])
-    if job is not None:
+    layout = Layout.from_record(manifest["job"]) if manifest.get("job") else None
+    if layout is not None and job is not None:
         check_layout(directory, layout, job)
     epoch, steps, batch = (int(manifest["position"][k]) for k in ("epoch", "steps", "batch"))
     own = (os.path.join(directory, backups.SHARE.format(chosen.number, rank))
@@ -320,18 +320,26 @@ class Plan:
                     write_into(scratch)
                 finally:
                     shutil.rmtree(scratch, ignore_errors=True)
+            # Read after Keras's save on every process, in the same order: a tf.keras
+            # worker's metric states are synchronised variables, and reading one is a
+            # collective every worker takes part in.
+            values = self._metric_values()
             if self.own_metrics:
-                values = self.adapter.read_values(_metric_variables(self.model))
                 backups.write_share(self.directory, number, self.rank,
                                     lambda path: _write_arrays(path, number, position, values))
         backups.reached("after", self.directory)
+
+    def _metric_values(self) -> List[Any]:
+        # After Keras's own save, which on JAX has put the step's state into the
+        # variables (its callbacks' `model` does).
+        return self.adapter.read_values(_metric_variables(self.model))
 
     def _write_generation(self, number: int, position: Tuple[int, int, int],
                           write_into: Callable[[str], None]) -> None:
         staging = backups.stage(self.directory, number)
         write_into(staging)
+        values = self._metric_values()
         backups.reached("weights", staging)
-        values = self.adapter.read_values(_metric_variables(self.model))
         _write_arrays(os.path.join(staging, POSITION_FILE), number, position, values)
         backups.reached("position", staging)
         processes = self.layout.processes if self.layout is not None else 1
