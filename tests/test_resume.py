@@ -159,6 +159,25 @@ class Fault:
 # Every point of a backup's write an exception can interrupt, in one process (there is
 # no other process's share): each interrupted fit is followed by a fresh one that resumes.
 POINTS = ["before", "weights-truncated", "weights", "position", "commit", "after"]
+# CI's: where each line's own writer is (Keras's files truncated, and written whole
+# without kerasmgpu's), and a complete backup; the rest are kerasmgpu's own steps
+# (test_backups.py), all of them with KERASMGPU_SWEEP=1 (a fit each: 15-20 s on TF).
+CI_POINTS = ["weights-truncated", "weights", "after"]
+SWEEP = [pytest.mark.sweep, pytest.mark.skipif(
+    os.environ.get("KERASMGPU_SWEEP") != "1", reason="every point: KERASMGPU_SWEEP=1")]
+
+
+def _expected_resumes(points: List[str]) -> List[int]:
+    """The backup each run after the first resumes: a run writes one backup, then is
+    interrupted in its second; a number a leftover holds is not used again."""
+    resumed: List[int] = []
+    number, chosen = 1, None
+    for point in points:
+        if chosen is not None:
+            resumed.append(chosen)
+        chosen = number + 1 if point == "after" else number
+        number += 1 if point == "before" else 2
+    return resumed + [chosen] if chosen is not None else resumed
 
 
 @pytest.mark.core
@@ -277,9 +296,11 @@ def _resume_with_fault(keras: Any, backup: str, fault: Optional[Callable[..., No
     return result[0], result[1], capfd.readouterr().err
 
 
+@pytest.mark.parametrize("points", [pytest.param(CI_POINTS, id="ci"),
+                                    pytest.param(POINTS, id="sweep", marks=SWEEP)])
 def test_an_exception_at_every_point_of_a_save_resumes_exactly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture,
-        uninterrupted: Tuple[Any, Any]) -> None:
+        uninterrupted: Tuple[Any, Any], points: List[str]) -> None:
     """One job interrupted at each point of a backup's write in turn (its second write
     of each run, so that the job moves on), every run resuming the last complete backup
     and saying which; it ends with the uninterrupted fit's weights, optimizer state and
@@ -289,7 +310,7 @@ def test_an_exception_at_every_point_of_a_save_resumes_exactly(
     reference, expected = uninterrupted
     backup = str(tmp_path / "backup")
     resumed_from = []
-    for point in POINTS:
+    for point in points:
         model, _, err = _resume_with_fault(keras, backup, Fault(point), monkeypatch, capfd)
         assert model is None, f"the fault at {point} did not interrupt the fit"
         resumed_from += [int(n) for n in _resuming(err)]
@@ -297,9 +318,10 @@ def test_an_exception_at_every_point_of_a_save_resumes_exactly(
     model, history, err = _resume_with_fault(keras, backup, None, monkeypatch, capfd)
     resumed_from += [int(n) for n in _resuming(err)]
     # Each run resumed the last complete backup: the first one the run before wrote,
-    # or its second where the fault came after that write was complete. A number an
-    # interrupted write left on disk is not used again (nothing of backup 2 was).
-    assert resumed_from == [1, 2, 4, 6, 8, 11], (resumed_from, err)
+    # or its second where the fault came after that write was complete (all points:
+    # 1, 2, 4, 6, 8, 11 - nothing of backup 2 was left, so 2 was used again).
+    assert resumed_from == _expected_resumes(points), (resumed_from, err)
+    assert _expected_resumes(POINTS) == [1, 2, 4, 6, 8, 11]
     _assert_resumed(model, history, reference, expected)
 
 
