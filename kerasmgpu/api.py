@@ -239,7 +239,26 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
     engine = _engine(cls, adapter, selected, environment)
     parallel: ModelT = engine.parallelize(model)
     _chief_writes_the_template(model, parallel, engine)
+    _saves_replace_atomically(model, parallel, engine)
     return parallel
+
+
+def _saves_replace_atomically(model: Any, parallel: Any, route: Engine) -> None:
+    """The files kerasmgpu writes for the user - the parallel model's (a ModelCheckpoint
+    of the fit), and in a job of several processes the chief's template - are written
+    under a temporary name and renamed over the old file (`process.backups`): a kill
+    while one is written leaves the previous one whole."""
+    from kerasmgpu.process import backups
+
+    owners = [parallel] if parallel is not model else []
+    environment = route.environment
+    if environment.multi_process() and environment.is_chief():
+        owners.append(model)
+    for owner in owners:
+        for name in ("save", "save_weights"):
+            method = getattr(owner, name, None)
+            if callable(method) and not getattr(method, "_kerasmgpu_atomic", False):
+                owner.__dict__[name] = backups.saving_atomically(method)
 
 
 def _chief_writes_the_template(model: Any, parallel: Any, route: Engine) -> None:

@@ -311,11 +311,39 @@ def test_multi_gpu_model_and_its_template_load_weights(tmp_path: Path) -> None:
     other = build(seed=3)
     multi_gpu_model(other, gpus=2).load_weights("parallel_weights.h5")
     results["parallel_checkpoint"] = same(other.get_weights(), template.get_weights())
+
+    # parallelize()'s parallel model writes its file whole or not at all: interrupted
+    # before the rename, the new file half written, the old one is still there, whole.
+    import os
+    from kerasmgpu.process import backups
+
+    template = build(seed=4)
+    parallel = kerasmgpu.parallelize(template, gpus=2)
+    parallel.save_weights("atomic.h5")
+    first = template.get_weights()
+    template.set_weights([w + 1 for w in first])
+
+    def cut(point, temporary):
+        if point == "replace":
+            with open(temporary, "r+b") as f:
+                f.truncate(os.path.getsize(temporary) // 2)
+            raise KeyboardInterrupt
+
+    backups.reached = cut
+    try:
+        parallel.save_weights("atomic.h5")
+    except KeyboardInterrupt:
+        pass
+    other = build(seed=5)
+    multi_gpu_model(other, gpus=2).load_weights("atomic.h5")
+    results["killed_save"] = (same(other.get_weights(), first)
+                              and not [n for n in os.listdir(".") if n.startswith(".kerasmgpu")])
     print("RESULTS", json.dumps(results))
     """, tmp_path, KERASMGPU_VIRTUAL_DEVICES="2")
     assert done.returncode == 0, done.stderr[-3000:]
     results = _results(done.stdout)
-    assert results == {"legacy": True, "parallelize": True, "parallel_checkpoint": True}, results
+    assert results == {"legacy": True, "parallelize": True, "parallel_checkpoint": True,
+                       "killed_save": True}, results
 
 
 @requires(legacy=True)

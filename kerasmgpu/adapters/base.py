@@ -78,18 +78,19 @@ def class_weight_error(class_weight: Any, allowed: str, fix: str) -> ValueError:
     return bad_value("class_weight", class_weight, allowed, fix)
 
 
-def following_save(save: Callable[..., Any], after_save: Callable[[], None],
-                   allow: Callable[[], bool], write: bool) -> Callable[..., Any]:
-    """`save` (a BackupAndRestore's own save method), run only when `allow()` says so
-    (`write`: False for a process that only counts), then `after_save()`. The original
+def following_save(save: Callable[..., Any], on_save: Callable[[Callable[[str], None]], None],
+                   allow: Callable[[], bool],
+                   redirect: Callable[[str, Callable[[], None]], None]) -> Callable[..., Any]:
+    """`save` (a BackupAndRestore's own save method) replaced: nothing while `allow()` is
+    False, else `on_save(write_into)`, where `write_into(directory)` writes that backup's
+    Keras files into `directory` - `redirect(directory, run)` points Keras's paths there
+    around `run()`, Keras's own save with the arguments it was called with. The original
     stays reachable as `__wrapped__`, so a later fit replaces the wrapper, not stacks it."""
 
-    def saved(*args: Any, **kwargs: Any) -> Any:
+    def saved(*args: Any, **kwargs: Any) -> None:
         if not allow():
-            return None
-        result = save(*args, **kwargs) if write else None
-        after_save()
-        return result
+            return
+        on_save(lambda directory: redirect(directory, lambda: save(*args, **kwargs)))
 
     saved.__wrapped__ = save  # type: ignore[attr-defined]
     return saved
@@ -479,20 +480,22 @@ class Adapter:
 
     # --- BackupAndRestore (kerasmgpu.training.resume) ----------------------------------
 
-    def follow_backup(self, backup: Any, after_save: Callable[[], None],
-                      allow: Callable[[], bool], *, write: bool = True) -> bool:
-        """Make `backup` (a BackupAndRestore) call `after_save` after each backup it
-        writes, and write none while `allow()` is False; `write=False`: it writes nothing
-        itself, `after_save` still runs where it would have. False where this line's
-        BackupAndRestore is not one kerasmgpu can follow (it then resumes as Keras does)."""
+    def follow_backup(self, backup: Any, on_save: Callable[[Callable[[str], None]], None],
+                      allow: Callable[[], bool]) -> bool:
+        """Make `backup` (a BackupAndRestore) call `on_save(write_into)` in place of each
+        backup it would write, and nothing while `allow()` is False: `write_into(directory)`
+        writes Keras's files of that backup into `directory` (kerasmgpu.process.backups
+        makes them one generation). False where this line's BackupAndRestore is not one
+        kerasmgpu can follow (it then resumes as Keras does)."""
         return False
 
     def unfollow_backup(self, backup: Any) -> None:
-        """Undo `follow_backup` (after the fit: the callback is the user's again)."""
+        """Undo `follow_backup` and `restore_from` (after the fit: the callback is the
+        user's again)."""
 
-    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
-        """(epoch, batch) that `backup`'s last backup records, None without one."""
-        return None
+    def restore_from(self, backup: Any, directory: Optional[str]) -> None:
+        """Make `backup`'s restore at train begin read Keras's files from `directory` (a
+        generation); None: from where Keras reads them itself."""
 
     # True where Keras's fit itself continues a restored epoch at the next step (tf.keras
     # 2.x): kerasmgpu then skips the batches already trained; False where it restarts

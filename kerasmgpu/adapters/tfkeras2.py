@@ -516,15 +516,22 @@ class TfKeras2(Adapter):
         tf_internals.equalize_across_replicas(model.non_trainable_variables, strategy)
 
     # --- BackupAndRestore ----------------------------------------------------------------
-    # tf.keras 2.x / tf_keras: `BackupAndRestore._backup(epoch, batch)` writes a TF
-    # checkpoint under `backup_dir/chief` holding `ckpt_saved_epoch`/`ckpt_saved_batch`;
-    # fit continues a restored epoch at the next step but reads the data from its start.
-    # The same in the sources of tf.keras 2.12, 2.13, 2.15 and tf_keras 2.16, 2.18, 2.21;
-    # run on tf_keras 2.21.
+    # tf.keras 2.x / tf_keras: `BackupAndRestore._backup(epoch, batch)` has the
+    # `WorkerTrainingState` its on_train_begin built (`_training_state`) save a TF
+    # checkpoint through `write_checkpoint_manager` - under `backup_dir/chief` on the
+    # chief, into a temporary directory it then removes on the other workers (every
+    # worker takes part: reading a synchronised variable is a collective) - holding
+    # `ckpt_saved_epoch`/`ckpt_saved_batch`; on_train_begin restores from
+    # `backup_dir/chief`. kerasmgpu replaces `_backup` on the instance and saves that
+    # manager's checkpoint object (a public `tf.train.Checkpoint`) with a
+    # `tf.train.CheckpointManager` of its own into the directory it is given; a resume
+    # points `backup_dir` (public) at the chosen generation during on_train_begin. fit
+    # continues a restored epoch at the next step but reads the data from its start. The
+    # same in the sources of tf.keras 2.12, 2.13, 2.15 and tf_keras 2.16, 2.18, 2.21; run
+    # on tf_keras 2.21.
 
     backup_resumes_mid_epoch = True
     backups_are_collective = True
-    _RECORD = "{}/.ATTRIBUTES/VARIABLE_VALUE"
 
     def _backup_save(self, backup: Any) -> Any:
         save = getattr(backup, "_backup", None)
@@ -532,30 +539,34 @@ class TfKeras2(Adapter):
             raise self.fail("BackupAndRestore has no `_backup`", "an exact mid-epoch resume")
         return getattr(save, "__wrapped__", save)
 
-    def follow_backup(self, backup: Any, after_save: Callable[[], None],
-                      allow: Callable[[], bool], *, write: bool = True) -> bool:
-        if not isinstance(getattr(backup, "save_freq", None), int):
-            return False  # epoch backups: tf.keras resumes them exactly
+    def follow_backup(self, backup: Any, on_save: Callable[[Callable[[str], None]], None],
+                      allow: Callable[[], bool]) -> bool:
         save = self._backup_save(backup)
-        backup._backup = following_save(save, after_save, allow, write)
+
+        def redirect(directory: str, run: Callable[[], None]) -> None:
+            state = getattr(backup, "_training_state", None)
+            checkpoint = getattr(getattr(state, "write_checkpoint_manager", None),
+                                 "checkpoint", None)
+            if checkpoint is None:
+                raise self.fail("BackupAndRestore has no `_training_state` with a "
+                                "write_checkpoint_manager", "a backup written as one set")
+            # What Keras's back_up() writes, under `directory/chief` as Keras names it.
+            self._tf.train.CheckpointManager(
+                checkpoint, os.path.join(directory, "chief"), max_to_keep=1).save()
+
+        backup._backup = following_save(save, on_save, allow, redirect)
         return True
+
+    def restore_from(self, backup: Any, directory: Optional[str]) -> None:
+        own = backup.__dict__.setdefault("_kerasmgpu_backup_dir", backup.backup_dir)
+        backup.backup_dir = own if directory is None else directory
 
     def unfollow_backup(self, backup: Any) -> None:
         original = getattr(getattr(backup, "_backup", None), "__wrapped__", None)
         if original is not None:
             backup._backup = original
-
-    def backup_record(self, backup: Any) -> Optional[Tuple[int, int]]:
-        tf = self._tf
-        path = tf.train.latest_checkpoint(os.path.join(os.fspath(backup.backup_dir), "chief"))
-        if path is None:
-            return None
-        reader = tf.train.load_checkpoint(path)
-        try:
-            return (int(reader.get_tensor(self._RECORD.format("ckpt_saved_epoch"))),
-                    int(reader.get_tensor(self._RECORD.format("ckpt_saved_batch"))))
-        except (KeyError, ValueError):
-            return None
+        if "_kerasmgpu_backup_dir" in backup.__dict__:
+            self.restore_from(backup, None)
 
     def save_backup(self, backup: Any, epoch: int, batch: int) -> bool:
         self._backup_save(backup)

@@ -414,7 +414,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
                            alone=not environment.multi_process(),
                            own_metrics=state.engine.route is Route.TORCH_DDP,
                            layout=resume.Layout.of(self, state.engine.planner.process_count,
-                                                   state.engine.planner.replicas))
+                                                   state.engine.planner.replicas,
+                                                   _global_batch(x, batch_size)))
     train_feed = state.feed(
         x, kind="train", model=self, y=y, sample_weight=sample_weight,
         class_weight=class_weight, batch_size=batch_size, shuffle=shuffle,
@@ -449,6 +450,14 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     # the replica since.
     _trained(state, unless_unchanged=True)
     return history
+
+
+def _global_batch(x: Any, batch_size: Any) -> Optional[int]:
+    """The rows of a training step, where fit knows them: arrays, in batches of
+    `batch_size` (Keras's 32 by default). A dataset's or generator's are its own."""
+    if not structure.is_array_like(x):
+        return None
+    return 32 if batch_size is None else int(batch_size)
 
 
 def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,

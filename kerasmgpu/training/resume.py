@@ -4,25 +4,28 @@ Keras 3's `BackupAndRestore(save_freq=N)` writes the weights and optimizer state
 steps, but restores only the epoch: a job stopped after step k of epoch e restarts
 epoch e from its first batch with the weights of step k, trains the first k batches a
 second time, and its History of epoch e holds only the steps after the restart.
-tf.keras's continues at step k+1, but reads the epoch's data from its start. Here,
-while the user's backup saves, kerasmgpu writes beside it where training stood (the
-epoch and the steps done in it) and the epoch's metric states
-(`kerasmgpu_position.npz`; on torch every process writes its own share). A fit that
-restores such a backup then either
+tf.keras's continues at step k+1, but reads the epoch's data from its start. Here
+each backup is one generation (`kerasmgpu.process.backups`): Keras's files, where
+training stood (the epoch and the steps done in it) and the epoch's metric states
+(`kerasmgpu_position.npz`; on torch every process writes its own share), and a
+manifest written last - all visible together or not at all, the previous generation
+kept until the new one is complete. A fit that restores such a backup then either
 * (Keras 3) runs the epoch's first k steps again (every process reads the same stream),
   keeps no backup of them, and after step k puts back the restored weights, optimizer
   state and metrics - the cost is those k steps' time; or
 * (tf.keras) reads a feed without the k batches already trained, and adds the restored
   metric states to those of its first step (every built-in metric's state is a sum).
-From there on, training and its History are the uninterrupted run's. A backup without
-the file (written by plain Keras, or another position) resumes as Keras resumes it.
+From there on, training and its History are the uninterrupted run's. A directory without
+a generation (written by plain Keras) resumes as Keras resumes it; one whose every
+generation is damaged fails before training, naming the file and the fault.
 
-The chief's file also records the job (`Layout`: processes, replicas, the model's weight
-shapes). A backup of another model, or of a job of another number of processes (with
-several processes: of replicas), is refused before Keras restores anything: exact on
-JAX (measured), but a torch process's share of the metrics, or a tf.keras worker's part
-of the backup, has no place in a job of another size. One process on other devices is
-exact (the global batch is fixed).
+The manifest also records the job (`Layout`: processes, replicas, the global batch, the
+model's weight shapes). A backup of another model, of another global batch (the batches
+after it would be others), or of a job of another number of processes (with several
+processes: of replicas), is refused before Keras restores anything: exact on JAX
+(measured), but a torch process's share of the metrics, or a tf.keras worker's part of
+the backup, has no place in a job of another size. One process on other devices is exact
+(the global batch is fixed).
 
 `Plan.preemption` also makes SIGTERM during the fit end the current step, back it up
 through the user's callback, and exit 143 (what `kerasmgpu launch` reports as requeue).
@@ -32,12 +35,12 @@ Private names of each Keras line's BackupAndRestore are in the adapters.
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
+import shutil
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -45,9 +48,13 @@ import numpy as np
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.process import status
+from kerasmgpu.process import backups, status
 
 POSITION_FILE = "kerasmgpu_position.npz"
+
+
+class KerasMGPUBackupWarning(UserWarning):
+    """A backup newer than the one resumed could not be restored (it is named, with why)."""
 
 
 @dataclass
@@ -63,17 +70,26 @@ class Layout:
     processes: int
     replicas: int
     weights: List[List[int]]  # the model's weight shapes, in order
+    global_batch: Optional[int] = None  # rows per step, where fit knows it (arrays)
 
-    def to_text(self) -> str:
-        return json.dumps({"processes": self.processes, "replicas": self.replicas,
-                           "weights": self.weights})
+    def to_record(self) -> Dict[str, Any]:
+        return {"processes": self.processes, "replicas": self.replicas,
+                "global_batch": self.global_batch, "weights": self.weights}
 
     @classmethod
-    def of(cls, model: Any, processes: int, replicas: int) -> Layout:
+    def from_record(cls, fields: Dict[str, Any]) -> Layout:
+        batch = fields.get("global_batch")
+        return cls(int(fields["processes"]), int(fields["replicas"]),
+                   [list(s) for s in fields["weights"]],
+                   None if batch is None else int(batch))
+
+    @classmethod
+    def of(cls, model: Any, processes: int, replicas: int,
+           global_batch: Optional[int] = None) -> Layout:
         shapes = [[-1 if d is None else int(d) for d in v.shape]
                   for v in getattr(model, "weights", None) or []
                   if hasattr(v, "shape")]  # not tf_keras's vocabulary handler
-        return cls(processes, replicas, shapes)
+        return cls(processes, replicas, shapes, global_batch)
 
 
 def _local_dir(backup: Any) -> Optional[str]:
@@ -87,61 +103,22 @@ def _metric_variables(model: Any) -> List[Any]:
     return [v for metric in model.metrics for v in metric.variables]
 
 
-def _metrics_file(rank: int) -> str:
-    return POSITION_FILE if rank == 0 else f"kerasmgpu_metrics.{rank}.npz"
+def _write_arrays(path: str, number: int, position: Tuple[int, int, int],
+                  metrics: List[Any]) -> None:
+    arrays: Dict[str, Any] = {f"metric_{i}": np.asarray(m) for i, m in enumerate(metrics)}
+    np.savez(path, position=np.array(position), generation=np.array(number),
+             metric_count=np.array(len(metrics)), **arrays)
 
 
-def read_position(adapter: Adapter, backup: Any, rank: int = 0) -> Optional[Position]:
-    """Where `backup`'s last backup stands, if kerasmgpu wrote it beside Keras's, with
-    this process's metrics (on the torch route each process holds its own share)."""
-    directory = _local_dir(backup)
-    if directory is None:
-        return None
-    chief = _read(os.path.join(directory, POSITION_FILE))
-    if chief is None:
-        return None
-    (epoch, steps, batch), metrics = chief
-    # Every process resumes at the chief's position; its metrics are its own where it
-    # kept them there (each torch process holds its share), else the chief's.
-    own = _read(os.path.join(directory, _metrics_file(rank))) if rank else None
-    if own is not None and own[0] == chief[0]:
-        metrics = own[1]
-    # Keras's own record must be the one this file was written with.
-    if adapter.backup_record(backup) != (epoch, batch):
-        return None
-    return Position(epoch, steps, metrics)
-
-
-def _read(path: str) -> Optional[Tuple[Tuple[int, ...], List[Any]]]:
-    if not os.path.exists(path):
-        return None
+def _read_arrays(path: str) -> Tuple[Tuple[int, ...], List[Any]]:
     with np.load(path) as data:
         position = tuple(int(v) for v in data["position"])
         return position, [data[f"metric_{i}"] for i in range(int(data["metric_count"]))]
 
 
-def read_layout(backup: Any) -> Optional[Layout]:
-    """The job that wrote `backup`'s last backup, where the chief recorded it beside
-    Keras's files (None: no such backup, or one written without kerasmgpu)."""
-    directory = _local_dir(backup)
-    path = os.path.join(directory, POSITION_FILE) if directory is not None else ""
-    if not path or not os.path.exists(path):
-        return None
-    with np.load(path) as data:
-        if "layout" not in data.files:
-            return None
-        fields = json.loads(str(data["layout"]))
-    return Layout(int(fields["processes"]), int(fields["replicas"]),
-                  [list(s) for s in fields["weights"]])
-
-
-def check_layout(backup: Any, job: Layout) -> None:
-    """A backup resumed by another model, or by a job with another number of processes,
-    fails here, before Keras restores anything into the model."""
-    written = read_layout(backup)
-    if written is None:  # no backup, or one kerasmgpu did not write: Keras's resume
-        return
-    directory = _local_dir(backup)
+def check_layout(directory: str, written: Layout, job: Layout) -> None:
+    """A backup resumed by another model, another global batch, or a job with another
+    number of processes fails here, before Keras restores anything into the model."""
     if written.weights and job.weights and written.weights != job.weights:
         raise bad_value(
             "BackupAndRestore(backup_dir)", directory,
@@ -149,6 +126,15 @@ def check_layout(backup: Any, job: Layout) -> None:
             f"it holds another model's weights (shapes {_shapes(written.weights)}): "
             "resume with the model that wrote it, or pass a new backup_dir to start "
             "this model from its first epoch")
+    if (written.global_batch is not None and job.global_batch is not None
+            and written.global_batch != job.global_batch):
+        raise bad_value(
+            "BackupAndRestore(backup_dir)", directory,
+            f"a backup of a fit with this global batch ({job.global_batch} rows a step)",
+            f"it was written by a fit of {written.global_batch} rows a step, and the "
+            "batches after it would be others: resume with "
+            f"batch_size={written.global_batch}, or pass a new backup_dir to start again "
+            "from the first epoch")
     # The global batch, hence the mathematics, would be the same, but what a process
     # keeps of its own (torch: its share of the metrics; tf.keras multi-worker: its
     # part of the backup) would be lost or doubled; several processes on another
@@ -171,16 +157,50 @@ def _shapes(weights: List[List[int]]) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _write_position(path: str, epoch: int, steps: int, batch: int,
-                    metrics: List[Any], layout: Optional[Layout] = None) -> None:
-    arrays: Dict[str, Any] = {f"metric_{i}": np.asarray(m) for i, m in enumerate(metrics)}
-    if layout is not None:
-        arrays["layout"] = np.array(layout.to_text())
-    os.makedirs(os.path.dirname(path), exist_ok=True)  # the chief may not have made it yet
-    temporary = path + ".tmp.npz"
-    np.savez(temporary, position=np.array([epoch, steps, batch]),
-             metric_count=np.array(len(metrics)), **arrays)
-    os.replace(temporary, path)
+@dataclass
+class Restored:
+    """The generation a resume restores, and where it stands."""
+    generation: backups.Generation
+    position: Position
+    layout: Optional[Layout]
+
+
+def choose(directory: str, rank: int, job: Optional[Layout]) -> Tuple[Optional[Restored], int]:
+    """The newest complete backup in `directory` (None: none; a directory whose every
+    backup is damaged is an error), checked against `job`; and the next backup's number.
+    Every process of a job reads the same listing and chooses alike."""
+    choice = backups.choose(directory)
+    chosen = choice.chosen
+    if chosen is None and choice.problems:
+        faults = "; ".join(f"backup {number}: {problem}" for number, problem in choice.problems)
+        raise bad_value(
+            "BackupAndRestore(backup_dir)", directory,
+            "a directory holding a complete backup, or none (a new fit)",
+            f"no backup in it can be restored - {faults}. Restore the file, or pass a new "
+            "backup_dir (or empty this one) to start again from the first epoch")
+    if chosen is None:
+        return None, choice.next_number
+    manifest = chosen.manifest
+    layout = Layout.from_record(manifest["job"]) if manifest.get("job") else None
+    if layout is not None and job is not None:
+        check_layout(directory, layout, job)
+    epoch, steps, batch = (int(manifest["position"][k]) for k in ("epoch", "steps", "batch"))
+    own = (os.path.join(directory, backups.SHARE.format(chosen.number, rank))
+           if rank in manifest.get("shares", []) else os.path.join(chosen.path, POSITION_FILE))
+    position, metrics = _read_arrays(own)
+    if position != (epoch, steps, batch):
+        raise bad_value(
+            "BackupAndRestore(backup_dir)", directory, "files of one backup",
+            f"{own} was written at epoch {position[0]}, step {position[1]} and the backup "
+            f"at epoch {epoch}, step {steps}: pass a new backup_dir to start again")
+    if rank == 0:
+        for number, problem in choice.problems:
+            warnings.warn(f"kerasmgpu: backup {number} cannot be restored - {problem}; "
+                          f"resuming from backup {chosen.number}, the newest complete one",
+                          KerasMGPUBackupWarning, stacklevel=4)
+        sys.stderr.write(f"kerasmgpu: resuming from backup {chosen.number} in {directory} "
+                         f"(epoch {epoch + 1}, {steps} step(s) done in it)\n")
+    return Restored(chosen, Position(epoch, steps, metrics), layout), choice.next_number
 
 
 def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
@@ -192,34 +212,38 @@ def plan(adapter: Adapter, user_callbacks: List[Any], *, rank: int = 0,
     `own_metrics`: each process's metrics hold its share (summed when read). `layout`:
     this job's, recorded with each backup and checked against a restored one."""
     found = [getattr(c, "restores", c) for c in user_callbacks]
-    backups = [b for b in found
-               if type(b).__name__ == "BackupAndRestore" and _local_dir(b) is not None]
-    if len(backups) != 1:
+    candidates = [b for b in found if type(b).__name__ == "BackupAndRestore"]
+    for backup in candidates:
+        adapter.unfollow_backup(backup)  # what an earlier fit that failed left pointed
+    backups_ = [b for b in candidates if _local_dir(b) is not None]
+    if len(backups_) != 1:
         return None
+    backup = backups_[0]
+    directory = _local_dir(backup) or ""
     if rank == 0:
-        directory = _local_dir(backups[0]) or ""
         _check_writable(directory)
-        # Made now, before the first step: Keras's save checks for the directory, then
-        # makes it without exist_ok, and a process writing its share of the metrics into
-        # it (torch) could make it in between (FileExistsError on the chief, measured).
+        # Made now, before the first step: a process writing its share of the metrics
+        # into it (torch) could otherwise make it while the chief does.
         os.makedirs(directory, exist_ok=True)
-    if layout is not None:
-        check_layout(backups[0], layout)
-    tracker = Plan(adapter, backups[0], rank)
+    restored, number = choose(directory, rank, layout)
+    tracker = Plan(adapter, backup, rank, directory, number)
     tracker.layout = layout
+    tracker.own_metrics = own_metrics
+    tracker.resume = restored.position if restored is not None else None
     # A worker that only restores (kerasmgpu's RestoreOnly) and holds its own share of
-    # the metrics still counts the steps as the chief's backup does, to keep its share
+    # the metrics still counts the steps as the chief's backup does, to write its share
     # where the chief backs up (elsewhere the metrics are the chief's).
-    tracker.counts_for_chief = own_metrics and backups[0] not in user_callbacks
+    tracker.counts_for_chief = own_metrics and backup not in user_callbacks
     # At SIGTERM, a backup only where the chief can write one without the others: not
     # where they all take part in it, nor where each keeps its share of the metrics
     # (the others' shares of that step are not written). The last periodic backup
     # stands there.
     tracker.saves_at_signal = rank == 0 and (
         alone or not (adapter.backups_are_collective or own_metrics))
-    if not adapter.follow_backup(backups[0], tracker.saved, tracker.may_save,
-                                 write=not tracker.counts_for_chief):
+    if not adapter.follow_backup(backup, tracker.save, tracker.may_save):
         return None
+    if restored is not None:
+        adapter.restore_from(backup, restored.generation.path)
     return tracker
 
 
@@ -241,19 +265,21 @@ class Plan:
     """The position in training, the backup being followed, and the way back to the
     backup's position after a resume."""
 
-    def __init__(self, adapter: Adapter, backup: Any, rank: int) -> None:
+    def __init__(self, adapter: Adapter, backup: Any, rank: int, directory: str,
+                 number: int) -> None:
         self.adapter = adapter
         self.backup = backup
         self.rank = rank
-        self.writes = rank == 0
+        self.directory = directory
+        self.number = number  # the next backup's generation
         self.counts_for_chief = False
-        self.directory = _local_dir(backup) or ""
+        self.own_metrics = False
         self.epoch = 0
         self.steps = 0
         self.batch = 0
         self.model: Any = None
         # After a resume: the restored position, until training reaches it again.
-        self.resume = read_position(adapter, backup, rank)
+        self.resume: Optional[Position] = None
         self.restored: List[Any] = []
         self.settle = False  # the replay just ended: set Keras's counters at the next step
         self.saves_at_signal = False
@@ -278,12 +304,52 @@ class Plan:
     def may_save(self) -> bool:
         return self.resume is None and not self.settle
 
-    def saved(self) -> None:
-        """After the backup wrote: where training stands, and the epoch's metrics."""
-        values = self.adapter.read_values(_metric_variables(self.model))
-        _write_position(os.path.join(self.directory, _metrics_file(self.rank)),
-                        self.epoch, self.steps, self.batch, values,
-                        self.layout if self.rank == 0 else None)
+    def save(self, write_into: Callable[[str], None]) -> None:
+        """One backup, as one generation: on the chief, Keras's files (`write_into`), the
+        position and the manifest, renamed into place; on a process that keeps its own
+        metrics, its share; on a tf.keras worker, its part of the collective save."""
+        number, self.number = self.number, self.number + 1
+        backups.reached("before", self.directory)
+        position = (int(self.epoch), int(self.steps), int(self.batch))
+        if self.rank == 0:
+            self._write_generation(number, position, write_into)
+        else:
+            if self.adapter.backups_are_collective:
+                scratch = os.path.join(self.directory, f".kerasmgpu-process{self.rank}")
+                try:
+                    write_into(scratch)
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+            # Read after Keras's save on every process, in the same order: a tf.keras
+            # worker's metric states are synchronised variables, and reading one is a
+            # collective every worker takes part in.
+            values = self._metric_values()
+            if self.own_metrics:
+                backups.write_share(self.directory, number, self.rank,
+                                    lambda path: _write_arrays(path, number, position, values))
+        backups.reached("after", self.directory)
+
+    def _metric_values(self) -> List[Any]:
+        # After Keras's own save, which on JAX has put the step's state into the
+        # variables (its callbacks' `model` does).
+        return self.adapter.read_values(_metric_variables(self.model))
+
+    def _write_generation(self, number: int, position: Tuple[int, int, int],
+                          write_into: Callable[[str], None]) -> None:
+        staging = backups.stage(self.directory, number)
+        write_into(staging)
+        values = self._metric_values()
+        backups.reached("weights", staging)
+        _write_arrays(os.path.join(staging, POSITION_FILE), number, position, values)
+        backups.reached("position", staging)
+        processes = self.layout.processes if self.layout is not None else 1
+        record = {"position": dict(zip(("epoch", "steps", "batch"), position)),
+                  "job": self.layout.to_record() if self.layout is not None else None,
+                  "shares": list(range(1, processes)) if self.own_metrics else []}
+        backups.commit(self.directory, number, staging, record)
+        # Double checkpointing (Keras 3's option): the previous complete one stays too.
+        keep = 2 if getattr(self.backup, "double_checkpoint", False) else 1
+        backups.prune(self.directory, below=number + 1, keep=keep)
 
     def state(self) -> List[Any]:
         model = self.model
@@ -418,19 +484,11 @@ class Plan:
                 plan._on_epoch_end(epoch)
 
             def on_train_end(self, logs: Any = None) -> None:
-                # The backup is deleted at the end (tf.keras keeps its directory). The
-                # chief removes every process's file, before Keras's own deletion of the
-                # directory (this callback runs first): another process removing its own
-                # while that deletion lists the directory fails it (measured on torch).
-                # The others wrote their last share before the epoch end's collective.
+                # The backup is deleted at the end, as Keras deletes its own (tf.keras
+                # only its chief/ folder): by the chief alone, every process's share too
+                # (the others wrote their last one before the epoch end's collective).
                 if plan.rank == 0 and getattr(plan.backup, "delete_checkpoint", True):
-                    names = glob.glob(os.path.join(glob.escape(plan.directory),
-                                                   "kerasmgpu_metrics.*.npz"))
-                    for name in [os.path.join(plan.directory, _metrics_file(0)), *names]:
-                        try:
-                            os.remove(name)
-                        except FileNotFoundError:
-                            pass
+                    backups.remove_all(plan.directory)
 
         return KeepPosition()
 
@@ -441,6 +499,8 @@ class Plan:
             """Runs after the user's BackupAndRestore restored: keeps what it restored."""
 
             def on_train_begin(self, logs: Any = None) -> None:
+                # Keras restored: its next backups are kerasmgpu's generations anyway.
+                plan.adapter.restore_from(plan.backup, None)
                 if plan.resume is not None and not plan.adapter.backup_resumes_mid_epoch:
                     plan.model = self.model
                     plan.restored = plan.adapter.read_values(plan.state())

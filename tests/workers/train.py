@@ -21,7 +21,11 @@ falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, 
 with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR1@T` does
 at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 (a BatchNormalization layer after the hidden Dense), --sync-batchnorm
-(parallelize(sync_batchnorm=True)), --verify (parallelize(verify=True)).
+(parallelize(sync_batchnorm=True)), --verify (parallelize(verify=True)), --momentum M (SGD(momentum=M): optimizer state to
+restore), --faults SPEC (a process dies at a point of a save: tests/workers/faults.py),
+--checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
+that the one an earlier run left loads).
+The optimizer's variables are written too (optimizer_<i> in rank<R>.npz).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
 (and to pid<R>.run<N> under a restarting launcher, N its restart count).
 """
@@ -81,6 +85,9 @@ parser.add_argument("--count-collectives", action="store_true",
                     help="torch: count all_reduce calls in fit with, without, and on rank 0 "
                     "alone with a callback that reads the per-batch logs "
                     "(written to collectives<rank>.json)")
+parser.add_argument("--momentum", type=float, default=0.0)
+parser.add_argument("--faults", default=None)
+parser.add_argument("--checkpoint", action="store_true")
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -153,6 +160,8 @@ model.set_weights([(np.abs(value) + 0.5 if "variance" in w.name else value).asty
 clip = {} if args.clipnorm is None else {"clipnorm": args.clipnorm}
 if args.optimizer_accumulates:
     clip["gradient_accumulation_steps"] = args.optimizer_accumulates
+if args.momentum:
+    clip["momentum"] = args.momentum
 model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss=loss, metrics=metrics)
 
 options = {"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}
@@ -160,7 +169,17 @@ if args.sync_batchnorm:
     options["sync_batchnorm"] = True
 if args.verify:
     options["verify"] = True
+CHECKPOINT = os.path.join(args.out, "checkpoint.weights.h5")
+if args.checkpoint and rank == 0:
+    from faults import check_checkpoint
+
+    check_checkpoint(model, CHECKPOINT, args.out, int(restart or 0))
 pmodel = kerasmgpu.parallelize(model, **options)
+faults = None
+if args.faults:
+    from faults import Faults
+
+    faults = Faults(args.faults, args.out, rank, int(restart or 0))
 
 
 def crash_if_asked(epoch):
@@ -194,6 +213,8 @@ class Crash(keras.callbacks.Callback):
         Crash.batch_losses.append(float(logs["loss"]))
         if args.crash_step and self.steps == args.crash_step:
             crash_if_asked(args.crash_epoch)
+        if faults is not None:
+            faults.at_step(self.steps)
         marker = os.path.join(args.out, "preempted")
         if (rank == 0 and self.steps == args.preempt_step
                 and not os.path.exists(marker)):
@@ -238,6 +259,8 @@ callbacks = [Crash()]
 if args.backup:
     callbacks.append(keras.callbacks.BackupAndRestore(args.backup,
                                                       save_freq=args.save_freq or "epoch"))
+if args.checkpoint:
+    callbacks.append(keras.callbacks.ModelCheckpoint(CHECKPOINT, save_weights_only=True))
 if args.tf_data:
     import tensorflow as tf
 
@@ -290,9 +313,12 @@ if args.listeners:
                    "jax": int(job.jax_coordinator().rsplit(":", 1)[1]),
                    "torch": store[1] if store else None,
                    "tf": [int(w.rsplit(":", 1)[1]) for w in job.tf_workers() or []]}, f)
+optimizer_values = model.optimizer.variables
+optimizer_values = optimizer_values() if callable(optimizer_values) else optimizer_values
 np.savez(
     os.path.join(args.out, f"rank{rank}.npz"),
     *model.get_weights(),
+    **{f"optimizer_{i}": np.asarray(v) for i, v in enumerate(optimizer_values)},
     loss=np.asarray(history.history["loss"]),
     batch_loss=np.asarray(Crash.batch_losses),
     val_loss=np.asarray(history.history["val_loss"]),
