@@ -1,8 +1,6 @@
 """`kerasmgpu migrate`, the training family: what a model trains, Keras 2.3 internals.
 
-Source tests only (libcst). The GAN warning is not a training comparison: the fix it names
-is a change to the user's training loop that migrate cannot place exactly (which calls
-train which model), so the test checks the line, the model and the fix.
+Source tests only (libcst); the GAN pattern's `trainable` is test_migrate_trainable.py's.
 """
 
 from __future__ import annotations
@@ -13,35 +11,6 @@ import pytest
 from migrate_cases import assert_idempotent, findings, lines_found, migrate, severities, src
 
 from kerasmgpu.migrate import Severity
-
-GAN = """
-    from keras.models import Model
-    from keras.optimizers import Adam
-
-    class GAN:
-        def __init__(self):
-            self.discriminator = build_d()
-            self.discriminator.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
-            self.discriminator.trainable = False
-            self.combined = Model(z, self.discriminator(img))
-            self.combined.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
-    """
-
-
-@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
-def test_the_gan_freeze_after_compile_is_a_warning_at_its_line(target: str) -> None:
-    [warning] = [f for f in findings(GAN, target) if "trainable" in f.message]
-    assert (warning.line, warning.col, warning.severity) == (8, 9, Severity.WARNING)
-    assert "after self.discriminator.compile(...) on line 7" in warning.message
-    assert "set self.discriminator.trainable = True right before" in warning.message
-    assert_idempotent(GAN, target)
-
-
-def test_a_freeze_before_compile_or_without_a_second_model_is_left() -> None:
-    before = "d.trainable = False\nd.compile('sgd', 'mse')\nc.compile('sgd', 'mse')\n"
-    alone = "d.compile('sgd', 'mse')\nd.trainable = False\n"
-    assert not lines_found(before, "trainable") and not lines_found(alone, "trainable")
-    assert not lines_found(GAN, "trainable", "keras23")
 
 
 def test_positional_optimizer_arguments_are_named_in_the_message() -> None:

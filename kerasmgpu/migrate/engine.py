@@ -65,6 +65,7 @@ FAMILIES = (
     "losses",
     "image_data",
     "training",
+    "trainable",
     "imports",
 )
 

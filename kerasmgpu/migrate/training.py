@@ -2,13 +2,6 @@
 
 `--to keras3` and `--to tf_keras`:
 
-* The GAN pattern: `d.compile(...)`, then `d.trainable = False`, then the combined model's
-  `compile`. Keras 2.3 froze `trainable` at `compile`, so `d.train_on_batch` still trained
-  the discriminator; Keras 3 and tf_keras read it when a model's train step is first built,
-  and `d` then trains nothing (D accuracy 12-21 % against 90-100 % on Keras 2.3.1, issue 29).
-  A WARNING at the assignment names the fix (set `d.trainable = True` before `d`'s own
-  training calls and False before the combined model's: each train step is built, on the
-  first call, with the value it then reads).
 * `History.history['acc']` where the file compiles with `metrics=['accuracy']` (and never
   `'acc'`): Keras 2.3 and modern Keras both name the key as written in `metrics`, so the
   read is rewritten to `'accuracy'` (`'val_acc'` to `'val_accuracy'`); code written for
@@ -47,13 +40,6 @@ ABCS = frozenset({
     "ItemsView", "ValuesView", "Sequence", "MutableSequence", "ByteString",
 })
 MOMENT_OPTIMIZERS = frozenset({"Adam", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta"})
-MSG_FROZEN = (
-    "{name}.trainable = False after {name}.compile(...) on line {line}: Keras 2.3 froze "
-    "trainable at compile, so {name} still trained in its own train_on_batch/fit; {target} "
-    "reads it when {name}'s train step is first built, and {name} would never train. Fix: "
-    "set {name}.trainable = True right before {name}.train_on_batch/fit and "
-    "{name}.trainable = False right before the combined model's"
-)
 MSG_SPARSE = (
     "{name} with an Embedding in this file: on the TensorFlow backend Keras 3 applies the "
     "Embedding gradient as sparse row updates, so rows a batch does not touch keep their "
@@ -95,20 +81,15 @@ class TrainingRule(Rule):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.compiles: List[Tuple[str, int]] = []  # (model, line) of every x.compile(...)
-        self.frozen: List[Tuple[str, cst.CSTNode]] = []  # x.trainable = False
         self.metrics: Set[str] = set()
         self.history: List[Tuple[cst.SimpleString, str]] = []
         self.embedding = False
         self.optimizers: List[Tuple[cst.CSTNode, str]] = []
 
-    # -- the GAN pattern, metrics, optimizers -------------------------------------
+    # -- metrics, optimizers ------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "compile":
-            owner = nodes.dotted(func.value)
-            if owner is not None:
-                self.compiles.append((owner, self.ctx.position(node)[0]))
             self.compile_args(node)
         for name in self.ctx.keras_names(func):
             if name == "keras.layers.Embedding":
@@ -128,16 +109,6 @@ class TrainingRule(Rule):
         match = next((n for n in MOMENT_OPTIMIZERS if n.lower() == value), None)
         if match is not None and optimizer is not None:
             self.optimizers.append((optimizer, match))
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if not (isinstance(node.value, cst.Name) and node.value.value == "False"):
-            return
-        for target in node.targets:
-            attr = target.target
-            if isinstance(attr, cst.Attribute) and attr.attr.value == "trainable":
-                owner = nodes.dotted(attr.value)
-                if owner is not None:
-                    self.frozen.append((owner, node))
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         value = node.value
@@ -181,14 +152,6 @@ class TrainingRule(Rule):
             self.info(node, MSG_SHAPE.format(old=self.ctx.code(node), value=value))
 
     def finish(self) -> None:
-        target = _label(self.ctx.target)
-        for owner, assign in self.frozen:
-            line = self.ctx.position(assign)[0]
-            before = [at for name, at in self.compiles if name == owner and at < line]
-            after = [at for name, at in self.compiles if name != owner and at > line]
-            if before and after:
-                self.warn(assign, MSG_FROZEN.format(name=owner, line=before[-1],
-                                                    target=target))
         if "accuracy" in self.metrics and "acc" not in self.metrics:
             for key, text in self.history:
                 new = text.replace("acc", "accuracy")
