@@ -77,7 +77,8 @@ class Context:
     """One file being migrated: its tree, metadata, and what the rules decided."""
 
     def __init__(self, wrapper: MetadataWrapper, source: str, filename: str,
-                 target: Target) -> None:
+                 target: Target,
+                 renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> None:
         self.wrapper = wrapper
         self.module: cst.Module = wrapper.module
         self.source = source
@@ -92,6 +93,11 @@ class Context:
         self.edits: Dict[cst.CSTNode, List[Edit]] = {}
         # import line -> index of the first top-level statement that needs it
         self.imports: Dict[str, int] = {}
+        # A weight-file literal this file renames where it writes it -> (new, line), and
+        # those other files of the project rename -> (new, "path:line"): other places
+        # that spell it read that file (the saving family follows them).
+        self.renamed: Dict[str, Tuple[str, int]] = {}
+        self.renamed_elsewhere: Mapping[str, Tuple[str, str]] = renamed_elsewhere or {}
         # Imported names whose every use a family rewrites away (`set_session`): the import
         # family drops them instead of reporting them as gone.
         self.claimed: Set[str] = set()
@@ -359,10 +365,11 @@ def _parse_error(source: str, exc: cst.ParserSyntaxError) -> Tuple[str, int, int
     return f"{exc.message} (line {line}, column {col})", line, col
 
 
-def run(source: str, filename: str, target: Target) -> MigrationResult:
+def run(source: str, filename: str, target: Target,
+        renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> MigrationResult:
     """Parse `source`, run every family that applies to `target`, apply their edits."""
     wrapper = MetadataWrapper(parse(source, filename))
-    ctx = Context(wrapper, source, filename, target)
+    ctx = Context(wrapper, source, filename, target, renamed_elsewhere)
     rules: List[Rule] = []
     for family in FAMILIES:
         rule_class = importlib.import_module(f"kerasmgpu.migrate.{family}").RULE
@@ -374,7 +381,7 @@ def run(source: str, filename: str, target: Target) -> MigrationResult:
     new_source = _apply(ctx).code
     findings = sorted(set(ctx.findings), key=lambda f: (f.line, f.col, f.rule, f.message))
     return MigrationResult(new_source=new_source, changed=new_source != source,
-                           findings=findings)
+                           findings=findings, renamed=dict(ctx.renamed))
 
 
 class _Apply(cst.CSTTransformer):

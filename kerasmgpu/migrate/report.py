@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import difflib
 import enum
-from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 
 class Severity(str, enum.Enum):
@@ -83,11 +83,17 @@ class Finding:
 
 @dataclass(frozen=True)
 class MigrationResult:
-    """What `migrate_source` produced: the new text, whether it differs, the findings."""
+    """What `migrate_source` produced: the new text, whether it differs, the findings.
+
+    `renamed`: each weight-file path literal the file renames where it writes it, with
+    its new text and the line (`migrate_source(..., renamed_elsewhere=)` of the project's
+    other files then follows it where they read it).
+    """
 
     new_source: str
     changed: bool
     findings: List[Finding]
+    renamed: Dict[str, Tuple[str, int]] = field(default_factory=dict)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for finding in self.findings if finding.severity is severity)
