@@ -69,9 +69,8 @@ def test_keras_shape_becomes_the_static_shape() -> None:
     ("line", "col", "fix"),
     [
         ("from keras.layers.merge import _Merge", 32, "subclass keras.layers.Layer"),
-        ("from keras.legacy import interfaces", 26, "@interfaces.legacy_"),
         ("from keras.layers import merge", 26, "import the layers from keras.layers"),
-        ("from keras.applications.imagenet_utils import _obtain_input_shape", 47,
+        ("from keras.applications.imagenet_utils import _obtain_input_shape as shape", 47,
          "write the input shape out"),
     ],
 )

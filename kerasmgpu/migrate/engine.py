@@ -64,6 +64,7 @@ FAMILIES = (
     "saving",
     "losses",
     "image_data",
+    "internals",
     "training",
     "trainable",
     "imports",

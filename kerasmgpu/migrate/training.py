@@ -137,11 +137,15 @@ class TrainingRule(Rule):
         canonical = canonical_keras_name(module) if module else None
         if _keras1_merge(self.ctx, canonical, names):
             return  # Keras 1's merge() function: the keras1 family reports its calls
-        if all((canonical or "", name) in GONE for name in names):
+        locals_ = [nodes.dotted(a.asname.name) if a.asname else n
+                   for a, n in zip(node.names, names)]
+        gone = [(canonical or "", n) in GONE and local not in self.ctx.claimed
+                for n, local in zip(names, locals_)]
+        if all(gone):
             self.ctx.owned.add(id(node))
-        for alias, name in zip(node.names, names):
+        for alias, name, reported in zip(node.names, names, gone):
             fix = GONE.get((canonical or "", name))
-            if fix is not None:
+            if fix is not None and reported:
                 self.error(alias, f"{canonical}.{name} does not exist in "
                            f"{_label(self.ctx.target)}: {fix}")
 
