@@ -1,15 +1,26 @@
 """`kerasmgpu migrate`, the training family: what a model trains, Keras 2.3 internals.
 
-Source tests only (libcst); the GAN pattern's `trainable` is test_migrate_trainable.py's.
+Source tests (libcst), and one run against Keras 2.3.1; the GAN pattern's `trainable` is test_migrate_trainable.py's.
 """
 
 from __future__ import annotations
 
 from typing import List
 
+import numpy as np
 import pytest
-from migrate_cases import assert_idempotent, findings, lines_found, migrate, severities, src
+from helpers import LINE, requires
+from migrate_cases import (
+    assert_idempotent,
+    findings,
+    lines_found,
+    migrate,
+    run_keras23,
+    severities,
+    src,
+)
 
+from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
@@ -109,3 +120,71 @@ def test_gone_model_helpers_name_their_replacement() -> None:
     messages: List[str] = [f.message for f in findings(text)]
     assert any("keras.layers.deserialize(config)" in m for m in messages)
     assert any("delete the call" in m and "Theano" in m for m in messages)
+
+
+MULTI_OUTPUT = """
+    from keras.layers import Dense, Input
+    from keras.models import Model
+    a = Input((3,))
+    model = Model(a, [Dense(1, name="v")(a), Dense(4, name="c")(a)])
+    model.compile("adam", ["binary_crossentropy", "sparse_categorical_crossentropy"],
+                  metrics=['accuracy'])
+    """
+
+
+def test_flat_metrics_of_a_multi_output_model_become_one_list_per_output() -> None:
+    out = assert_idempotent(MULTI_OUTPUT)
+    assert "metrics=[['accuracy']] * len(model.outputs))" in out
+    assert lines_found(MULTI_OUTPUT, "one list per output") == [6]
+    assert migrate(MULTI_OUTPUT, "tf_keras").count("metrics=['accuracy']") == 1
+    single = MULTI_OUTPUT.replace('[Dense(1, name="v")(a), Dense(4, name="c")(a)]', "a")
+    assert "metrics=['accuracy']" in migrate(single)
+
+
+PER_OUTPUT_RUN = '''
+import numpy as np
+from keras.layers import Dense, Input
+from keras.models import Model
+
+a = Input((3,))
+model = Model(a, [Dense(1, activation="sigmoid", kernel_initializer="ones", name="v")(a),
+                  Dense(4, activation="softmax", kernel_initializer="ones", name="c")(a)])
+model.compile("sgd", ["binary_crossentropy", "sparse_categorical_crossentropy"],
+              metrics=["accuracy"])
+x = np.linspace(-1, 1, 24).reshape(8, 3).astype("float32")
+y = [(x[:, :1] > 0).astype("float32"), np.arange(8) % 4]
+result = [float(v) for v in model.train_on_batch(x, y)]
+'''
+
+
+KERAS23_PER_OUTPUT = [1.631477, 0.24518259, 1.3862944, 1.0, 0.25]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_per_output_metrics_come_back_in_keras23s_order() -> None:
+    # [loss, v_loss, c_loss, v_accuracy, c_accuracy] on Keras 2.3.1 (recorded on keras23);
+    # Keras 3 returns the per-output metrics by name (c_accuracy first: the WARNING says so).
+    result = run_keras23(PER_OUTPUT_RUN, "per_output.py")["result"]
+    expected = list(KERAS23_PER_OUTPUT)
+    if LINE is KerasLine.KERAS_3:
+        expected[3:] = expected[:2:-1]
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+
+
+BRANCH = """
+    from keras import backend as K
+
+    def masked_accuracy(y_true, y_pred):
+        if K.sum(y_true) == 0:
+            return K.mean(y_pred) * 0
+        return K.mean(y_pred)
+    """
+
+
+def test_a_python_branch_on_a_tensor_in_a_metric_is_reported() -> None:
+    assert [(f.line, f.col, f.severity) for f in findings(BRANCH)
+            if "a Python branch on a tensor" in f.message] == [(4, 8, Severity.ERROR)]
+    assert severities(BRANCH, "tf_keras's autograph makes it a real condition",
+                      "tf_keras") == [Severity.WARNING]
+    plain = "def f(y_true, y_pred, n=2):\n    if n > 1:\n        return y_pred\n"
+    assert not lines_found(plain, "a Python branch")
