@@ -228,7 +228,7 @@ class TrainableRule(Rule):
                                  f"{model} (compiled on line {last[model][0]})"
                                  for model, value in around)
                 self.info(first[3], MSG_TOGGLED.format(x=x, value=first[2], placed=text))
-            elif not wraps:
+            elif not any(self.calls.get(model) for model in states):
                 self.no_calls(scope, x, states, last)
 
     def wrap(self, scope: _Scope, model: str, method: str, call: cst.Call,
