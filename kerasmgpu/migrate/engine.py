@@ -55,6 +55,7 @@ from kerasmgpu.migrate.report import (
 # comes last: it renames what the others left (`from keras.layers import ...`).
 FAMILIES = (
     "multi_gpu",
+    "wrappers",
     "generators",
     "optimizers",
     "keras1",

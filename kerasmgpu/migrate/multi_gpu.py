@@ -38,7 +38,7 @@ import libcst as cst
 from libcst.metadata import ClassScope
 
 from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
-from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate import nodes, wrappers
 from kerasmgpu.migrate.engine import Context, Rule
 
 _MGM = "multi_gpu_model"
@@ -331,6 +331,8 @@ class MultiGpuRule(Rule):
     def visit_With(self, node: cst.With) -> None:
         if "make_parallel" in self.functions or _MGM in self.functions:
             return  # their own CPU merge scope: the def itself is advised already
+        if self.ctx.target.modern and wrappers.inside_wrapper(self.ctx, node):
+            return  # the wrappers family replaces the function around it
         for item in node.items:
             call = item.item
             if not isinstance(call, cst.Call) or not call.args:
@@ -461,6 +463,8 @@ class MultiGpuRule(Rule):
         """Rewrite every use of multi_gpu_model; the bare names still needing an import."""
         kept: Set[str] = set()
         for node in self.references:
+            if self.ctx.target.modern and wrappers.inside_wrapper(self.ctx, node):
+                continue  # a ModelMGPU the wrappers family replaces whole
             parent = self.ctx.parent(node)
             is_call = isinstance(parent, cst.Call) and parent.func is node
             if self.ctx.target.modern and is_call and _mgm_call_fits(parent):
