@@ -142,7 +142,7 @@ def _report_one(path: str, text: str, encoding: str, result: MigrationResult,
             return
         tally.changed.append(path)
         # Inserted and split imports move lines: cite the file the user opens now.
-        findings = relocate(findings, text, result.new_source)
+        findings = relocate(findings, text, result.new_source, result.lines)
     else:
         tally.changed.append(path)
     if args.diff and result.changed:

@@ -138,7 +138,15 @@ class InternalsRule(Rule):
         self.ctx.claimed.add(local)
         if canonical_keras_name(module) is None:  # keras_applications: not Keras's module
             self.ctx.edit(node, functools.partial(_without_name, name=local))
-        self.ctx.edit(line, _then_definition)
+        if self.ctx.parent(line) is self.ctx.module:
+            # After the module's imports, before the first function that calls it.
+            scope = self.ctx.scopes.get(node)
+            uses = [ref.node for a in (scope.assignments[local] if scope else ())
+                    for ref in a.references]
+            first = min(uses, key=self.ctx.top_level_index, default=node)
+            self.ctx.need_definition(OBTAIN_INPUT_SHAPE.strip() + "\n", first)
+        else:  # inside a function or a try: right after the import, in its block
+            self.ctx.edit(line, _then_definition)
         self.info(node, MSG_INPUT_SHAPE.format(module=module))
 
     def theano_only(self, node: cst.ImportFrom, local: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 
 class Severity(str, enum.Enum):
@@ -94,6 +94,8 @@ class MigrationResult:
     changed: bool
     findings: List[Finding]
     renamed: Dict[str, Tuple[str, int]] = field(default_factory=dict)
+    # each line of the source -> its line in new_source, where the codemod knows it
+    lines: Dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for finding in self.findings if finding.severity is severity)
@@ -139,9 +141,14 @@ def moved_lines(old: str, new: str) -> Dict[int, int]:
     return mapping
 
 
-def relocate(findings: Sequence[Finding], old: str, new: str) -> List[Finding]:
-    """The findings with their lines moved into `new` (the file written by --write)."""
-    mapping = moved_lines(old, new)
+def relocate(findings: Sequence[Finding], old: str, new: str,
+             known: Optional[Dict[int, int]] = None) -> List[Finding]:
+    """The findings with their lines moved into `new` (the file written by --write).
+
+    `known`: the lines the codemod placed itself (`MigrationResult.lines`), which win over
+    the text diff's guess.
+    """
+    mapping = {**moved_lines(old, new), **(known or {})}
     last = max(1, len(new.splitlines()))
     return [
         replace(finding, line=min(mapping.get(finding.line, finding.line), last))
