@@ -99,6 +99,9 @@ class Context:
         # module-level definitions a rewrite needs (code, index of the first statement using
         # it): they go after the imports, with them
         self.definitions: List[Tuple[str, int]] = []
+        # statements for the top of the module: after its docstring and `from __future__`
+        # imports, before anything else (`import kerasmgpu.keras23`)
+        self.preamble: List[str] = []
         # A weight-file literal this file renames where it writes it -> (new, line), and
         # those other files of the project rename -> (new, "path:line"): other places
         # that spell it read that file (the saving family follows them).
@@ -432,7 +435,24 @@ def _apply(ctx: Context) -> Tuple[cst.Module, Dict[cst.CSTNode, Replacement]]:
     module = ctx.wrapper.visit(transformer)
     if at_top and lines:
         module = module.with_changes(body=[*lines, *module.body])
+    if ctx.preamble:
+        body = list(module.body)
+        index = 0
+        while index < len(body) and (_is_future(body[index]) or (
+                index == 0 and nodes.is_docstring(body[0]))):
+            index += 1
+        added = [cst.parse_statement(line + "\n") for line in ctx.preamble]
+        if index == 0 and body:  # the file's first comments stay above it
+            added[0] = added[0].with_changes(leading_lines=body[0].leading_lines)
+            body[0] = body[0].with_changes(leading_lines=())
+        module = module.with_changes(body=[*body[:index], *added, *body[index:]])
     return module, transformer.results
+
+
+def _is_future(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.ImportFrom) and nodes.module_of(small) == "__future__"
+        for small in stmt.body)
 
 
 def _line_map(ctx: Context, module: cst.Module,
