@@ -125,3 +125,15 @@ def test_migrated_add_weight_builds_the_same_weights() -> None:
     ran = run_keras23(ADD_WEIGHT, "add_weight.py")
     np.testing.assert_allclose(ran["result"], [[1, 2, 3], [4, 5, 6]], rtol=0, atol=0)
     assert ran["weights"] == ["b", "w"]
+
+
+def test_numpy_units_become_a_python_int_on_keras3() -> None:
+    text = """
+        import numpy as np
+        from keras.layers import Dense
+        model.add(Dense(np.prod(self.img_shape), activation='tanh'))
+        """
+    out = assert_idempotent(text)
+    assert "model.add(Dense(int(np.prod(self.img_shape)), activation='tanh'))" in out
+    assert "Dense(np.prod(" in migrate(text, "tf_keras")
+    assert severities(text, "refuses NumPy's integers") == [Severity.INFO]

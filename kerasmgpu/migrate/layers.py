@@ -18,6 +18,8 @@ and tf_keras 2.21, and their activations evaluated):
   tf_keras: their hard_sigmoid). No built-in Keras 3 activation is Keras 2.3's, so both
   are WARNINGs, not rewrites.
 
+* Keras 3 only: `Dense(np.prod(shape))` -> `Dense(int(np.prod(shape)))`: Keras 3 refuses
+  NumPy integers as units (Keras-GAN's generators build their last layer so).
 * `self.add_weight(...)` with positional arguments: Keras 2.3.1 took `(name, shape, dtype,
   initializer, regularizer, trainable, constraint)`, Keras 3 takes `shape` first, tf_keras
   `(name, shape, dtype, initializer, ...)`: positionals become those keywords. A first
@@ -56,6 +58,10 @@ MSG_CONVLSTM = (
     "no built-in activation that is Keras 2.3's hard_sigmoid"
 )
 CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
+MSG_UNITS = (
+    "Dense({old}) -> Dense(int({old})): Keras 3 takes units as a Python int only and "
+    "refuses NumPy's integers (Keras 2.3 took both)"
+)
 ADD_WEIGHT_PARAMS = ("name", "shape", "dtype", "initializer", "regularizer", "trainable",
                      "constraint")
 MSG_ADD_WEIGHT = (
@@ -89,6 +95,8 @@ class LayersRule(Rule):
         name = self.layer_name(node.func)
         if name is None or nodes.has_star(node):
             return
+        if name == "Dense" and self.ctx.target is Target.KERAS3:
+            self.dense_units(node)
         if name == "GRU" and nodes.kwarg_value(node, "reset_after") is None:
             self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="False"))
             self.info(node, MSG_GRU)
@@ -100,6 +108,17 @@ class LayersRule(Rule):
         if (self.ctx.target is Target.KERAS3 and name != "Embedding"
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
+
+    def dense_units(self, node: cst.Call) -> None:
+        """`Dense(np.prod(shape))`: Keras 3 takes a Python int only (Keras 2.3 any int)."""
+        bound = nodes.bind(node, ("units",))
+        units = bound.get("units") if bound else None
+        if units is None or not isinstance(units.value, cst.Call):
+            return
+        if not any(q.startswith("numpy.") for q in self.ctx.qualified(units.value.func)):
+            return
+        self.ctx.edit(units, _as_int)
+        self.info(units, MSG_UNITS.format(old=self.ctx.code(units.value)))
 
     def add_weight(self, node: cst.Call) -> None:
         positional = [a for a in node.args if a.keyword is None and not a.star]
@@ -150,6 +169,12 @@ class LayersRule(Rule):
 
 
 RULE = LayersRule
+
+
+def _as_int(updated: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(updated, cst.Arg)
+    return updated.with_changes(value=cst.Call(func=cst.Name("int"),
+                                               args=[cst.Arg(updated.value)]))
 
 
 def _named_positionals(updated: cst.CSTNode, names: list) -> cst.CSTNode:
