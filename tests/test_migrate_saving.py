@@ -135,3 +135,16 @@ def test_the_migrated_saving_code_runs(tmp_path: Path, monkeypatch: pytest.Monke
     assert keras_module() is not None
     files = run_keras23(SOURCE, "saving.py")["result"]
     assert files in (["best.h5", "final.h5"], ["best.weights.h5", "final.weights.h5"])
+
+
+def test_a_path_held_in_a_dict_literal_is_renamed_where_it_is_spelled() -> None:
+    """Keras-GAN's save_model(): the weight path goes through a name and a dict."""
+    text = """
+        def save(model, model_name):
+            weights_path = "saved_model/%s_weights.hdf5" % model_name
+            options = {"file_arch": "a.json", "file_weight": weights_path}
+            model.save_weights(options['file_weight'])
+        """
+    out = assert_idempotent(text)
+    assert 'weights_path = "saved_model/%s_weights.weights.h5" % model_name' in out
+    assert not severities(text, "not spelled in the source")

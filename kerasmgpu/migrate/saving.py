@@ -132,12 +132,26 @@ class SavingRule(Rule):
         self.record(path, literal, changed)
         return True
 
-    def bound_path(self, path: cst.BaseExpression) -> cst.BaseExpression:
+    def bound_path(self, path: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression:
         """The expression a path name is bound to, where one assignment binds it.
 
         `weights_file = "w.h5"` ... `ModelCheckpoint(weights_file)`: the assignment's literal
-        is the one to rename (every use of the name then follows it).
+        is the one to rename (every use of the name then follows it); also through a dict
+        literal (Keras-GAN's `options = {"file_weight": weights_path}` ...
+        `save_weights(options['file_weight'])`).
         """
+        if depth > 3:
+            return path
+        if isinstance(path, cst.Subscript) and len(path.slice) == 1 and isinstance(
+                path.slice[0].slice, cst.Index):
+            key = nodes.string_value(path.slice[0].slice.value)
+            table = self.bound_path(path.value, depth + 1)
+            if key is not None and isinstance(table, cst.Dict):
+                for element in table.elements:
+                    if isinstance(element, cst.DictElement) and nodes.string_value(
+                            element.key) == key:
+                        return self.bound_path(element.value, depth + 1)
+            return path
         if not isinstance(path, cst.Name):
             return path
         scope = self.ctx.scopes.get(path)
@@ -147,7 +161,7 @@ class SavingRule(Rule):
         target = self.ctx.parent(getattr(assignments[0], "node", path))
         assign = self.ctx.parent(target) if isinstance(target, cst.AssignTarget) else None
         if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
-            return assign.value
+            return self.bound_path(assign.value, depth + 1)
         return path
 
     def record(self, path: cst.BaseExpression, old: str, new: str) -> None:
