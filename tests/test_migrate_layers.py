@@ -130,10 +130,12 @@ def test_migrated_add_weight_builds_the_same_weights() -> None:
 def test_numpy_units_become_a_python_int_on_keras3() -> None:
     text = """
         import numpy as np
-        from keras.layers import Dense
+        from keras.layers import Dense, Embedding
         model.add(Dense(np.prod(self.img_shape), activation='tanh'))
+        e = Embedding(self.num_classes, np.prod(self.img_shape))
         """
     out = assert_idempotent(text)
     assert "model.add(Dense(int(np.prod(self.img_shape)), activation='tanh'))" in out
+    assert "e = Embedding(self.num_classes, int(np.prod(self.img_shape)))" in out
     assert "Dense(np.prod(" in migrate(text, "tf_keras")
-    assert severities(text, "refuses NumPy's integers") == [Severity.INFO]
+    assert severities(text, "refuses NumPy's integers") == [Severity.INFO] * 2

@@ -18,8 +18,9 @@ and tf_keras 2.21, and their activations evaluated):
   tf_keras: their hard_sigmoid). No built-in Keras 3 activation is Keras 2.3's, so both
   are WARNINGs, not rewrites.
 
-* Keras 3 only: `Dense(np.prod(shape))` -> `Dense(int(np.prod(shape)))`: Keras 3 refuses
-  NumPy integers as units (Keras-GAN's generators build their last layer so).
+* Keras 3 only: `Dense(np.prod(shape))` -> `Dense(int(np.prod(shape)))` (any layer, any
+  argument computed by `np.prod`/`np.sum`/`np.size`): Keras 3 refuses NumPy integers as
+  sizes (Keras-GAN's generators build their last layer and embeddings so).
 * `self.add_weight(...)` with positional arguments: Keras 2.3.1 took `(name, shape, dtype,
   initializer, regularizer, trainable, constraint)`, Keras 3 takes `shape` first, tf_keras
   `(name, shape, dtype, initializer, ...)`: positionals become those keywords. A first
@@ -59,9 +60,10 @@ MSG_CONVLSTM = (
 )
 CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
 MSG_UNITS = (
-    "Dense({old}) -> Dense(int({old})): Keras 3 takes units as a Python int only and "
-    "refuses NumPy's integers (Keras 2.3 took both)"
+    "{layer}(..., {old}, ...) -> int({old}): Keras 3 takes layer sizes as Python ints only "
+    "and refuses NumPy's integers (Keras 2.3 took both)"
 )
+NUMPY_SIZES = frozenset({"numpy.prod", "numpy.product", "numpy.sum", "numpy.size"})
 ADD_WEIGHT_PARAMS = ("name", "shape", "dtype", "initializer", "regularizer", "trainable",
                      "constraint")
 MSG_ADD_WEIGHT = (
@@ -95,8 +97,8 @@ class LayersRule(Rule):
         name = self.layer_name(node.func)
         if name is None or nodes.has_star(node):
             return
-        if name == "Dense" and self.ctx.target is Target.KERAS3:
-            self.dense_units(node)
+        if self.ctx.target is Target.KERAS3:
+            self.numpy_sizes(node, name)
         if name == "GRU" and nodes.kwarg_value(node, "reset_after") is None:
             self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="False"))
             self.info(node, MSG_GRU)
@@ -109,16 +111,14 @@ class LayersRule(Rule):
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
 
-    def dense_units(self, node: cst.Call) -> None:
-        """`Dense(np.prod(shape))`: Keras 3 takes a Python int only (Keras 2.3 any int)."""
-        bound = nodes.bind(node, ("units",))
-        units = bound.get("units") if bound else None
-        if units is None or not isinstance(units.value, cst.Call):
-            return
-        if not any(q.startswith("numpy.") for q in self.ctx.qualified(units.value.func)):
-            return
-        self.ctx.edit(units, _as_int)
-        self.info(units, MSG_UNITS.format(old=self.ctx.code(units.value)))
+    def numpy_sizes(self, node: cst.Call, name: str) -> None:
+        """`Dense(np.prod(shape))`, `Embedding(n, np.prod(shape))`: Keras 3 takes sizes as
+        Python ints only (Keras 2.3 and tf_keras took NumPy's too)."""
+        for arg in node.args:
+            value = arg.value
+            if isinstance(value, cst.Call) and self.ctx.qualified(value.func) & NUMPY_SIZES:
+                self.ctx.edit(arg, _as_int)
+                self.info(arg, MSG_UNITS.format(layer=name, old=self.ctx.code(value)))
 
     def add_weight(self, node: cst.Call) -> None:
         positional = [a for a in node.args if a.keyword is None and not a.star]
