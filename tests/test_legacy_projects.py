@@ -20,8 +20,10 @@ and only if the last sample reached the gradient. test_legacy.py's
 test_make_parallel_drops_nothing checks that they stay put when that row is left out.
 
 Each line migrates to its own target: `--to keras3` on Keras 3, `--to tf_keras` on tf_keras
-(which writes the `tf_keras` imports itself), `--to keras23` elsewhere. The one port the
+(which writes the `tf_keras` imports itself), `--to keras23` elsewhere. The ports the
 harness makes after `migrate` (what a user of that line would do):
+* tf.keras 2.12 - 2.15 (`--to keras23`): the `import kerasmgpu.keras23` line that target
+  adds for Keras 2.3.1 goes (on another Keras its ImportError says to remove it);
 * no TensorFlow installed (Keras 3 on JAX): as `migrate` advises, the template is no
   longer built in `with tf.device('/cpu:0'):` and `import tensorflow as tf` goes.
 """
@@ -184,6 +186,12 @@ def _prepared(script: str, tmp_path: Path, capsys: pytest.CaptureFixture,
     if not migrated:
         return path
     source = _migrate(path, capsys)
+    if TARGET == "keras23" and not ON_LEGACY:
+        # tf.keras 2.12 - 2.15 runs the Keras 2 API as it is: the `import kerasmgpu.keras23`
+        # that `--to keras23` adds is for Keras 2.3.1 (elsewhere its ImportError says to
+        # remove it), so it goes.
+        assert source.count("import kerasmgpu.keras23\n") == 1
+        source = source.replace("import kerasmgpu.keras23\n", "")
     if not HAS_TF:
         source = _port_without_tensorflow(source)
     path.write_text(source, encoding="utf-8")

@@ -85,3 +85,57 @@ def test_weights_argument_goes_to_set_weights_after_add() -> None:
     assert severities(text, "take no weights= argument") == [Severity.ERROR]
     assert migrate(text, "tf_keras").count("weights=") == 3  # tf_keras takes weights=
     assert_idempotent(text)
+
+
+ADD_WEIGHT = '''
+import numpy as np
+from keras.layers import Input, Layer
+from keras.models import Model
+
+
+class Scale(Layer):
+    def build(self, input_shape):
+        self.w = self.add_weight("w", (input_shape[-1],), None, "ones")
+        self.b = self.add_weight("b", (input_shape[-1],), initializer="ones")
+        super(Scale, self).build(input_shape)
+
+    def call(self, x):
+        return x * self.w + self.b
+
+
+inputs = Input((3,))
+model = Model(inputs, Scale()(inputs))
+result = model.predict(np.arange(6, dtype="float32").reshape(2, 3)).tolist()
+weights = sorted(w.name.split("/")[-1].split(":")[0] for w in model.weights)
+'''
+
+
+def test_add_weight_positionals_become_what_keras23_bound_them_to() -> None:
+    out = assert_idempotent(ADD_WEIGHT)
+    assert 'self.add_weight(name="w", shape=(input_shape[-1],), dtype=None, ' \
+        'initializer="ones")' in out
+    assert 'self.add_weight(name="b", shape=(input_shape[-1],), initializer="ones")' in out
+    keras22 = "self.w = self.add_weight((n,), initializer='ones', name='w')\n"
+    assert migrate(keras22, "tf_keras") == (
+        "self.w = self.add_weight(shape=(n,), initializer='ones', name='w')\n")
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_migrated_add_weight_builds_the_same_weights() -> None:
+    ran = run_keras23(ADD_WEIGHT, "add_weight.py")
+    np.testing.assert_allclose(ran["result"], [[1, 2, 3], [4, 5, 6]], rtol=0, atol=0)
+    assert ran["weights"] == ["b", "w"]
+
+
+def test_numpy_units_become_a_python_int_on_keras3() -> None:
+    text = """
+        import numpy as np
+        from keras.layers import Dense, Embedding
+        model.add(Dense(np.prod(self.img_shape), activation='tanh'))
+        e = Embedding(self.num_classes, np.prod(self.img_shape))
+        """
+    out = assert_idempotent(text)
+    assert "model.add(Dense(int(np.prod(self.img_shape)), activation='tanh'))" in out
+    assert "e = Embedding(self.num_classes, int(np.prod(self.img_shape)))" in out
+    assert "Dense(np.prod(" in migrate(text, "tf_keras")
+    assert severities(text, "refuses NumPy's integers") == [Severity.INFO] * 2

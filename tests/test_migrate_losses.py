@@ -49,7 +49,7 @@ def test_tf_keras_casts_the_labels_where_the_function_computes_with_them() -> No
 
 def test_keras3_and_keras23_leave_it() -> None:
     assert not [m for _, _, m in found(LOSS) if "tf.cast" in m]
-    assert migrate(LOSS, "keras23") == src(LOSS)
+    assert migrate(LOSS, "keras23") == "import kerasmgpu.keras23\n" + src(LOSS)
 
 
 def test_a_function_that_casts_itself_or_is_not_a_loss_is_left() -> None:

@@ -7,9 +7,14 @@ human (CPU template scopes, batch arithmetic, vendored copies, removed modules).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import List, Tuple
 
 import pytest
+from helpers import ON_LEGACY
 from migrate_cases import src
 
 from kerasmgpu.migrate import Finding, MigrationError, Severity
@@ -17,7 +22,8 @@ from kerasmgpu.migrate import migrate_source as _migrate_source
 from kerasmgpu.migrate.report import MigrationResult
 
 # Notes of what was rewritten; the rest of the findings is the advice of the old command.
-REWRITE_NOTES = (" -> kerasmgpu", "now comes from kerasmgpu.legacy")
+REWRITE_NOTES = (" -> kerasmgpu", "now comes from kerasmgpu.legacy",
+                 "import kerasmgpu.keras23 added")
 
 
 def migrate_source(source: str, filename: str = "<string>",
@@ -379,6 +385,7 @@ LEGACY_SCRIPT_MIGRATED = src(
     # -*- coding: utf-8 -*-
     """Keras 2.3 training script, 2 GPUs."""
     from __future__ import print_function
+    import kerasmgpu.keras23
 
     import argparse   # odd   spacing kept
     import tensorflow as tf
@@ -878,3 +885,45 @@ def test_privates_of_multi_gpu_utils_are_errors_on_modern_targets() -> None:
     assert [f.line for f in errors] == [1, 2, 3]
     assert "tf.config.list_logical_devices()" in errors[0].message
     assert "kerasmgpu takes GPU ids" in errors[2].message
+
+
+SCRIPT_WITH_FUTURE = '''"""Trains a small model (Keras 2.3.1's examples open like this)."""
+from __future__ import print_function
+import keras
+
+print(keras.__version__)
+model = keras.models.Sequential([keras.layers.Dense(1, input_shape=(2,))])
+model.compile("sgd", "mse")
+'''
+
+
+def test_keras23_puts_the_runtime_import_after_the_docstring_and_future_lines() -> None:
+    out = migrate(SCRIPT_WITH_FUTURE)
+    assert out.startswith('"""Trains a small model (Keras 2.3.1\'s examples open like this)."""'
+                          "\nfrom __future__ import print_function\nimport kerasmgpu.keras23\n"
+                          "import keras\n")
+    assert migrate(out) == out
+    assert [f.line for f in migrate_source(SCRIPT_WITH_FUTURE).findings
+            if "import kerasmgpu.keras23 added" in f.message] == [3]
+    late = SCRIPT_WITH_FUTURE.replace("import keras\n", "import keras\nimport kerasmgpu.keras23\n")
+    assert migrate(late) == out  # after `import keras` it raised TooLateError: moved
+    library = "import keras\n\ndef build():\n    return keras.models.Sequential()\n"
+    assert migrate(library) == library  # a module the script imports: the script has it
+    assert "kerasmgpu.keras23" not in _migrate_source(SCRIPT_WITH_FUTURE, "s.py",
+                                                      "keras3").new_source
+
+
+@pytest.mark.skipif(not ON_LEGACY, reason="runs Keras 2.3.1 (the keras23 env)")
+def test_the_placed_runtime_import_makes_keras23_import(tmp_path: Path) -> None:
+    """In a fresh interpreter without the keras23 env's sitecustomize: the placed line
+    alone makes Keras 2.3.1 import (a first line before `from __future__` is a
+    SyntaxError)."""
+    script = tmp_path / "train.py"
+    script.write_text(migrate(SCRIPT_WITH_FUTURE))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and not p.rstrip("/").endswith("compat/keras23")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[0] == "2.3.1"

@@ -43,6 +43,42 @@ def test_loads_of_a_file_this_module_saves_follow_its_new_name() -> None:
     )
 
 
+def test_every_literal_of_a_renamed_checkpoint_path_follows_it() -> None:
+    """Keras-FCN's train.py: the resume path spelled again, and a path held in a name."""
+    text = """
+        import os
+        from keras.callbacks import ModelCheckpoint
+        checkpoint_path = os.path.join(save_path, 'checkpoint_weights.hdf5')
+        if resume and os.path.exists(checkpoint_path):
+            model.load_weights(checkpoint_path)
+        checkpoint = ModelCheckpoint(filepath=os.path.join(save_path, 'checkpoint_weights.hdf5'),
+                                     save_weights_only=True)
+        weights_file = "./weights/%s_weights.h5" % prefix
+        best = ModelCheckpoint(weights_file, save_best_only=True, save_weights_only=True)
+        model.load_weights("./weights/%s_weights.h5" % prefix)
+        """
+    out = assert_idempotent(text)
+    assert out.count("'checkpoint_weights.weights.h5'") == 2
+    assert out.count('"./weights/%s_weights.weights.h5"') == 2
+    assert "hdf5" not in out and "s_weights.h5" not in out
+    [followed] = [f for f in findings(text) if "the weight file written at line 6" in f.message]
+    assert (followed.line, followed.col, followed.severity) == (3, 43, Severity.INFO)
+
+
+def test_another_file_that_reads_a_renamed_checkpoint_follows_it(tmp_path: Path) -> None:
+    from kerasmgpu.migrate import cli
+
+    (tmp_path / "train.py").write_text(
+        "from keras.callbacks import ModelCheckpoint\n"
+        "cb = ModelCheckpoint('checkpoint_weights.hdf5', save_weights_only=True)\n")
+    (tmp_path / "evaluate.py").write_text(
+        "weight_file = 'checkpoint_weights.hdf5'\nmodel.load_weights(weight_file)\n")
+    assert cli.main([str(tmp_path), "--to", "keras3", "--write"]) == 0
+    assert (tmp_path / "evaluate.py").read_text() == (
+        "weight_file = 'checkpoint_weights.weights.h5'\nmodel.load_weights(weight_file)\n")
+    assert cli.main([str(tmp_path), "--to", "keras3", "--check"]) == 0  # nothing left
+
+
 def test_model_checkpoint_endings_and_period() -> None:
     text = """
         from keras.callbacks import ModelCheckpoint, TensorBoard
@@ -99,3 +135,16 @@ def test_the_migrated_saving_code_runs(tmp_path: Path, monkeypatch: pytest.Monke
     assert keras_module() is not None
     files = run_keras23(SOURCE, "saving.py")["result"]
     assert files in (["best.h5", "final.h5"], ["best.weights.h5", "final.weights.h5"])
+
+
+def test_a_path_held_in_a_dict_literal_is_renamed_where_it_is_spelled() -> None:
+    """Keras-GAN's save_model(): the weight path goes through a name and a dict."""
+    text = """
+        def save(model, model_name):
+            weights_path = "saved_model/%s_weights.hdf5" % model_name
+            options = {"file_arch": "a.json", "file_weight": weights_path}
+            model.save_weights(options['file_weight'])
+        """
+    out = assert_idempotent(text)
+    assert 'weights_path = "saved_model/%s_weights.weights.h5" % model_name' in out
+    assert not severities(text, "not spelled in the source")

@@ -67,7 +67,7 @@ def test_a_session_used_for_more_is_left_with_an_error() -> None:
         K.set_session(sess)
         sess.run(op)
     """
-    assert severities(text, "is used beyond set_session") == [Severity.ERROR]
+    assert severities(text, "is used beyond setting it up") == [Severity.ERROR]
     assert "sess = tf.Session(config=config)" in migrate(text)
 
 
@@ -93,3 +93,36 @@ def test_graph_only_code_is_an_error(line: str) -> None:
 def test_keras23_target_changes_nothing() -> None:
     text = "import tensorflow as tf\nconfig = tf.ConfigProto()\ntf.set_random_seed(1)\n"
     assert migrate(text, "keras23") == text
+
+
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_a_session_made_from_the_config_and_never_set_becomes_memory_growth(
+        target: str) -> None:
+    """The to_multi_gpu files' set-up: no set_session, the session never used."""
+    text = """
+        import tensorflow as tf
+
+        session_config = tf.ConfigProto()
+        session_config.gpu_options.allow_growth = True
+        session = tf.Session(config=session_config)
+        """
+    assert assert_idempotent(text, target) == (
+        'import tensorflow as tf\n\nfor gpu in tf.config.list_physical_devices("GPU"):\n'
+        "    tf.config.experimental.set_memory_growth(gpu, True)\n")
+    assert [f.severity for f in findings(text, target)] == [Severity.INFO]
+
+
+def test_a_session_used_for_graph_code_is_one_error_naming_the_settings() -> None:
+    text = """
+        import tensorflow as tf
+        config = tf.ConfigProto()
+        config.gpu_options.allow_growth = True
+        sess = tf.Session(config=config)
+        print(sess.run(x))
+        """
+    errors = [f for f in findings(text) if f.severity is Severity.ERROR]
+    assert [(f.line, f.col) for f in errors] == [(4, 1)]
+    assert "`sess`, the tf.Session made from this config, is used" in errors[0].message
+    assert "Keras 3 has no session" in errors[0].message
+    [tf_keras] = [f for f in findings(text, "tf_keras") if f.severity is Severity.ERROR]
+    assert "tf_keras has no session" in tf_keras.message

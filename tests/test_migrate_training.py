@@ -1,47 +1,27 @@
 """`kerasmgpu migrate`, the training family: what a model trains, Keras 2.3 internals.
 
-Source tests only (libcst). The GAN warning is not a training comparison: the fix it names
-is a change to the user's training loop that migrate cannot place exactly (which calls
-train which model), so the test checks the line, the model and the fix.
+Source tests (libcst), and one run against Keras 2.3.1; the GAN pattern's `trainable` is test_migrate_trainable.py's.
 """
 
 from __future__ import annotations
 
 from typing import List
 
+import numpy as np
 import pytest
-from migrate_cases import assert_idempotent, findings, lines_found, migrate, severities, src
+from helpers import LINE, requires
+from migrate_cases import (
+    assert_idempotent,
+    findings,
+    lines_found,
+    migrate,
+    run_keras23,
+    severities,
+    src,
+)
 
+from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
-
-GAN = """
-    from keras.models import Model
-    from keras.optimizers import Adam
-
-    class GAN:
-        def __init__(self):
-            self.discriminator = build_d()
-            self.discriminator.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
-            self.discriminator.trainable = False
-            self.combined = Model(z, self.discriminator(img))
-            self.combined.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
-    """
-
-
-@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
-def test_the_gan_freeze_after_compile_is_a_warning_at_its_line(target: str) -> None:
-    [warning] = [f for f in findings(GAN, target) if "trainable" in f.message]
-    assert (warning.line, warning.col, warning.severity) == (8, 9, Severity.WARNING)
-    assert "after self.discriminator.compile(...) on line 7" in warning.message
-    assert "set self.discriminator.trainable = True right before" in warning.message
-    assert_idempotent(GAN, target)
-
-
-def test_a_freeze_before_compile_or_without_a_second_model_is_left() -> None:
-    before = "d.trainable = False\nd.compile('sgd', 'mse')\nc.compile('sgd', 'mse')\n"
-    alone = "d.compile('sgd', 'mse')\nd.trainable = False\n"
-    assert not lines_found(before, "trainable") and not lines_found(alone, "trainable")
-    assert not lines_found(GAN, "trainable", "keras23")
 
 
 def test_positional_optimizer_arguments_are_named_in_the_message() -> None:
@@ -100,9 +80,8 @@ def test_keras_shape_becomes_the_static_shape() -> None:
     ("line", "col", "fix"),
     [
         ("from keras.layers.merge import _Merge", 32, "subclass keras.layers.Layer"),
-        ("from keras.legacy import interfaces", 26, "@interfaces.legacy_"),
         ("from keras.layers import merge", 26, "import the layers from keras.layers"),
-        ("from keras.applications.imagenet_utils import _obtain_input_shape", 47,
+        ("from keras.applications.imagenet_utils import _obtain_input_shape as shape", 47,
          "write the input shape out"),
     ],
 )
@@ -141,3 +120,71 @@ def test_gone_model_helpers_name_their_replacement() -> None:
     messages: List[str] = [f.message for f in findings(text)]
     assert any("keras.layers.deserialize(config)" in m for m in messages)
     assert any("delete the call" in m and "Theano" in m for m in messages)
+
+
+MULTI_OUTPUT = """
+    from keras.layers import Dense, Input
+    from keras.models import Model
+    a = Input((3,))
+    model = Model(a, [Dense(1, name="v")(a), Dense(4, name="c")(a)])
+    model.compile("adam", ["binary_crossentropy", "sparse_categorical_crossentropy"],
+                  metrics=['accuracy'])
+    """
+
+
+def test_flat_metrics_of_a_multi_output_model_become_one_list_per_output() -> None:
+    out = assert_idempotent(MULTI_OUTPUT)
+    assert "metrics=[['accuracy']] * len(model.outputs))" in out
+    assert lines_found(MULTI_OUTPUT, "one list per output") == [6]
+    assert migrate(MULTI_OUTPUT, "tf_keras").count("metrics=['accuracy']") == 1
+    single = MULTI_OUTPUT.replace('[Dense(1, name="v")(a), Dense(4, name="c")(a)]', "a")
+    assert "metrics=['accuracy']" in migrate(single)
+
+
+PER_OUTPUT_RUN = '''
+import numpy as np
+from keras.layers import Dense, Input
+from keras.models import Model
+
+a = Input((3,))
+model = Model(a, [Dense(1, activation="sigmoid", kernel_initializer="ones", name="v")(a),
+                  Dense(4, activation="softmax", kernel_initializer="ones", name="c")(a)])
+model.compile("sgd", ["binary_crossentropy", "sparse_categorical_crossentropy"],
+              metrics=["accuracy"])
+x = np.linspace(-1, 1, 24).reshape(8, 3).astype("float32")
+y = [(x[:, :1] > 0).astype("float32"), np.arange(8) % 4]
+result = [float(v) for v in model.train_on_batch(x, y)]
+'''
+
+
+KERAS23_PER_OUTPUT = [1.631477, 0.24518259, 1.3862944, 1.0, 0.25]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_per_output_metrics_come_back_in_keras23s_order() -> None:
+    # [loss, v_loss, c_loss, v_accuracy, c_accuracy] on Keras 2.3.1 (recorded on keras23);
+    # Keras 3 returns the per-output metrics by name (c_accuracy first: the WARNING says so).
+    result = run_keras23(PER_OUTPUT_RUN, "per_output.py")["result"]
+    expected = list(KERAS23_PER_OUTPUT)
+    if LINE is KerasLine.KERAS_3:
+        expected[3:] = expected[:2:-1]
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+
+
+BRANCH = """
+    from keras import backend as K
+
+    def masked_accuracy(y_true, y_pred):
+        if K.sum(y_true) == 0:
+            return K.mean(y_pred) * 0
+        return K.mean(y_pred)
+    """
+
+
+def test_a_python_branch_on_a_tensor_in_a_metric_is_reported() -> None:
+    assert [(f.line, f.col, f.severity) for f in findings(BRANCH)
+            if "a Python branch on a tensor" in f.message] == [(4, 8, Severity.ERROR)]
+    assert severities(BRANCH, "tf_keras's autograph makes it a real condition",
+                      "tf_keras") == [Severity.WARNING]
+    plain = "def f(y_true, y_pred, n=2):\n    if n > 1:\n        return y_pred\n"
+    assert not lines_found(plain, "a Python branch")

@@ -22,8 +22,10 @@ docstring:
 * `tf1`: TF1 session/config setups, `tf.compat.v1` names, graph-only code.
 * `saving`: weight/model file endings, `ModelCheckpoint` and `TensorBoard` arguments.
 * `image_data`: `ImageDataGenerator` advice.
-* `training`: what a model trains (the GAN `trainable` pattern, sparse Embedding updates,
-  History keys) and Keras 2.3 internals a project reached into.
+* `training`: sparse Embedding updates, History keys, and Keras 2.3 internals a project
+  reached into.
+* `trainable`: what each model trains - `trainable` read at compile (the GAN pattern),
+  one optimizer shared by several models.
 * `imports`: moved modules, renamed names, the target's package (last: it respells what
   the other families leave).
 

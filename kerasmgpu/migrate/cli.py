@@ -6,13 +6,14 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, TextIO
+from typing import List, Optional, TextIO, Tuple
 
 from kerasmgpu.migrate import files
 from kerasmgpu.migrate.report import (
     DEFAULT_TARGET,
     Finding,
     MigrationError,
+    MigrationResult,
     Severity,
     Target,
     relocate,
@@ -92,24 +93,44 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
     tally = _Tally()
+    done: List[Tuple[str, str, str, MigrationResult]] = []
     for path in files.iter_files(args.paths):
-        _one_file(path, args, target, tally, migrate_source)
+        migrated = _migrate_one(path, target, tally, migrate_source)
+        if migrated is not None:
+            done.append(migrated)
+    # Second pass: a file that spells a weight file another file now writes under a new
+    # name reads that file (a resume, an evaluation script): it follows the new name.
+    written = {old: (new, f"{path}:{line}") for path, _, _, result in done
+               for old, (new, line) in result.renamed.items()}
+    for index, (path, text, encoding, result) in enumerate(done):
+        elsewhere = {old: found for old, found in written.items()
+                     if old not in result.renamed and old in text}
+        if elsewhere:
+            result = migrate_source(text, path, target, elsewhere)
+            done[index] = (path, text, encoding, result)
+    for path, text, encoding, result in done:
+        _report_one(path, text, encoding, result, args, tally)
     return _finish(args, target, tally, sys.stdout)
 
 
-def _one_file(path: str, args: argparse.Namespace, target: Target, tally: _Tally,
-              migrate_source: object) -> None:
+def _migrate_one(path: str, target: Target, tally: _Tally, migrate_source: object,
+                 ) -> Optional[Tuple[str, str, str, MigrationResult]]:
     try:
         text, encoding = files.read(path)
     except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
         _unreadable(path, 1, 1, f"cannot read it as Python source: {exc}", tally)
-        return
+        return None
     try:
         result = migrate_source(text, path, target)  # type: ignore[operator]
     except MigrationError as exc:
         _unreadable(path, exc.line, exc.col, f"cannot parse: {exc.reason}; left unchanged "
                     "(Python 2 files need 2to3 first)", tally)
-        return
+        return None
+    return path, text, encoding, result
+
+
+def _report_one(path: str, text: str, encoding: str, result: MigrationResult,
+                args: argparse.Namespace, tally: _Tally) -> None:
     findings = list(result.findings)
     if not result.changed:
         tally.unchanged += 1
@@ -121,7 +142,7 @@ def _one_file(path: str, args: argparse.Namespace, target: Target, tally: _Tally
             return
         tally.changed.append(path)
         # Inserted and split imports move lines: cite the file the user opens now.
-        findings = relocate(findings, text, result.new_source)
+        findings = relocate(findings, text, result.new_source, result.lines)
     else:
         tally.changed.append(path)
     if args.diff and result.changed:

@@ -25,6 +25,7 @@ from typing import (
     List,
     Mapping,
     Optional,
+    Sequence,
     Set,
     Tuple,
     Union,
@@ -55,6 +56,7 @@ from kerasmgpu.migrate.report import (
 # comes last: it renames what the others left (`from keras.layers import ...`).
 FAMILIES = (
     "multi_gpu",
+    "wrappers",
     "generators",
     "optimizers",
     "keras1",
@@ -64,7 +66,9 @@ FAMILIES = (
     "saving",
     "losses",
     "image_data",
+    "internals",
     "training",
+    "trainable",
     "imports",
 )
 
@@ -76,7 +80,8 @@ class Context:
     """One file being migrated: its tree, metadata, and what the rules decided."""
 
     def __init__(self, wrapper: MetadataWrapper, source: str, filename: str,
-                 target: Target) -> None:
+                 target: Target,
+                 renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> None:
         self.wrapper = wrapper
         self.module: cst.Module = wrapper.module
         self.source = source
@@ -91,6 +96,17 @@ class Context:
         self.edits: Dict[cst.CSTNode, List[Edit]] = {}
         # import line -> index of the first top-level statement that needs it
         self.imports: Dict[str, int] = {}
+        # module-level definitions a rewrite needs (code, index of the first statement using
+        # it): they go after the imports, with them
+        self.definitions: List[Tuple[str, int]] = []
+        # statements for the top of the module: after its docstring and `from __future__`
+        # imports, before anything else (`import kerasmgpu.keras23`)
+        self.preamble: List[str] = []
+        # A weight-file literal this file renames where it writes it -> (new, line), and
+        # those other files of the project rename -> (new, "path:line"): other places
+        # that spell it read that file (the saving family follows them).
+        self.renamed: Dict[str, Tuple[str, int]] = {}
+        self.renamed_elsewhere: Mapping[str, Tuple[str, str]] = renamed_elsewhere or {}
         # Imported names whose every use a family rewrites away (`set_session`): the import
         # family drops them instead of reporting them as gone.
         self.claimed: Set[str] = set()
@@ -209,6 +225,12 @@ class Context:
             return
         index = self.top_level_index(at)
         self.imports[line] = min(index, self.imports.get(line, index))
+
+    def need_definition(self, code: str, at: cst.CSTNode) -> None:
+        """Add a module-level definition after the imports, before the statement `at`."""
+        index = self.top_level_index(at)
+        if all(existing != code for existing, _ in self.definitions):
+            self.definitions.append((code, index))
 
     def module_name(self, module: str, at: cst.CSTNode, alias: Optional[str] = None) -> str:
         """A name bound at module level to `module`, importing it when none is."""
@@ -358,10 +380,11 @@ def _parse_error(source: str, exc: cst.ParserSyntaxError) -> Tuple[str, int, int
     return f"{exc.message} (line {line}, column {col})", line, col
 
 
-def run(source: str, filename: str, target: Target) -> MigrationResult:
+def run(source: str, filename: str, target: Target,
+        renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> MigrationResult:
     """Parse `source`, run every family that applies to `target`, apply their edits."""
     wrapper = MetadataWrapper(parse(source, filename))
-    ctx = Context(wrapper, source, filename, target)
+    ctx = Context(wrapper, source, filename, target, renamed_elsewhere)
     rules: List[Rule] = []
     for family in FAMILIES:
         rule_class = importlib.import_module(f"kerasmgpu.migrate.{family}").RULE
@@ -370,21 +393,26 @@ def run(source: str, filename: str, target: Target) -> MigrationResult:
             wrapper.visit(rules[-1])
     for rule in rules:  # after every visit: a family may rely on what another claimed
         rule.finish()
-    new_source = _apply(ctx).code
+    module, results = _apply(ctx)
+    new_source = module.code
     findings = sorted(set(ctx.findings), key=lambda f: (f.line, f.col, f.rule, f.message))
     return MigrationResult(new_source=new_source, changed=new_source != source,
-                           findings=findings)
+                           findings=findings, renamed=dict(ctx.renamed),
+                           lines=_line_map(ctx, module, results) if new_source != source
+                           else {})
 
 
 class _Apply(cst.CSTTransformer):
     """Applies the recorded edits bottom-up, then the imports after their anchor."""
 
     def __init__(self, edits: Mapping[cst.CSTNode, List[Edit]], anchor: Optional[cst.CSTNode],
-                 lines: List[cst.SimpleStatementLine]) -> None:
+                 lines: Sequence[cst.BaseStatement]) -> None:
         super().__init__()
         self.edits = edits
         self.anchor = anchor
         self.lines = lines
+        # each original statement -> what it became (for the findings' new line numbers)
+        self.results: Dict[cst.CSTNode, Replacement] = {}
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
         result: Replacement = super().on_leave(original_node, updated_node)
@@ -392,6 +420,8 @@ class _Apply(cst.CSTTransformer):
             if not isinstance(result, cst.CSTNode):
                 break  # removed or split by an earlier edit: nothing left to edit
             result = change(result)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.results[original_node] = result
         if original_node is self.anchor and self.lines:
             before = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else (
                 [] if isinstance(result, cst.RemovalSentinel) else [result])
@@ -399,12 +429,62 @@ class _Apply(cst.CSTTransformer):
         return result
 
 
-def _apply(ctx: Context) -> cst.Module:
+def _apply(ctx: Context) -> Tuple[cst.Module, Dict[cst.CSTNode, Replacement]]:
     lines, anchor, at_top = _planned_imports(ctx)
-    module = ctx.wrapper.visit(_Apply(ctx.edits, anchor, [] if at_top else lines))
+    transformer = _Apply(ctx.edits, anchor, [] if at_top else lines)
+    module = ctx.wrapper.visit(transformer)
     if at_top and lines:
         module = module.with_changes(body=[*lines, *module.body])
-    return module
+    if ctx.preamble:
+        body = list(module.body)
+        index = 0
+        while index < len(body) and (_is_future(body[index]) or (
+                index == 0 and nodes.is_docstring(body[0]))):
+            index += 1
+        added = [cst.parse_statement(line + "\n") for line in ctx.preamble]
+        if index == 0 and body:  # the file's first comments stay above it
+            added[0] = added[0].with_changes(leading_lines=body[0].leading_lines)
+            body[0] = body[0].with_changes(leading_lines=())
+        module = module.with_changes(body=[*body[:index], *added, *body[index:]])
+    return module, transformer.results
+
+
+def _is_future(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.ImportFrom) and nodes.module_of(small) == "__future__"
+        for small in stmt.body)
+
+
+def _line_map(ctx: Context, module: cst.Module,
+              results: Mapping[cst.CSTNode, Replacement]) -> Dict[int, int]:
+    """For each line of the source, the line of the new code where it is now.
+
+    Exact for the first line of every statement (its first replacement's line, or, when
+    removed, the next statement's); a later line of a multi-line statement keeps its
+    offset when the statement kept its line count. Lines not covered fall back to the
+    text diff (`report.moved_lines`).
+    """
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    mapping: Dict[int, int] = {}
+    pending: List[int] = []  # removed statements' lines, waiting for the next one
+    for original in sorted(results, key=lambda n: ctx.positions[n].start.line):
+        old = ctx.positions[original]
+        result = results[original]
+        first = (result.nodes[0] if isinstance(result, cst.FlattenSentinel) and result.nodes
+                 else result)
+        if not isinstance(first, cst.CSTNode) or first not in positions:
+            pending.append(old.start.line)
+            continue
+        new = positions[first]
+        for line in pending:
+            mapping.setdefault(line, new.start.line)
+        pending = []
+        same = old.end.line - old.start.line == new.end.line - new.start.line
+        for line in range(old.start.line, old.end.line + 1):
+            offset = line - old.start.line if same or line == old.start.line else None
+            if offset is not None and (line not in mapping or line == old.start.line):
+                mapping[line] = new.start.line + offset
+    return mapping
 
 
 def _planned_imports(
@@ -421,10 +501,15 @@ def _planned_imports(
     # `import kerasmgpu.legacy` binds `kerasmgpu` too: `import kerasmgpu` adds nothing.
     present |= {f"import {name}" for name, bound in ctx.bindings.items() if name == bound}
     wanted = [(line, index) for line, index in ctx.imports.items() if line not in present]
-    if not wanted:
+    if not wanted and not ctx.definitions:
         return [], None, False
-    first_use = min(index for _, index in wanted)
+    first_use = min(index for _, index in [*wanted, *ctx.definitions])
     lines = [cst.parse_statement(line + "\n") for line, _ in sorted(wanted, key=_import_order)]
+    for code, _ in ctx.definitions:
+        statements = list(cst.parse_module(code).body)
+        statements[0] = statements[0].with_changes(
+            leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        lines.extend(statements)
     body = ctx.module.body
     imports = [stmt for stmt in body[:first_use] if nodes.holds_import(stmt)]
     if imports:

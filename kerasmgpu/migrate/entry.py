@@ -4,7 +4,7 @@ that libcst is there. Apart from `__init__` (which re-exports them) so that `cli
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Mapping, Optional, Tuple, Union
 
 from kerasmgpu.migrate.report import DEFAULT_TARGET, MigrationResult, Target, parse_target
 
@@ -23,10 +23,15 @@ def import_libcst() -> None:
 
 
 def migrate_source(source: str, filename: str = "<string>",
-                   target: Union[str, Target] = DEFAULT_TARGET) -> MigrationResult:
+                   target: Union[str, Target] = DEFAULT_TARGET,
+                   renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None,
+                   ) -> MigrationResult:
     """Migrate one file's text to `target` ("keras3", "tf_keras" or "keras23").
 
-    Returns the new text and the findings, which cite lines of `source`. Raises
+    Returns the new text and the findings, which cite lines of `source`.
+    `renamed_elsewhere`: weight-file path literals other files of the project rename where
+    they write them, `{old: (new, "path:line")}` (their results' `renamed`): where this
+    file spells one, it reads that file, and follows the new name. Raises
     `MigrationError` (a ValueError) when `source` does not parse, ValueError for an unknown
     target, and ImportError naming `pip install "kerasmgpu[tools]"` when libcst is missing.
     """
@@ -34,4 +39,4 @@ def migrate_source(source: str, filename: str = "<string>",
     import_libcst()
     from kerasmgpu.migrate import engine
 
-    return engine.run(source, filename, chosen)
+    return engine.run(source, filename, chosen, renamed_elsewhere)

@@ -18,6 +18,15 @@ and tf_keras 2.21, and their activations evaluated):
   tf_keras: their hard_sigmoid). No built-in Keras 3 activation is Keras 2.3's, so both
   are WARNINGs, not rewrites.
 
+* Keras 3 only: `Dense(np.prod(shape))` -> `Dense(int(np.prod(shape)))` (any layer, any
+  argument computed by `np.prod`/`np.sum`/`np.size`): Keras 3 refuses NumPy integers as
+  sizes (Keras-GAN's generators build their last layer and embeddings so).
+* `self.add_weight(...)` with positional arguments: Keras 2.3.1 took `(name, shape, dtype,
+  initializer, regularizer, trainable, constraint)`, Keras 3 takes `shape` first, tf_keras
+  `(name, shape, dtype, initializer, ...)`: positionals become those keywords. A first
+  positional that is a tuple or list is Keras 2.2's `(shape, name)` form (its legacy
+  interface took it; Keras 2.3.1 raised): it becomes `shape=` (and `name=`).
+
 `--to keras23` changes nothing here.
 """
 
@@ -50,6 +59,17 @@ MSG_CONVLSTM = (
     "no built-in activation that is Keras 2.3's hard_sigmoid"
 )
 CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
+MSG_UNITS = (
+    "{layer}(..., {old}, ...) -> int({old}): Keras 3 takes layer sizes as Python ints only "
+    "and refuses NumPy's integers (Keras 2.3 took both)"
+)
+NUMPY_SIZES = frozenset({"numpy.prod", "numpy.product", "numpy.sum", "numpy.size"})
+ADD_WEIGHT_PARAMS = ("name", "shape", "dtype", "initializer", "regularizer", "trainable",
+                     "constraint")
+MSG_ADD_WEIGHT = (
+    "add_weight positionals -> {given}: what Keras 2.3.1 bound them to (a tuple first: "
+    "Keras 2.2's shape-first form); Keras 3 takes shape first, tf_keras name first"
+)
 MSG_WEIGHTS_ADD = (
     "{layer}(..., weights=...) -> {owner}.add({layer}(...)) then "
     "{owner}.layers[-1].set_weights(...): Keras 3 layers take no weights= (but Embedding)"
@@ -72,9 +92,13 @@ class LayersRule(Rule):
         return None
 
     def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_weight":
+            self.add_weight(node)
         name = self.layer_name(node.func)
         if name is None or nodes.has_star(node):
             return
+        if self.ctx.target is Target.KERAS3:
+            self.numpy_sizes(node, name)
         if name == "GRU" and nodes.kwarg_value(node, "reset_after") is None:
             self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="False"))
             self.info(node, MSG_GRU)
@@ -86,6 +110,31 @@ class LayersRule(Rule):
         if (self.ctx.target is Target.KERAS3 and name != "Embedding"
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
+
+    def numpy_sizes(self, node: cst.Call, name: str) -> None:
+        """`Dense(np.prod(shape))`, `Embedding(n, np.prod(shape))`: Keras 3 takes sizes as
+        Python ints only (Keras 2.3 and tf_keras took NumPy's too)."""
+        for arg in node.args:
+            value = arg.value
+            if isinstance(value, cst.Call) and self.ctx.qualified(value.func) & NUMPY_SIZES:
+                self.ctx.edit(arg, _as_int)
+                self.info(arg, MSG_UNITS.format(layer=name, old=self.ctx.code(value)))
+
+    def add_weight(self, node: cst.Call) -> None:
+        positional = [a for a in node.args if a.keyword is None and not a.star]
+        if not positional or len(positional) != sum(1 for a in node.args if a.keyword is None):
+            return
+        first = positional[0].value
+        if isinstance(first, (cst.Tuple, cst.List)):
+            names = ["shape", "name"] if len(positional) < 2 or isinstance(
+                positional[1].value, (cst.SimpleString, cst.FormattedString)) else ["shape"]
+        else:
+            names = list(ADD_WEIGHT_PARAMS)
+        if len(positional) > len(names):
+            return  # Keras 2.3 raised as well
+        self.ctx.edit(node, functools.partial(_named_positionals, names=names))
+        given = ", ".join(f"{n}={self.ctx.code(a.value)}" for n, a in zip(names, positional))
+        self.info(node, MSG_ADD_WEIGHT.format(given=given))
 
     def cudnn(self, node: cst.Call, name: str) -> None:
         """The class is renamed with its import (imports family); GRU needs its variant."""
@@ -120,6 +169,21 @@ class LayersRule(Rule):
 
 
 RULE = LayersRule
+
+
+def _as_int(updated: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(updated, cst.Arg)
+    return updated.with_changes(value=cst.Call(func=cst.Name("int"),
+                                               args=[cst.Arg(updated.value)]))
+
+
+def _named_positionals(updated: cst.CSTNode, names: list) -> cst.CSTNode:
+    assert isinstance(updated, cst.Call)
+    args = list(updated.args)
+    for index, name in enumerate(names[: len(args)]):
+        if args[index].keyword is None:
+            args[index] = nodes.as_keyword(args[index], name)
+    return updated.with_changes(args=args)
 
 
 def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:

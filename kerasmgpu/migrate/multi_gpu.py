@@ -38,7 +38,7 @@ import libcst as cst
 from libcst.metadata import ClassScope
 
 from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
-from kerasmgpu.migrate import nodes
+from kerasmgpu.migrate import nodes, wrappers
 from kerasmgpu.migrate.engine import Context, Rule
 
 _MGM = "multi_gpu_model"
@@ -53,6 +53,8 @@ _TF_DEVICE = frozenset(
 # "/cpu:0", "cpu:0", "/CPU:0", "/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0".
 _CPU0 = re.compile(r"(?:^|/)(?:device:)?cpu:0$", re.IGNORECASE)
 _MGM_PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
+_TRAINS = frozenset({"compile", "fit", "fit_generator", "train_on_batch", "evaluate",
+                     "predict"})
 
 MSG_CPU = (
     "{scope}: kerasmgpu places the replicas itself; the template no longer needs to live on "
@@ -144,6 +146,11 @@ MSG_KERAS23_SHIM = (
     "{line} removed: kerasmgpu.keras23 patches Keras 2.3.1 to run on Python 3.9+ and raises on "
     "any other Keras"
 )
+MSG_KERAS23_ADDED = (
+    "import kerasmgpu.keras23 added at the top (after the docstring and `from __future__` "
+    "lines): Keras 2.3.1 imports on Python 3.9+ only with it, and it must come before "
+    "`import keras`"
+)
 MSG_MGM_UNRESOLVED = (
     "`{expr}` could not be traced to an import of keras or tensorflow, so it was left alone; "
     "if it is Keras' multi_gpu_model (removed in TF 2.4), call "
@@ -174,11 +181,16 @@ class MultiGpuRule(Rule):
         self.weight_loads: List[Tuple[cst.CSTNode, str, bool]] = []
         self.in_import = 0
         self.functions: List[str] = []
+        self.keras_import: Optional[cst.CSTNode] = None  # the file's first Keras import
+        self.shim: Optional[cst.CSTNode] = None  # its `import kerasmgpu.keras23`
+        self.trains_here = False  # compiles or trains at module level, or has __main__
 
     # -- imports ------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> None:
         self.in_import += 1
-        self.keras23_shim(node, [nodes.dotted(a.name) or "" for a in node.names])
+        names = [nodes.dotted(a.name) or "" for a in node.names]
+        self.keras23_shim(node, names)
+        self.note_keras_import(node, names)
         for alias in node.names:
             imported = nodes.dotted(alias.name) or ""
             if imported in GONE_MODULES:
@@ -194,9 +206,23 @@ class MultiGpuRule(Rule):
             self.ctx.edit(node, _remove_statement)
             self.info(node, MSG_KERAS23_SHIM.format(line=self.ctx.code(node)))
 
+    def note_keras_import(self, node: cst.CSTNode, modules: List[str]) -> None:
+        if "kerasmgpu.keras23" in modules and self.shim is None:
+            self.shim = node
+        if self.keras_import is None and any(m == "keras" or m.startswith("keras.")
+                                             for m in modules):
+            self.keras_import = node
+
+    def visit_If(self, node: cst.If) -> None:
+        if "__main__" in self.ctx.code(node.test) and "__name__" in self.ctx.code(node.test):
+            self.trains_here = True
+
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         self.in_import += 1
         module_name = nodes.module_of(node)
+        shim = [f"kerasmgpu.{nodes.dotted(a.name)}" for a in node.names] if (
+            module_name == "kerasmgpu" and not isinstance(node.names, cst.ImportStar)) else []
+        self.note_keras_import(node, [module_name, *shim])
         if module_name == "kerasmgpu" and not isinstance(node.names, cst.ImportStar):
             self.keras23_shim(node, [f"kerasmgpu.{nodes.dotted(a.name)}" for a in node.names])
         if isinstance(node.names, cst.ImportStar):
@@ -331,6 +357,8 @@ class MultiGpuRule(Rule):
     def visit_With(self, node: cst.With) -> None:
         if "make_parallel" in self.functions or _MGM in self.functions:
             return  # their own CPU merge scope: the def itself is advised already
+        if self.ctx.target.modern and wrappers.inside_wrapper(self.ctx, node):
+            return  # the wrappers family replaces the function around it
         for item in node.items:
             call = item.item
             if not isinstance(call, cst.Call) or not call.args:
@@ -406,12 +434,29 @@ class MultiGpuRule(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
+        if (isinstance(func, cst.Attribute) and func.attr.value in _TRAINS
+                and not self.functions):
+            self.trains_here = True  # a script: it trains at module level
         if isinstance(func, cst.Attribute) and func.attr.value == "load_weights":
             receiver = self.ctx.code(func.value)
             self.weight_loads.append((func.attr, receiver, _is_make_parallel_call(func.value)))
 
     # -- decisions ---------------------------------------------------------------------
+    def keras23_runtime(self) -> None:
+        """`--to keras23`: a script that imports Keras 2.3 needs `import kerasmgpu.keras23`
+        before it, after the docstring and `from __future__` lines (which must come first)."""
+        if self.ctx.target.modern or self.keras_import is None or not self.trains_here:
+            return
+        if self.shim is not None and (self.ctx.position(self.shim) <
+                                      self.ctx.position(self.keras_import)):
+            return
+        self.ctx.preamble.append("import kerasmgpu.keras23")
+        self.info(self.keras_import, MSG_KERAS23_ADDED)
+        if self.shim is not None:  # after `import keras` it raises TooLateError
+            self.ctx.edit(self.shim, _remove_statement)
+
     def finish(self) -> None:
+        self.keras23_runtime()
         loads = [(node, receiver) for node, receiver, direct in self.weight_loads
                  if direct or receiver in self.parallel_results]
         self.finish_make_parallel(loads)
@@ -461,6 +506,8 @@ class MultiGpuRule(Rule):
         """Rewrite every use of multi_gpu_model; the bare names still needing an import."""
         kept: Set[str] = set()
         for node in self.references:
+            if self.ctx.target.modern and wrappers.inside_wrapper(self.ctx, node):
+                continue  # a ModelMGPU the wrappers family replaces whole
             parent = self.ctx.parent(node)
             is_call = isinstance(parent, cst.Call) and parent.func is node
             if self.ctx.target.modern and is_call and _mgm_call_fits(parent):

@@ -162,10 +162,64 @@ def with_args(call: cst.Call, args: Sequence[cst.Arg],
                 comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))))
         else:
             fixed.append(arg)
-    changes: Dict[str, object] = {"args": fixed}
+    changes: Dict[str, object] = {"args": _keep_comments(call.args, fixed)}
     if func is not None:
         changes["func"] = func
     return call.with_changes(**changes)
+
+
+def _comment_lines(arg: cst.Arg) -> List[cst.EmptyLine]:
+    """The comments in the whitespace after an argument (and its comma), as lines."""
+    comma = arg.comma
+    lines: List[cst.EmptyLine] = []
+    for space in (arg.whitespace_after_arg,
+                  comma.whitespace_after if isinstance(comma, cst.Comma) else None):
+        if not isinstance(space, cst.ParenthesizedWhitespace):
+            continue
+        if space.first_line.comment is not None:  # `workers=4,  # four`: a line of its own
+            lines.append(cst.EmptyLine(indent=space.indent, whitespace=space.last_line,
+                                       comment=space.first_line.comment))
+        lines.extend(line for line in space.empty_lines if line.comment is not None)
+    return lines
+
+
+def _keep_comments(old: Sequence[cst.Arg], new: List[cst.Arg]) -> List[cst.Arg]:
+    """`new` with every comment line of `old` that it lost (with a dropped argument, or a
+    comma made the call's last) put back after the argument that preceded it."""
+    kept = {line.comment.value for arg in new for line in _comment_lines(arg)
+            if line.comment is not None}
+    index_of = {id(arg.value): i for i, arg in enumerate(new)}
+    result = list(new)
+    holder = None  # the new argument the comments of the old ones seen so far follow
+    for arg in old:
+        holder = index_of.get(id(arg.value), holder)
+        lost = [line for line in _comment_lines(arg)
+                if line.comment is not None and line.comment.value not in kept]
+        if not lost:
+            continue
+        at = len(result) - 1 if holder is None else holder
+        if at < 0:
+            continue  # no argument left to put them after
+        result[at] = _with_lines_after(result[at], lost, last=at == len(result) - 1)
+        kept.update(line.comment.value for line in lost if line.comment is not None)
+    return result
+
+
+def _with_lines_after(arg: cst.Arg, lines: List[cst.EmptyLine], last: bool) -> cst.Arg:
+    comma = arg.comma
+    space = comma.whitespace_after if isinstance(comma, cst.Comma) else None
+    if isinstance(space, cst.ParenthesizedWhitespace) and isinstance(comma, cst.Comma):
+        space = space.with_changes(empty_lines=[*space.empty_lines, *lines])
+        return arg.with_changes(comma=comma.with_changes(whitespace_after=space))
+    if not last:
+        return arg  # a one-line call: no line to put a comment on
+    after = arg.whitespace_after_arg
+    if isinstance(after, cst.ParenthesizedWhitespace):
+        return arg.with_changes(whitespace_after_arg=after.with_changes(
+            empty_lines=[*after.empty_lines, *lines]))
+    # The closing parenthesis moves to a line of its own, below the comments.
+    return arg.with_changes(whitespace_after_arg=cst.ParenthesizedWhitespace(
+        empty_lines=lines, indent=True, last_line=cst.SimpleWhitespace("")))
 
 
 def drop_args(call: cst.Call, names: Sequence[str]) -> cst.Call:

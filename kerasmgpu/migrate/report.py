@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import difflib
 import enum
-from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 
 class Severity(str, enum.Enum):
@@ -83,11 +83,19 @@ class Finding:
 
 @dataclass(frozen=True)
 class MigrationResult:
-    """What `migrate_source` produced: the new text, whether it differs, the findings."""
+    """What `migrate_source` produced: the new text, whether it differs, the findings.
+
+    `renamed`: each weight-file path literal the file renames where it writes it, with
+    its new text and the line (`migrate_source(..., renamed_elsewhere=)` of the project's
+    other files then follows it where they read it).
+    """
 
     new_source: str
     changed: bool
     findings: List[Finding]
+    renamed: Dict[str, Tuple[str, int]] = field(default_factory=dict)
+    # each line of the source -> its line in new_source, where the codemod knows it
+    lines: Dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
     def count(self, severity: Severity) -> int:
         return sum(1 for finding in self.findings if finding.severity is severity)
@@ -133,9 +141,14 @@ def moved_lines(old: str, new: str) -> Dict[int, int]:
     return mapping
 
 
-def relocate(findings: Sequence[Finding], old: str, new: str) -> List[Finding]:
-    """The findings with their lines moved into `new` (the file written by --write)."""
-    mapping = moved_lines(old, new)
+def relocate(findings: Sequence[Finding], old: str, new: str,
+             known: Optional[Dict[int, int]] = None) -> List[Finding]:
+    """The findings with their lines moved into `new` (the file written by --write).
+
+    `known`: the lines the codemod placed itself (`MigrationResult.lines`), which win over
+    the text diff's guess.
+    """
+    mapping = {**moved_lines(old, new), **(known or {})}
     last = max(1, len(new.splitlines()))
     return [
         replace(finding, line=min(mapping.get(finding.line, finding.line), last))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -47,6 +47,11 @@ MSG_WEIGHTS_UNKNOWN = (
 MSG_CHECKPOINT = (
     "ModelCheckpoint: {old!r} -> {new!r}: Keras 3 writes {kind} (the checkpoints change name"
     "{format})"
+)
+MSG_FOLLOWED = (
+    "{old!r} -> {new!r}: the weight file written at {writer}, which Keras 3 writes under "
+    "the new name (a file saved before the migration keeps its old name: rename it, or "
+    "change this back if this reads such a file)"
 )
 MSG_SAVE_DIR = (
     "model.save({path}): Keras 3 saves to a .keras file (or legacy .h5); a path without "
@@ -72,8 +77,10 @@ class SavingRule(Rule):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.renamed: Dict[str, str] = {}  # a whole literal path saved -> its new name
-        self.loads: List[cst.SimpleString] = []  # literal paths given to load_weights/model
+        # the string literal that ends a saved path -> (its new text, the line writing it)
+        self.renamed: Dict[str, Tuple[str, int]] = {}
+        self.writers: Set[int] = set()  # id() of the literals renamed where they are written
+        self.strings: List[cst.SimpleString] = []  # every literal ending like a weight file
 
     def callback(self, func: cst.BaseExpression) -> Optional[str]:
         for name in self.ctx.keras_names(func):
@@ -94,11 +101,9 @@ class SavingRule(Rule):
         elif name == "TensorBoard":
             self.tensorboard(node)
         elif isinstance(func, cst.Attribute) and self.ctx.target is Target.KERAS3:
-            if func.attr.value in ("load_weights", "load_model") and node.args and isinstance(
-                    node.args[0].value, cst.SimpleString):
-                self.loads.append(node.args[0].value)
             if func.attr.value == "save_weights" and node.args:
-                self.suffix(node.args[0].value, ".weights.h5", f"{self.ctx.code(func)}")
+                self.suffix(self.bound_path(node.args[0].value), ".weights.h5",
+                            f"{self.ctx.code(func)}")
             elif func.attr.value == "save" and node.args and not self.is_not_model(func):
                 path = node.args[0].value
                 literal = _literal_tail(path)
@@ -124,9 +129,49 @@ class SavingRule(Rule):
         changed = H5.sub(new, literal)
         self.ctx.edit(path, functools.partial(_replace_tail, old=literal, new=changed))
         self.info(path, MSG_WEIGHTS.format(what=what, old=literal, new=changed))
-        if isinstance(path, cst.SimpleString):
-            self.renamed[literal] = changed
+        self.record(path, literal, changed)
         return True
+
+    def bound_path(self, path: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression:
+        """The expression a path name is bound to, where one assignment binds it.
+
+        `weights_file = "w.h5"` ... `ModelCheckpoint(weights_file)`: the assignment's literal
+        is the one to rename (every use of the name then follows it); also through a dict
+        literal (Keras-GAN's `options = {"file_weight": weights_path}` ...
+        `save_weights(options['file_weight'])`).
+        """
+        if depth > 3:
+            return path
+        if isinstance(path, cst.Subscript) and len(path.slice) == 1 and isinstance(
+                path.slice[0].slice, cst.Index):
+            key = nodes.string_value(path.slice[0].slice.value)
+            table = self.bound_path(path.value, depth + 1)
+            if key is not None and isinstance(table, cst.Dict):
+                for element in table.elements:
+                    if isinstance(element, cst.DictElement) and nodes.string_value(
+                            element.key) == key:
+                        return self.bound_path(element.value, depth + 1)
+            return path
+        if not isinstance(path, cst.Name):
+            return path
+        scope = self.ctx.scopes.get(path)
+        assignments = list(scope[path.value]) if scope is not None else []
+        if len(assignments) != 1:
+            return path
+        target = self.ctx.parent(getattr(assignments[0], "node", path))
+        assign = self.ctx.parent(target) if isinstance(target, cst.AssignTarget) else None
+        if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
+            return self.bound_path(assign.value, depth + 1)
+        return path
+
+    def record(self, path: cst.BaseExpression, old: str, new: str) -> None:
+        """Remember the literal a renamed path ends with: other places that spell it read
+        the file this one writes."""
+        literal = _tail_string(path)
+        if literal is not None and nodes.string_value(literal) == old:
+            self.renamed.setdefault(old, (new, self.ctx.position(path)[0]))
+            self.ctx.renamed.setdefault(old, (new, self.ctx.position(path)[0]))
+            self.writers.add(id(literal))
 
     def checkpoint(self, node: cst.Call) -> None:
         bound = nodes.bind(node, ("filepath", "monitor", "verbose", "save_best_only",
@@ -149,7 +194,7 @@ class SavingRule(Rule):
             return
         weights_only = bound.get("save_weights_only")
         only = weights_only is not None and self.ctx.code(weights_only.value) != "False"
-        path = bound["filepath"].value
+        path = self.bound_path(bound["filepath"].value)
         literal = _literal_tail(path)
         new = ".weights.h5" if only else ".keras"
         if literal is None or literal.endswith(new) or H5.search(literal) is None:
@@ -159,8 +204,7 @@ class SavingRule(Rule):
             return
         changed = H5.sub(new, literal)
         self.ctx.edit(path, functools.partial(_replace_tail, old=literal, new=changed))
-        if isinstance(path, cst.SimpleString):
-            self.renamed[literal] = changed
+        self.record(path, literal, changed)
         fmt = "" if only else ", and their format: Keras 3's .keras files, read by " \
             "keras.models.load_model"
         self.info(path, MSG_CHECKPOINT.format(old=literal, new=changed, format=fmt,
@@ -181,23 +225,24 @@ class SavingRule(Rule):
             self.ctx.edit(node, functools.partial(_drop_names, names=names))
 
 
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value == "load_model" and isinstance(self.ctx.parent(node), cst.Call):
-            call = self.ctx.parent(node)
-            assert isinstance(call, cst.Call)
-            if call.args and isinstance(call.args[0].value, cst.SimpleString):
-                self.loads.append(call.args[0].value)
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if H5.search(nodes.string_value(node) or "") is not None:
+            self.strings.append(node)
 
     def finish(self) -> None:
-        """A file this file saves under a new name is loaded under that name too."""
-        for literal in self.loads:
+        """Every other literal that spells a renamed path reads the file written there:
+        it follows the new name (in this file, and in the project's other files through
+        `ctx.renamed_elsewhere`, which the command fills on its second pass)."""
+        here = {old: (new, f"line {line}") for old, (new, line) in self.renamed.items()}
+        elsewhere = {old: found for old, found in self.ctx.renamed_elsewhere.items()
+                     if old not in here}
+        for literal in self.strings:
             old = nodes.string_value(literal) or ""
-            if old in self.renamed:
-                new = self.renamed[old]
-                self.ctx.edit(literal, functools.partial(_replace_tail, old=old, new=new))
-                self.info(literal, f"{old!r} -> {new!r}: the file this module saves under the "
-                          "new name (a file saved by another program keeps its old name: "
-                          "change this back if that is what it loads)")
+            if id(literal) in self.writers or (old not in here and old not in elsewhere):
+                continue
+            new, writer = here.get(old) or elsewhere[old]
+            self.ctx.edit(literal, functools.partial(_replace_tail, old=old, new=new))
+            self.info(literal, MSG_FOLLOWED.format(old=old, new=new, writer=writer))
 
 
 RULE = SavingRule
@@ -219,6 +264,21 @@ def _literal_tail(node: cst.BaseExpression) -> Optional[str]:
             return _literal_tail(node.func.value)
         if nodes.dotted(node.func) in ("os.path.join", "path.join") and node.args:
             return _literal_tail(node.args[-1].value)
+    return None
+
+
+def _tail_string(node: cst.BaseExpression) -> Optional[cst.SimpleString]:
+    """The string literal that holds the end of a path expression (as `_literal_tail`)."""
+    if isinstance(node, cst.SimpleString):
+        return node
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Modulo,
+                                                                            cst.Add)):
+        return _tail_string(node.left if isinstance(node.operator, cst.Modulo) else node.right)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        if node.func.attr.value == "format":
+            return _tail_string(node.func.value)
+        if nodes.dotted(node.func) in ("os.path.join", "path.join") and node.args:
+            return _tail_string(node.args[-1].value)
     return None
 
 

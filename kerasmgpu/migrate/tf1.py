@@ -119,8 +119,10 @@ MSG_V1 = "{old} -> {new}: TensorFlow 2 keeps it only in tf.compat.v1 (the same f
 MSG_GRAPH = "{old} needs TensorFlow 1 graph mode: {advice}"
 MSG_SESSION = "TF1 session setup -> TensorFlow 2 settings: {done}"
 MSG_SESSION_USED = (
-    "the session {name} is used beyond set_session, so the TF1 setup was left; TensorFlow 2 "
-    "runs eagerly (Keras 3 has no session): remove the session and call models directly"
+    "`{name}`, the tf.Session made from this config, is used beyond setting it up, so the "
+    "TF1 setup was left; TensorFlow 2 runs eagerly ({target} has no session): run that code "
+    "eagerly, and set the config's options with tf.config (allow_growth: "
+    "tf.config.experimental.set_memory_growth)"
 )
 MSG_GET_SESSION = (
     "K.get_session(): modern Keras has no TensorFlow session: run eagerly (tensors have "
@@ -242,6 +244,12 @@ class TF1Rule(Rule):
             if self.set_session(small, stmt, setup):
                 self.finish_setup(setup)
                 setup = _Setup()
+        if setup.session_node is not None and setup.config is not None and not setup.done:
+            # A session made from the config and never set: in TensorFlow 1 the first
+            # session's GPU options configured the process's GPUs, which is what the
+            # TensorFlow 2 settings do (when nothing else uses the session).
+            setup.statements.append(setup.session_node)
+            self.finish_setup(setup)
 
     def is_call_of(self, node: Optional[cst.BaseExpression], names: Tuple[str, ...]) -> bool:
         if not isinstance(node, cst.Call):
@@ -349,7 +357,11 @@ class TF1Rule(Rule):
     def finish_setup(self, setup: _Setup) -> None:
         if setup.session is not None and self.session_used(setup):
             assert setup.session_node is not None
-            self.error(setup.session_node, MSG_SESSION_USED.format(name=setup.session))
+            target = "Keras 3" if self.ctx.target is Target.KERAS3 else "tf_keras"
+            self.error(setup.session_node, MSG_SESSION_USED.format(name=setup.session,
+                                                                   target=target))
+            # That ERROR is the session's: no second one for its `tf.Session` name.
+            self.handled.update(id(n) for n in _walk(setup.session_node))
             return
         assert setup.anchor is not None
         tf = self.ctx.module_name("tensorflow", setup.anchor, alias="tf")
@@ -372,7 +384,7 @@ class TF1Rule(Rule):
         scope = self.ctx.scopes.get(setup.session_node.body[0])
         if scope is None or setup.session is None:
             return True
-        handled = {id(n) for s in setup.statements for n in _walk(s)}
+        handled = {id(n) for s in [*setup.statements, setup.session_node] for n in _walk(s)}
         for assignment in scope.assignments[setup.session]:
             for access in assignment.references:
                 if id(access.node) not in handled:

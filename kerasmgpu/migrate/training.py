@@ -2,13 +2,6 @@
 
 `--to keras3` and `--to tf_keras`:
 
-* The GAN pattern: `d.compile(...)`, then `d.trainable = False`, then the combined model's
-  `compile`. Keras 2.3 froze `trainable` at `compile`, so `d.train_on_batch` still trained
-  the discriminator; Keras 3 and tf_keras read it when a model's train step is first built,
-  and `d` then trains nothing (D accuracy 12-21 % against 90-100 % on Keras 2.3.1, issue 29).
-  A WARNING at the assignment names the fix (set `d.trainable = True` before `d`'s own
-  training calls and False before the combined model's: each train step is built, on the
-  first call, with the value it then reads).
 * `History.history['acc']` where the file compiles with `metrics=['accuracy']` (and never
   `'acc'`): Keras 2.3 and modern Keras both name the key as written in `metrics`, so the
   read is rewritten to `'accuracy'` (`'val_acc'` to `'val_accuracy'`); code written for
@@ -47,13 +40,6 @@ ABCS = frozenset({
     "ItemsView", "ValuesView", "Sequence", "MutableSequence", "ByteString",
 })
 MOMENT_OPTIMIZERS = frozenset({"Adam", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta"})
-MSG_FROZEN = (
-    "{name}.trainable = False after {name}.compile(...) on line {line}: Keras 2.3 froze "
-    "trainable at compile, so {name} still trained in its own train_on_batch/fit; {target} "
-    "reads it when {name}'s train step is first built, and {name} would never train. Fix: "
-    "set {name}.trainable = True right before {name}.train_on_batch/fit and "
-    "{name}.trainable = False right before the combined model's"
-)
 MSG_SPARSE = (
     "{name} with an Embedding in this file: on the TensorFlow backend Keras 3 applies the "
     "Embedding gradient as sparse row updates, so rows a batch does not touch keep their "
@@ -83,6 +69,25 @@ GONE: Dict[Tuple[str, str], str] = {
     ("keras.applications.imagenet_utils", "_obtain_input_shape"): "a private helper, gone: "
     "write the input shape out (e.g. input_shape or (224, 224, 3))",
 }
+MSG_PER_OUTPUT = (
+    "metrics={old} -> {new}: Keras 2.3 computed each metric on every output; Keras 3 "
+    "refuses a flat list for a model of several outputs and takes one list per output. "
+    "The values are Keras 2.3's, but train_on_batch and evaluate return the per-output "
+    "metrics ordered by their names (Keras 2.3: by output): read them by name "
+    "(return_dict=True) where the code indexes them"
+)
+MSG_PYTHON_IF = (
+    "{name}: a Python branch on a tensor ({test}): Keras 3 traces loss and metric "
+    "functions and refuses it (Keras 2.3's graph compared tensors with == by identity, so "
+    "such a test was False and the other branch ran; a comparison like > raised there "
+    "too). Fix: compute both branches and pick with keras.ops.where(condition, a, b)"
+)
+MSG_PYTHON_IF_TF = (
+    "{name}: a Python branch on a tensor ({test}): tf_keras's autograph makes it a real "
+    "condition on the values, where Keras 2.3's graph compared tensors with == by identity "
+    "(such a test was False, and the other branch always ran; > or < raised). To keep "
+    "what Keras 2.3 computed, keep only the branch it ran"
+)
 MSG_MEAN_IOU = (
     "tf.metrics.mean_iou is TF1's streaming metric (graph mode, local variables): use "
     "keras.metrics.MeanIoU(num_classes) as a metric or call it on (y_true, y_pred)"
@@ -95,24 +100,25 @@ class TrainingRule(Rule):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.compiles: List[Tuple[str, int]] = []  # (model, line) of every x.compile(...)
-        self.frozen: List[Tuple[str, cst.CSTNode]] = []  # x.trainable = False
         self.metrics: Set[str] = set()
         self.history: List[Tuple[cst.SimpleString, str]] = []
         self.embedding = False
         self.optimizers: List[Tuple[cst.CSTNode, str]] = []
+        self.multi_output = False  # the file builds a Model with a list of >= 2 outputs
+        self.flat_metrics: List[Tuple[cst.Call, cst.Arg]] = []
+        self.traced: Set[str] = set()  # names passed as loss= / metrics= to compile
+        self.functions: List[cst.FunctionDef] = []
 
-    # -- the GAN pattern, metrics, optimizers -------------------------------------
+    # -- metrics, optimizers ------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "compile":
-            owner = nodes.dotted(func.value)
-            if owner is not None:
-                self.compiles.append((owner, self.ctx.position(node)[0]))
             self.compile_args(node)
         for name in self.ctx.keras_names(func):
             if name == "keras.layers.Embedding":
                 self.embedding = True
+            if name in ("keras.models.Model", "keras.Model", "keras.engine.training.Model"):
+                self.multi_output |= _several_outputs(node)
             short = name.rsplit(".", 1)[-1]
             if name.startswith("keras.optimizers.") and short in MOMENT_OPTIMIZERS:
                 self.optimizers.append((node, short))
@@ -123,21 +129,21 @@ class TrainingRule(Rule):
         metrics = nodes.kwarg_value(node, "metrics")
         if isinstance(metrics, (cst.List, cst.Tuple)):
             self.metrics.update(nodes.string_value(e.value) or "" for e in metrics.elements)
+            arg = next(a for a in node.args if nodes.keyword(a) == "metrics")
+            if metrics.elements and all(_plain_metric(e.value) for e in metrics.elements):
+                self.flat_metrics.append((node, arg))
+        for key in ("loss", "metrics"):
+            value = nodes.kwarg_value(node, key)
+            parts = value.elements if isinstance(value, (cst.List, cst.Tuple)) else (
+                [cst.Element(value)] if value is not None else [])
+            for part in parts:
+                if isinstance(part.value, (cst.Name, cst.Attribute)):
+                    self.traced.add((nodes.dotted(part.value) or "").split(".")[-1])
         optimizer = nodes.kwarg_value(node, "optimizer")
         value = (nodes.string_value(optimizer) or "").lower()
         match = next((n for n in MOMENT_OPTIMIZERS if n.lower() == value), None)
         if match is not None and optimizer is not None:
             self.optimizers.append((optimizer, match))
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if not (isinstance(node.value, cst.Name) and node.value.value == "False"):
-            return
-        for target in node.targets:
-            attr = target.target
-            if isinstance(attr, cst.Attribute) and attr.attr.value == "trainable":
-                owner = nodes.dotted(attr.value)
-                if owner is not None:
-                    self.frozen.append((owner, node))
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         value = node.value
@@ -166,11 +172,15 @@ class TrainingRule(Rule):
         canonical = canonical_keras_name(module) if module else None
         if _keras1_merge(self.ctx, canonical, names):
             return  # Keras 1's merge() function: the keras1 family reports its calls
-        if all((canonical or "", name) in GONE for name in names):
+        locals_ = [nodes.dotted(a.asname.name) if a.asname else n
+                   for a, n in zip(node.names, names)]
+        gone = [(canonical or "", n) in GONE and local not in self.ctx.claimed
+                for n, local in zip(names, locals_)]
+        if all(gone):
             self.ctx.owned.add(id(node))
-        for alias, name in zip(node.names, names):
+        for alias, name, reported in zip(node.names, names, gone):
             fix = GONE.get((canonical or "", name))
-            if fix is not None:
+            if fix is not None and reported:
                 self.error(alias, f"{canonical}.{name} does not exist in "
                            f"{_label(self.ctx.target)}: {fix}")
 
@@ -180,15 +190,15 @@ class TrainingRule(Rule):
             self.ctx.replace(node, nodes.expr(f"tuple({value}.shape)"))
             self.info(node, MSG_SHAPE.format(old=self.ctx.code(node), value=value))
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
     def finish(self) -> None:
-        target = _label(self.ctx.target)
-        for owner, assign in self.frozen:
-            line = self.ctx.position(assign)[0]
-            before = [at for name, at in self.compiles if name == owner and at < line]
-            after = [at for name, at in self.compiles if name != owner and at > line]
-            if before and after:
-                self.warn(assign, MSG_FROZEN.format(name=owner, line=before[-1],
-                                                    target=target))
+        if self.ctx.target is Target.KERAS3 and self.multi_output:
+            for call, arg in self.flat_metrics:
+                self.per_output(call, arg)
+        for function in self.functions:
+            self.python_branches(function)
         if "accuracy" in self.metrics and "acc" not in self.metrics:
             for key, text in self.history:
                 new = text.replace("acc", "accuracy")
@@ -197,6 +207,86 @@ class TrainingRule(Rule):
         if self.embedding and self.ctx.target is Target.KERAS3:
             for node, name in self.optimizers:
                 self.warn(node, MSG_SPARSE.format(name=name))
+
+
+    def per_output(self, call: cst.Call, arg: cst.Arg) -> None:
+        """`metrics=['accuracy']`: Keras 2.3 computed each on every output; Keras 3 wants
+        one list per output of a multi-output model (and refuses a flat list there)."""
+        func = call.func
+        owner = nodes.dotted(func.value) if isinstance(func, cst.Attribute) else None
+        if owner is None:
+            return
+        old = self.ctx.code(arg.value)
+        new = f"[{old}] * len({owner}.outputs)"
+        self.ctx.edit(arg, functools.partial(_per_output, owner=owner))
+        self.warn(arg, MSG_PER_OUTPUT.format(old=old, new=new))
+
+    def python_branches(self, function: cst.FunctionDef) -> None:
+        """A loss or metric function's Python `if` on a tensor: Keras 3 traces it."""
+        names = [p.name.value for p in function.params.params]
+        if names[:1] == ["self"]:
+            names = names[1:]
+        if function.name.value not in self.traced and names[:2] != ["y_true", "y_pred"]:
+            return
+        params = set(names[:2])  # the tensors Keras passes; later ones are the user's
+        for test in _branch_tests(function):
+            if not self.on_tensor(test, params):
+                continue
+            values = {"name": function.name.value, "test": self.ctx.code(test)}
+            if self.ctx.target is Target.KERAS3:
+                self.error(test, MSG_PYTHON_IF.format(**values))
+            else:
+                self.warn(test, MSG_PYTHON_IF_TF.format(**values))
+
+    def on_tensor(self, test: cst.BaseExpression, params: Set[str]) -> bool:
+        for node in _walk(test):
+            if isinstance(node, cst.Name) and node.value in params:
+                return True
+            if isinstance(node, cst.Call) and any(
+                    n.startswith(("keras.backend.", "keras.ops."))
+                    for n in self.ctx.keras_names(node.func)):
+                return True
+            if isinstance(node, cst.Call) and any(
+                    q.startswith("tensorflow.") for q in self.ctx.qualified(node.func)):
+                return True
+        return False
+
+
+def _several_outputs(call: cst.Call) -> bool:
+    bound = nodes.bind(call, ("inputs", "outputs"))
+    arg = None if bound is None else (bound.get("outputs") or bound.get("output"))
+    return arg is not None and isinstance(arg.value, (cst.List, cst.Tuple)) and len(
+        arg.value.elements) >= 2
+
+
+def _plain_metric(value: cst.BaseExpression) -> bool:
+    """A metric named by a string or a function (stateless): it can serve every output."""
+    return isinstance(value, (cst.SimpleString, cst.Name, cst.Attribute))
+
+
+def _per_output(updated: cst.CSTNode, owner: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.Arg)
+    value = updated.value
+    if isinstance(value, cst.BinaryOperation):  # already per output (a second run)
+        return updated
+    return updated.with_changes(value=cst.BinaryOperation(
+        left=cst.List([cst.Element(value)]), operator=cst.Multiply(),
+        right=nodes.expr(f"len({owner}.outputs)")))
+
+
+def _branch_tests(function: cst.FunctionDef) -> List[cst.BaseExpression]:
+    return [node.test for node in _walk(function)
+            if isinstance(node, (cst.If, cst.While, cst.IfExp))]
+
+
+def _walk(root: cst.CSTNode) -> List[cst.CSTNode]:
+    found: List[cst.CSTNode] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(node.children)
+    return found
 
 
 def _keras1_merge(ctx: Context, module: object, names: List[str]) -> bool:
