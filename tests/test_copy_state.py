@@ -159,7 +159,7 @@ def test_functional_model_with_a_lambda_trains() -> None:
     _fit_both(build, XN / 100)
 
 
-def test_a_layer_holding_another_layer_is_named() -> None:
+def test_a_layer_holding_another_layer_is_named_and_trains_built_in_scope() -> None:
     class Tied(keras.layers.Layer):
         """An output projection tied to an Embedding: holds the layer, no config for it."""
 
@@ -171,16 +171,52 @@ def test_a_layer_holding_another_layer_is_named() -> None:
             return keras.ops.matmul(inputs, keras.ops.transpose(self.embedding.embeddings)) \
                 if KERAS3 else inputs @ keras.backend.transpose(self.embedding.embeddings)
 
-    ids = keras.Input((3,), dtype="int32")
-    embedding = keras.layers.Embedding(10, 4)
-    vectors = embedding(ids)
-    model = keras.Model(ids, Tied(embedding, name="tied")(vectors))
-    model.compile(optimizer="sgd", loss="mse")
+    def build():
+        seed_all(keras, 6)
+        ids = keras.Input((3,), dtype="int32")
+        embedding = keras.layers.Embedding(10, 4)
+        vectors = embedding(ids)
+        model = keras.Model(ids, Tied(embedding, name="tied")(vectors))
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
     with pytest.raises(TypeError) as caught:
-        kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
+        kerasmgpu.parallelize(build(), gpus=REPLICAS[-1])
     text = str(caught.value)
     assert "subclassed" not in text.split("(What Keras said")[0]
     assert "'tied' (Tied)" in text and "kerasmgpu.scope()" in text
+    # The fix it names: built in scope, no copy is made, and it trains as on one device.
+    x = RNG.integers(0, 10, size=(23, 3)).astype("int32")
+    y = RNG.normal(size=(23, 3, 10)).astype("float32")
+    single = build()
+    with kerasmgpu.scope(gpus=REPLICAS[-1]):
+        template = build()
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(single.fit(x, y, **fit), pmodel.fit(x, y, **fit))
+    assert_weights_close(single, template)
+
+
+@pytest.mark.core
+def test_an_activity_regularizer_reaches_the_copy() -> None:
+    # Keras 3.3 - 3.7 leave it out of get_config(): the copy trained without the
+    # activity loss (History 3.6 against 22.0 on one device, on 3.3 with JAX).
+    def build():
+        seed_all(keras, 7)
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(3, activity_regularizer=keras.regularizers.L2(0.5))(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        return model
+
+    x = XN[:40] / 100  # batches of 20: every batch divides (the term counts padding copies)
+    single, template = build(), build()
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=2)
+    fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(single.fit(x, Y[:40], **fit), pmodel.fit(x, Y[:40], **fit))
+    assert_weights_close(single, template)
 
 
 def _stateful():

@@ -132,7 +132,14 @@ class Keras3(Adapter):
             kwargs = {k: config[k] for k in ("name", "dtype", "trainable") if k in config}
             return lambda_layer(layer.function, output_shape=layer._output_shape,
                                 mask=layer.mask, arguments=dict(layer.arguments), **kwargs)
-        return super().copy_layer(layer)
+        copy = super().copy_layer(layer)
+        # Keras 3.3 - 3.7 leave `activity_regularizer` out of `Layer.get_config()` (3.8
+        # put it in): the copy trained without the layer's activity loss (History 3.6
+        # against 22.0 on one device, 3.3 on JAX). A regularizer holds no state.
+        regularizer = getattr(layer, "activity_regularizer", None)
+        if regularizer is not None and getattr(copy, "activity_regularizer", None) is None:
+            copy.activity_regularizer = regularizer
+        return copy
 
     # --- class_weight ---------------------------------------------------------------------
 
