@@ -188,3 +188,39 @@ def test_a_python_branch_on_a_tensor_in_a_metric_is_reported() -> None:
                       "tf_keras") == [Severity.WARNING]
     plain = "def f(y_true, y_pred, n=2):\n    if n > 1:\n        return y_pred\n"
     assert not lines_found(plain, "a Python branch")
+
+
+SPARSE_RUN = '''
+import numpy as np
+from keras.layers import Dense, Embedding, Flatten
+from keras.models import Sequential
+from keras.optimizers import Adam
+
+model = Sequential([Embedding(6, 2, input_length=2), Flatten(), Dense(1)])
+model.build((None, 2))
+rng = np.random.RandomState(0)
+model.set_weights([rng.uniform(-1, 1, w.shape) for w in model.get_weights()])
+model.compile(Adam(0.1), "mse")
+batches = [np.array([[3, 4], [5, 0], [1, 2], [0, 1]])] + [
+    np.array([[step % 2, 2]] * 4) for step in range(1, 10)]
+for ids in batches:  # rows 3 - 5 only in the first batch
+    model.train_on_batch(ids, np.ones((4, 1)))
+result = model.get_weights()[0].ravel().tolist()
+'''
+# The Embedding's weights after 10 Adam steps on Keras 2.3.1 (recorded on keras23).
+KERAS23_SPARSE = [0.02482, 0.59661, 0.24577, 0.59954, -0.86192, -0.44497, 0.29393, 1.20231,
+                  0.50857, -0.65188, 1.0022, 0.47655]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_sparse_embedding_updates_differ_only_where_the_warning_says() -> None:
+    result = run_keras23(SPARSE_RUN, "sparse.py")["result"]
+    from helpers import BACKEND
+
+    if LINE is KerasLine.KERAS_3 and BACKEND == "tensorflow":
+        # Keras 3 on TensorFlow: sparse row updates (the WARNING); the rows the later
+        # batches did not touch keep Keras 2.3's values, the others end elsewhere.
+        assert np.max(np.abs(np.array(result) - KERAS23_SPARSE)) > 0.1
+        assert severities(SPARSE_RUN, "sparse row updates") == [Severity.WARNING]
+        return
+    np.testing.assert_allclose(result, KERAS23_SPARSE, rtol=0, atol=2e-5)
