@@ -188,3 +188,86 @@ def test_a_python_branch_on_a_tensor_in_a_metric_is_reported() -> None:
                       "tf_keras") == [Severity.WARNING]
     plain = "def f(y_true, y_pred, n=2):\n    if n > 1:\n        return y_pred\n"
     assert not lines_found(plain, "a Python branch")
+
+
+SPARSE_RUN = '''
+import numpy as np
+from keras.layers import Dense, Embedding, Flatten
+from keras.models import Sequential
+from keras.optimizers import Adam
+
+model = Sequential([Embedding(6, 2, input_length=2), Flatten(), Dense(1)])
+model.build((None, 2))
+rng = np.random.RandomState(0)
+model.set_weights([rng.uniform(-1, 1, w.shape) for w in model.get_weights()])
+model.compile(Adam(0.1), "mse")
+batches = [np.array([[3, 4], [5, 0], [1, 2], [0, 1]])] + [
+    np.array([[step % 2, 2]] * 4) for step in range(1, 10)]
+for ids in batches:  # rows 3 - 5 only in the first batch
+    model.train_on_batch(ids, np.ones((4, 1)))
+result = model.get_weights()[0].ravel().tolist()
+'''
+# The Embedding's weights after 10 Adam steps on Keras 2.3.1 (recorded on keras23).
+KERAS23_SPARSE = [0.02482, 0.59661, 0.24577, 0.59954, -0.86192, -0.44497, 0.29393, 1.20231,
+                  0.50857, -0.65188, 1.0022, 0.47655]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_sparse_embedding_updates_differ_only_where_the_warning_says() -> None:
+    result = run_keras23(SPARSE_RUN, "sparse.py")["result"]
+    from helpers import BACKEND
+
+    if LINE is KerasLine.KERAS_3 and BACKEND == "tensorflow":
+        # Keras 3 on TensorFlow: sparse row updates (the WARNING); the rows the later
+        # batches did not touch keep Keras 2.3's values, the others end elsewhere.
+        assert np.max(np.abs(np.array(result) - KERAS23_SPARSE)) > 0.1
+        assert severities(SPARSE_RUN, "sparse row updates") == [Severity.WARNING]
+        return
+    np.testing.assert_allclose(result, KERAS23_SPARSE, rtol=0, atol=2e-5)
+
+
+CLASS_WEIGHTS_RUN = '''
+import numpy as np
+from keras.layers import Dense, Input
+from keras.models import Model
+from keras.utils import to_categorical
+
+a = Input((3,))
+model = Model(a, [Dense(1, activation="sigmoid")(a), Dense(3, activation="softmax")(a)])
+single = Model(a, Dense(1, activation="sigmoid")(a))
+rng = np.random.RandomState(0)
+for m in (model, single):
+    m.set_weights([rng.uniform(-1, 1, w.shape) for w in m.get_weights()])
+model.compile("sgd", ["binary_crossentropy", "categorical_crossentropy"])
+single.compile("sgd", "binary_crossentropy")
+cw1 = {0: 1, 1: 3}
+cw2 = {0: 0.5, 1: 2, 2: 1}
+x = rng.rand(6, 3)
+valid = (x[:, :1] > 0.5).astype("float32")
+labels = to_categorical(np.arange(6) % 3, num_classes=3)
+for step in range(3):
+    model.train_on_batch(x, [valid, labels], class_weight=[cw1, cw2])
+    single.train_on_batch(x, valid, class_weight=[cw1, cw2])  # Keras 2.3 ignored the list
+result = [float(v) for m in (model, single) for w in m.get_weights() for v in np.ravel(w)]
+'''
+# Both models' weights after 3 steps on Keras 2.3.1 (recorded on keras23).
+KERAS23_CLASS_WEIGHTS = [
+    0.10787446, 0.43307582, 0.21119902, 0.09741916, -0.16418819, 0.30105031, -0.12258988,
+    0.77281159, 0.93141687, -0.22647391, 0.57459015, 0.06213457, 0.14060424, 0.82932705,
+    -0.84340173, -0.81840128, -0.95897281, 0.66107166, 0.55430841, 0.73421067]
+
+
+def test_per_output_class_weights_become_keras23s_sample_weights() -> None:
+    out = assert_idempotent(CLASS_WEIGHTS_RUN, "tf_keras")
+    assert ("model.train_on_batch(x, [valid, labels], sample_weight="
+            "_class_weights_as_sample_weights([valid, labels], [cw1, cw2]))") in out
+    assert out.count("def _class_weights_as_sample_weights(ys, class_weights):") == 1
+    keep = CLASS_WEIGHTS_RUN.replace("class_weight=[cw1, cw2])  #", "class_weight=[cw1, cw2], "
+                                     "sample_weight=w)  #")
+    assert severities(keep, "class_weight as a list") == [Severity.ERROR]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_per_output_class_weights_train_as_keras23() -> None:
+    result = run_keras23(CLASS_WEIGHTS_RUN, "class_weights.py")["result"]
+    np.testing.assert_allclose(result, KERAS23_CLASS_WEIGHTS, rtol=0, atol=2e-6)

@@ -88,6 +88,34 @@ MSG_PYTHON_IF_TF = (
     "(such a test was False, and the other branch always ran; > or < raised). To keep "
     "what Keras 2.3 computed, keep only the branch it ran"
 )
+# Keras 2.3's `standardize_sample_or_class_weights` + `standardize_weights`, for a list.
+PER_OUTPUT_CLASS_WEIGHTS = '''
+def _class_weights_as_sample_weights(ys, class_weights):
+    # Keras 2.3 took class_weight as one dict per output, and ignored a list given for a
+    # model of one output; modern Keras takes one dict, for one output. These are the
+    # sample weights Keras 2.3 made of it (written here by kerasmgpu migrate).
+    import numpy as np
+    if not isinstance(ys, (list, tuple)) or len(ys) != len(class_weights):
+        return None
+    weights = []
+    for y, table in zip(ys, class_weights):
+        y = np.asarray(y)
+        classes = y.argmax(axis=1) if y.ndim > 1 and y.shape[1] > 1 else y.reshape(len(y))
+        weights.append(None if not table else np.asarray([table[c] for c in classes],
+                                                         dtype="float32"))
+    return weights
+'''
+MSG_CLASS_WEIGHTS = (
+    "class_weight={weights} -> sample_weight=_class_weights_as_sample_weights({y}, ...): "
+    "Keras 2.3 took one class_weight dict per output (and ignored a list for a model of "
+    "one output); modern Keras takes one dict for one output and fails on a list. The "
+    "definition added to this file makes the sample weights Keras 2.3 made"
+)
+MSG_CLASS_WEIGHTS_KEPT = (
+    "class_weight as a list (one dict per output): modern Keras takes one dict for one "
+    "output and fails on it. Fix: pass sample_weight=[w1, w2, ...], per output the weight "
+    "of each sample's class (Keras 2.3 multiplied them with any sample_weight given)"
+)
 MSG_MEAN_IOU = (
     "tf.metrics.mean_iou is TF1's streaming metric (graph mode, local variables): use "
     "keras.metrics.MeanIoU(num_classes) as a metric or call it on (y_true, y_pred)"
@@ -114,6 +142,8 @@ class TrainingRule(Rule):
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "compile":
             self.compile_args(node)
+        if isinstance(func, cst.Attribute) and func.attr.value in ("fit", "train_on_batch"):
+            self.class_weights(node)
         for name in self.ctx.keras_names(func):
             if name == "keras.layers.Embedding":
                 self.embedding = True
@@ -193,6 +223,22 @@ class TrainingRule(Rule):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(node)
 
+    def class_weights(self, node: cst.Call) -> None:
+        """`class_weight=[cw1, cw2]`: Keras 2.3 took one dict per output (and ignored a
+        list for a model of one output); modern Keras takes one dict, for one output."""
+        arg = next((a for a in node.args if nodes.keyword(a) == "class_weight"), None)
+        if arg is None or not isinstance(arg.value, (cst.List, cst.Tuple)):
+            return
+        bound = nodes.bind(node, ("x", "y"))
+        if bound is None or "y" not in bound or any(
+                nodes.keyword(a) == "sample_weight" for a in node.args):
+            self.error(arg, MSG_CLASS_WEIGHTS_KEPT)
+            return
+        self.ctx.need_definition(PER_OUTPUT_CLASS_WEIGHTS, node)
+        y = self.ctx.code(bound["y"].value)
+        self.ctx.edit(arg, functools.partial(_class_weights_to_samples, y=y))
+        self.info(arg, MSG_CLASS_WEIGHTS.format(y=y, weights=self.ctx.code(arg.value)))
+
     def finish(self) -> None:
         if self.ctx.target is Target.KERAS3 and self.multi_output:
             for call, arg in self.flat_metrics:
@@ -250,6 +296,13 @@ class TrainingRule(Rule):
                     q.startswith("tensorflow.") for q in self.ctx.qualified(node.func)):
                 return True
         return False
+
+
+def _class_weights_to_samples(updated: cst.CSTNode, y: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.Arg)
+    weights = cst.Module([]).code_for_node(updated.value)
+    value = nodes.expr(f"_class_weights_as_sample_weights({y}, {weights})")
+    return updated.with_changes(keyword=cst.Name("sample_weight"), value=value)
 
 
 def _several_outputs(call: cst.Call) -> bool:
