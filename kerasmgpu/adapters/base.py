@@ -281,6 +281,11 @@ class Adapter:
         none; only Keras 3 optimizers have it)."""
         return 1
 
+    def strategy_loss_problem(self, model: Any) -> Optional[str]:
+        """What of `model` a tf.distribute strategy of this release trains otherwise than
+        one device, named for a refusal (None: nothing)."""
+        return None
+
     def accumulation_problem(self) -> Optional[str]:
         """Why this release cannot accumulate gradients exactly (None: it can)."""
         return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"

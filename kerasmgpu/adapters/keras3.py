@@ -62,7 +62,10 @@ from kerasmgpu.adapters.base import (
     class_weight_error,
     following_save,
 )
-from kerasmgpu.env.versions import KERAS3_ACCUMULATION_COUNTS_STEPS
+from kerasmgpu.env.versions import (
+    KERAS3_ACCUMULATION_COUNTS_STEPS,
+    KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE,
+)
 from kerasmgpu.registry import verified_range
 
 
@@ -657,6 +660,20 @@ class Keras3(Adapter):
         """Whether this Keras's `iterations` counts optimizer steps when it accumulates
         (env/versions.py KERAS3_ACCUMULATION_COUNTS_STEPS; an unknown version: newest)."""
         return self.version is None or self.version >= KERAS3_ACCUMULATION_COUNTS_STEPS
+
+    def strategy_loss_problem(self, model: Any) -> Optional[str]:
+        """Keras 3 on TF before 3.15: layers with an activity regularizer, whose loss a
+        tf.distribute strategy computes otherwise than one device
+        (env/versions.py KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE)."""
+        if (self.backend != "tensorflow" or self.version is None
+                or self.version >= KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE):
+            return None
+        named = [f"{layer.name!r}" for layer in self.layers_of(model)
+                 if getattr(layer, "activity_regularizer", None) is not None]
+        if not named:
+            return None
+        return (f"layers {', '.join(named)} with an activity_regularizer on Keras "
+                f"{self.version} with TensorFlow")
 
     def accumulation_problem(self) -> Optional[str]:
         return None  # 3.3+; before 3.8 per optimizer (optimizer_accumulation_problem)

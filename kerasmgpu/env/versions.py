@@ -63,6 +63,11 @@ KERAS3_TF_MIN = Version("3.10")
 # keras/src/trainers/data_adapters/__init__.py, checked on 3.3.3, 3.8.0, 3.9.2, 3.10.0);
 # 3.11 made that check depend on `auto_shard_dataset`, which kerasmgpu turns off.
 KERAS3_JAX_MULTI_PROCESS_MIN = Version("3.11")
+# Breakpoint: Keras 3 on TensorFlow before 3.15 computes a layer's activity
+# regularization loss otherwise under a tf.distribute strategy than on one device
+# (measured on 3.10.0 and 3.12.0: History 37.7 and 12.0 against 326.7 and 10784 on one
+# device, plain MirroredStrategy the same; 3.13 and 3.14 not measured); 3.15.1 agrees.
+KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE = Version("3.15")
 # Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
 # Breakpoint: Keras 3 accumulation (`gradient_accumulation_steps`) counts optimizer steps
 # in `iterations` from 3.8 (the micro-batches in `_iterations`), and clips and decays the
