@@ -92,6 +92,26 @@ needs = {
 }
 
 
+# Where CI runs each external launcher: one line each. What a launcher gives a process
+# (rank, world size, rank 0's address) is read by env/cluster.py, which imports no
+# framework; each line's rendezvous is the same under any launcher (and runs under
+# `kerasmgpu launch` on every multi-process line, test_distributed.py). So a launcher x line
+# pair adds time (20-50 s each), not a path: torchrun on torch, its own; mpirun on JAX,
+# whose processes waited at exit; srun on tf_keras (TensorFlow's gRPC servers); the README's
+# batch script on torch. KERASMGPU_LAUNCHERS=all runs every launcher on every line.
+LAUNCHER_LINE = {"torchrun": "torch", "mpirun": "jax", "srun": "tf", "sbatch": "torch"}
+_THIS_LINE = "torch" if ON_TORCH else "jax" if ON_JAX else "tf"
+
+
+def on_its_line(launcher: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        os.environ.get("KERASMGPU_LAUNCHERS") != "all"
+        and LAUNCHER_LINE[launcher] != _THIS_LINE,
+        reason=f"{launcher} runs on the {LAUNCHER_LINE[launcher]} line (LAUNCHER_LINE: the "
+        f"launcher is read without a framework); this env: {_THIS_LINE}; "
+        "KERASMGPU_LAUNCHERS=all runs it here")
+
+
 def _command(launcher: str, out: Path, *args: str) -> List[str]:
     script = [sys.executable, WORKER, str(out), *args]
     if launcher == "torchrun":
@@ -165,9 +185,9 @@ def _check_job(out: Path, reference: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("launcher, name", [
-    pytest.param("torchrun", "torchrun", marks=needs["torchrun"]),
-    pytest.param("mpirun", "Open MPI", marks=needs["mpirun"]),
-    pytest.param("srun", "SLURM", marks=needs["srun"]),
+    pytest.param("torchrun", "torchrun", marks=[needs["torchrun"], on_its_line("torchrun")]),
+    pytest.param("mpirun", "Open MPI", marks=[needs["mpirun"], on_its_line("mpirun")]),
+    pytest.param("srun", "SLURM", marks=[needs["srun"], on_its_line("srun")]),
 ])
 def test_two_processes_of_an_external_launcher_train_as_one_job(
         tmp_path: Path, reference: Path, launcher: str, name: str) -> None:
@@ -310,6 +330,7 @@ def _sbatch_script(out: Path, *args: str) -> str:
 
 
 @needs["srun"]
+@on_its_line("sbatch")
 def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly(
         tmp_path: Path, reference: Path) -> None:
     out, backup, log = tmp_path / "run", tmp_path / "backup", tmp_path / "slurm.log"
