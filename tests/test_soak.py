@@ -7,8 +7,10 @@ Not in CI (minutes): marked `soak`, skipped unless KERASMGPU_SOAK=1.
 Each trial launches `tests/workers/train.py` under `kerasmgpu launch --max-restarts 1`
 (2 processes where the line has a multi-process route, else 1 process on 2 devices): 4
 epochs of 21 steps with a backup after every step, so that a random instant often falls
-inside a backup's write. Once training has written its first backup, the test waits a
-random time and SIGKILLs one process (the chief and the other in turn); the launcher restarts the job, which resumes.
+inside a backup's write. The test draws one of the fit's backups, waits until it is
+complete, then 0-50 ms more (into the next step's compute or its backup's write), and
+SIGKILLs one process (the chief and the other in turn); the launcher restarts the job,
+which resumes.
 A trial is exact when the job ends within 1e-5 of the same fit run without a kill
 (weights, optimizer state, the History of the epochs the last run trained). The summary
 line (printed, and written to $KERASMGPU_SOAK_REPORT if set) is the figure in
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +48,14 @@ pytestmark = [pytest.mark.soak, pytest.mark.multiprocess, pytest.mark.timeout(72
                                  reason="a soak of minutes: KERASMGPU_SOAK=1")]
 
 OPTIONS = ["--epochs", "4", "--rows", "201", "--save-freq", "1", "--momentum", "0.9"]
+BACKUPS = 4 * 21  # one a step: 201 rows in batches of 10, 4 epochs
+_COMPLETE = re.compile(r"^kerasmgpu-backup-(\d{6})$")
+
+
+def _newest(backup: Path) -> int:
+    """The newest complete backup's number (its directory renamed into place), or -1."""
+    names = os.listdir(backup) if backup.is_dir() else []
+    return max((int(m.group(1)) for m in map(_COMPLETE.match, names) if m), default=-1)
 
 
 def _exact(expected: Path, got: Path) -> str:
@@ -72,10 +83,14 @@ def _trial(root: Path, nproc: int, rank: int, rng: random.Random) -> Dict[str, o
                            text=True, start_new_session=True)
     record: Dict[str, object] = {}
     try:
-        started = wait_until(lambda: any(backup.glob("kerasmgpu-backup-*")), timeout=600)
-        assert started, "no backup within 600 s"
+        # The instant: a backup drawn from the fit's (one a step), then 0-50 ms into the
+        # step after it - its compute, or its backup's write. A time drawn from a
+        # fixed window instead fell after the end of a fit this short on an idle machine.
+        target = rng.randint(1, BACKUPS - 4)
+        started = wait_until(lambda: _newest(backup) >= target, timeout=600, poll=0.002)
+        assert started, f"no backup {target} within 600 s"
         began = time.time()
-        time.sleep(rng.uniform(0.0, 8.0))
+        time.sleep(rng.uniform(0.0, 0.05))
         pid = int((out / f"pid{rank}.run0").read_text())
         writing = any(backup.glob(".kerasmgpu-staging-*"))
         try:
@@ -83,8 +98,9 @@ def _trial(root: Path, nproc: int, rank: int, rng: random.Random) -> Dict[str, o
             killed = True
         except ProcessLookupError:  # the job had ended: a trial without a kill
             killed = False
-        record.update(rank=rank, after_first_backup_s=round(time.time() - began, 2),
-                      killed=killed, a_write_under_way=writing)
+        record.update(rank=rank, after_backup=target,
+                      after_it_s=round(time.time() - began, 3), killed=killed,
+                      a_write_under_way=writing)
         output, _ = job.communicate(timeout=1200)
     finally:
         if job.poll() is None:
