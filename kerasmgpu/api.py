@@ -185,13 +185,6 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
     if own > 1 and steps > 1:
         raise own_accumulation_error(own, steps)
-    if own > 1 and cls.route == Route.MIRRORED:
-        raise bad_value(
-            "optimizer", f"{type(optimizer).__name__}(gradient_accumulation_steps={own}) "
-            "on the mirrored route", "an optimizer without gradient_accumulation_steps on "
-            "TensorFlow (Keras 3's accumulation fails under MirroredStrategy: merge_call "
-            "inside a cond)", "drop gradient_accumulation_steps from the optimizer and pass "
-            "parallelize(model, accumulate_steps=k) instead (exact on TensorFlow too)")
     if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
         raise bad_value(
             "accumulate_steps", steps,

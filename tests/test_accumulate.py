@@ -4,8 +4,9 @@ Against plain Keras on one device with batch k*B on the same rows in the same or
 47 rows, B=5 on 3 replicas (every batch padded), k=4 - two whole optimizer steps, then a
 short one of 7 rows (a batch of 5 and a padded batch of 2, completed by masked fillers;
 on Keras 2.3's multi_gpu_model, which does not pad, a batch of 5 and a short one of 2,
-against plain Keras 2.3.1). Keras 3's own `gradient_accumulation_steps` under parallelize() against itself on one
-device. Bad values and the routes that cannot accumulate yet are errors before any
+against plain Keras 2.3.1). Keras 3's own `gradient_accumulation_steps` under
+parallelize() against plain Keras on one device (carried out by kerasmgpu on
+TensorFlow). Bad values and the routes that cannot accumulate yet are errors before any
 weight is touched.
 """
 
@@ -158,11 +159,18 @@ def test_optimizer_accumulation_with_accumulate_steps_is_an_error() -> None:
 
 
 @requires(tf=True, lines=[KerasLine.KERAS_3])
-def test_optimizer_accumulation_on_the_mirrored_route_is_an_error() -> None:
-    # Plain Keras 3 fails there inside fit() (merge_call inside a cond): refused up front.
-    model = mlp(keras, optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
-    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=2.*mirrored"):
-        kerasmgpu.parallelize(model)
+def test_optimizer_accumulation_with_ema_on_the_mirrored_route_is_an_error() -> None:
+    # kerasmgpu carries Keras's own accumulation out on TensorFlow (plain Keras fails
+    # under MirroredStrategy: merge_call inside a cond), but not with EMA, whose averages
+    # move at every micro-batch: refused before anything is copied, saying what to do.
+    model = mlp(keras, optimizer=keras.optimizers.SGD(0.1, use_ema=True,
+                                                      gradient_accumulation_steps=2))
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=2.*EMA.*Fix:"):
+        kerasmgpu.parallelize(model).fit(*classification_data(ROWS), batch_size=BATCH,
+                                         verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.core
@@ -281,20 +289,32 @@ def test_optimizers_accumulation_cannot_drive_on_tf_are_an_error(kind: str) -> N
         np.testing.assert_array_equal(a, b)
 
 
-@requires(jax=True)
+@pytest.mark.core
+@requires(in_process=True, lines=[KerasLine.KERAS_3])
 def test_keras_own_accumulation_equals_one_device() -> None:
+    """SGD(momentum, clipnorm, gradient_accumulation_steps=3) under parallelize() against
+    plain Keras on one device, over two fits: 10 batches an epoch (the last padded), so
+    groups run across epochs and fits. JAX runs Keras's own accumulation; on TensorFlow,
+    where Keras's own fails under MirroredStrategy, kerasmgpu carries it out (the group's
+    mean clipped, then the update; `iterations` counting micro-batches as Keras's)."""
     x, y = classification_data(ROWS)
 
     def model() -> Any:
-        return mlp(keras, optimizer=keras.optimizers.SGD(0.1, momentum=0.9,
-                                                         gradient_accumulation_steps=3))
+        return mlp(keras, optimizer=keras.optimizers.SGD(
+            0.1, momentum=0.9, clipnorm=0.5, gradient_accumulation_steps=3))
 
-    one = model()
-    one.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    template = model()
-    kerasmgpu.parallelize(template).fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                                        verbose=0)
+    one, template = model(), model()
+    template.set_weights(one.get_weights())
+    parallel = kerasmgpu.parallelize(template)
+    fit = dict(batch_size=BATCH, shuffle=False, verbose=0)
+    for epochs in (2, 1):
+        assert_history_close(one.fit(x, y, epochs=epochs, **fit),
+                             parallel.fit(x, y, epochs=epochs, **fit))
     for a, b in zip(one.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert int(np.asarray(template.optimizer.iterations)) == int(
+        np.asarray(one.optimizer.iterations))
+    for a, b in zip(_optimizer_state(one.optimizer), _optimizer_state(template.optimizer)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 

@@ -534,3 +534,37 @@ def test_keras23_a_batchnorm_frozen_after_parallelize_stays_put() -> None:
                                          zip(before, model.get_layer("bn").get_weights()))
     assert moved["one", False] == moved["parallel", False] == 0.0, moved
     assert moved["one", True] > 1e-3 and moved["parallel", True] > 1e-3, moved
+
+
+@requires(legacy=True)
+def test_keras23_a_batch_with_fewer_rows_than_replicas_leaves_no_replica_empty() -> None:
+    # Keras's slicing gave the first replicas of such a batch 0 rows, on which oneDNN's
+    # Conv2D fails (TensorFlow 2.15 on a CPU where oneDNN is on: `Incompatible shapes`);
+    # now its rows are repeated up to one per replica and the merged outputs cut back.
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(25, 6, 6, 1)).astype("float32")  # batches of 8: the last has 1
+    y = rng.integers(0, 3, size=25)
+
+    def build() -> Any:
+        model = keras.Sequential([keras.layers.Conv2D(4, 3, input_shape=(6, 6, 1)),
+                                  keras.layers.Flatten(),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        return model
+
+    one, template = build(), build()
+    template.set_weights(one.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    slices = [layer.output for layer in pmodel.layers
+              if set(getattr(layer, "arguments", None) or {}) == {"i", "parts"}]
+    assert len(slices) == 3
+    rows = [len(s) for s in keras.backend.function(pmodel.inputs, slices)([x[:1]])]
+    assert min(rows) >= 1, rows
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(one.fit(x, y, **fit), pmodel.fit(x, y, **fit))
+    assert_weights_close(one, template)
+    np.testing.assert_allclose(pmodel.evaluate(x, y, batch_size=8, verbose=0),
+                               one.evaluate(x, y, batch_size=8, verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(pmodel.predict(x, batch_size=8), one.predict(x, batch_size=8),
+                               atol=1e-6)

@@ -286,6 +286,11 @@ class Adapter:
         one device, named for a refusal (None: nothing)."""
         return None
 
+    def carry_own_accumulation(self, optimizer: Any) -> None:
+        """Where Keras's own `gradient_accumulation_steps` cannot run under the engine
+        (Keras 3 on TF), kerasmgpu carries it out with the same groups and weights; or
+        the error. Elsewhere nothing."""
+
     def accumulation_problem(self) -> Optional[str]:
         """Why this release cannot accumulate gradients exactly (None: it can)."""
         return f"{self.LABEL} {self.version} optimizers do not accumulate gradients"

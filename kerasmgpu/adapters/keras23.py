@@ -10,7 +10,7 @@ import contextlib
 import importlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from kerasmgpu.adapters import keras23_template
+from kerasmgpu.adapters import keras23_slicing, keras23_template
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import Adapter, StateReader
 from kerasmgpu.adapters.keras23_names import (  # noqa: F401 - re-exported
@@ -68,6 +68,46 @@ class Keras23(Adapter):
             yield
         finally:
             utils._get_available_devices = original
+
+    @contextlib.contextmanager
+    def padded_short_batches(self, model: Any) -> Iterator[None]:
+        """While Keras's `multi_gpu_model(model)` builds: a batch with fewer rows than
+        replicas is sliced as if its rows were repeated up to one per replica (Keras's
+        own slicing left the first replicas an empty slice, on which oneDNN's Conv2D
+        fails), and each merged output is cut back to the batch's rows before the loss
+        and metrics, so the repeats weigh nothing. Other batches are sliced as Keras
+        slices them. Reads `multi_gpu_utils.Lambda` and `concatenate` (the names its
+        `multi_gpu_model` builds the slices and the merge with, 2.3.1)."""
+        utils = self.multi_gpu_utils()
+        lambda_layer, concatenate = (getattr(utils, "Lambda", None),
+                                     getattr(utils, "concatenate", None))
+        if lambda_layer is None or concatenate is None:
+            raise self.fail("`multi_gpu_utils.Lambda` or `concatenate` is missing",
+                            "where multi_gpu_model slices the batch and merges the outputs")
+        sliced: List[bool] = []
+        rows_of = model.inputs[0]
+
+        def slicing(function: Any, *args: Any, **kwargs: Any) -> Any:
+            if (getattr(function, "__name__", "") == "get_slice"
+                    and set(kwargs.get("arguments") or {}) == {"i", "parts"}):
+                function = keras23_slicing.padded_slice
+                sliced.append(True)
+            return lambda_layer(function, *args, **kwargs)
+
+        def merging(outputs: Any, axis: int = -1, name: Any = None, **kwargs: Any) -> Any:
+            merged = concatenate(outputs, axis=axis, name=f"{name}_replicas", **kwargs)
+            return lambda_layer(keras23_slicing.real_rows,
+                                output_shape=keras23_slicing.first_shape, name=name)(
+                [merged, rows_of])
+
+        utils.Lambda, utils.concatenate = slicing, merging
+        try:
+            yield
+        finally:
+            utils.Lambda, utils.concatenate = lambda_layer, concatenate
+        if not sliced:
+            raise self.fail("multi_gpu_model built no `get_slice` Lambda",
+                            "how it slices the batch over the replicas")
 
     def compile_args(self, model: Any) -> Dict[str, Any]:
         """Keras 2.3 keeps its compile arguments on the model. The optimizer is the

@@ -20,20 +20,15 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from kerasmgpu._errors import bad_value
+from kerasmgpu.adapters import keras23_slicing
 
 
 def _slicer(keras: Any, i: int, parts: int) -> Any:
-    """Keras 2.3's own slicing (multi_gpu_utils): equal parts, the last the remainder."""
-    K = keras.backend
+    """Keras 2.3's own slicing (multi_gpu_utils): equal parts, the last the remainder; a
+    batch with fewer rows than replicas with its rows repeated (`keras23_slicing`)."""
 
     def get_slice(data: Any) -> Any:
-        shape = K.shape(data)
-        batch_size, input_shape = shape[:1], shape[1:]
-        step = batch_size // parts
-        size = batch_size - step * i if i == parts - 1 else step
-        size = K.concatenate([size, input_shape], axis=0)
-        stride = K.concatenate([step, input_shape * 0], axis=0)
-        return K.slice(data, stride * i, size)
+        return keras23_slicing.padded_slice(data, i, parts)
 
     return get_slice
 
@@ -95,8 +90,9 @@ def synchronized_multi_gpu_model(keras: Any, model: Any, gpus: Sequence[int],
             continue
         ins = [[m[id(t)] for t in node.input_tensors] for m in maps]
         if isinstance(layer, keras.layers.BatchNormalization):
-            outs = [[o] for o in synced(layer, list(gpus))([each[0] for each in ins],
-                                                           **node.arguments)]
+            # The whole batch beside the slices: its rows tell the repeats apart.
+            outs = [[o] for o in synced(layer, list(gpus))(
+                [each[0] for each in ins] + [own_inputs[0]], **node.arguments)]
         else:
             outs = []
             for gpu, each in zip(gpus, ins):
@@ -111,8 +107,10 @@ def synchronized_multi_gpu_model(keras: Any, model: Any, gpus: Sequence[int],
     outputs = replicas(model.inputs)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     with tf.device("/cpu:0" if cpu_merge else f"/gpu:{gpus[0]}"):
-        merged = [keras.layers.concatenate(outputs[k * parts:(k + 1) * parts], axis=0,
-                                           name=name)
+        merged = [keras.layers.Lambda(keras23_slicing.real_rows,
+                                      output_shape=keras23_slicing.first_shape, name=name)(
+            [keras.layers.concatenate(outputs[k * parts:(k + 1) * parts], axis=0,
+                                      name=f"{name}_replicas"), model.inputs[0]])
                   for k, name in enumerate(_output_names(model.output_names))]
     return keras.Model(model.inputs, merged)
 
@@ -153,12 +151,16 @@ def synchronized_layer(keras: Any) -> Any:
             return list(self._norm.non_trainable_weights)
 
         def compute_output_shape(self, input_shape: Any) -> Any:
-            return list(input_shape)
+            return list(input_shape)[:-1]
 
         def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
-            return None if mask is None else list(mask)
+            return None if mask is None else list(mask)[:-1]
 
         def call(self, inputs: List[Any], training: Any = None) -> List[Any]:
+            # The replicas' slices, then the whole batch (its rows: a repeat of a batch
+            # with fewer rows than replicas is left out of the moments).
+            given, inputs, whole = inputs, list(inputs[:-1]), inputs[-1]
+            batch = K.shape(whole)[0]
             norm = self._norm
             placed = [f"/gpu:{gpu}" for gpu in self._gpus]
             inference = []
@@ -172,17 +174,24 @@ def synchronized_layer(keras: Any) -> Any:
             axes = [a for a in range(ndim) if a != axis]
             shape = [1] * ndim
             shape[axis] = K.int_shape(inputs[0])[axis]
+            parts = len(inputs)
+            masks = [keras23_slicing.real_row_mask(x, i, parts, batch)
+                     for i, x in enumerate(inputs)]
             sums, counts = [], []
-            for where, x in zip(placed, inputs):
+            for where, x, real in zip(placed, inputs, masks):
                 with tf.device(where):
-                    sums.append(K.sum(x, axis=axes))
-                    counts.append(K.cast(K.prod(K.gather(K.shape(x), axes)), K.dtype(x)))
+                    sums.append(K.sum(x * real, axis=axes))
+                    # Real rows times the entries per row and channel (none past
+                    # the rows for a Dense layer's 2-D input: an empty product, 1).
+                    counts.append(K.sum(real) * K.cast(tf.reduce_prod(tf.gather(
+                        K.shape(x), tf.constant(axes[1:], tf.int32))), K.dtype(x)))
             rows = tf.add_n(counts)
             mean = tf.add_n(sums) / rows
             squares = []
-            for where, x in zip(placed, inputs):
+            for where, x, real in zip(placed, inputs, masks):
                 with tf.device(where):
-                    squares.append(K.sum(K.square(x - K.reshape(mean, shape)), axis=axes))
+                    squares.append(K.sum(K.square(x - K.reshape(mean, shape)) * real,
+                                         axis=axes))
             variance = tf.add_n(squares) / rows
             outputs = []
             for where, x, fallback in zip(placed, inputs, inference):
@@ -197,7 +206,7 @@ def synchronized_layer(keras: Any) -> Any:
             unbiased = variance * rows / (rows - (1.0 + norm.epsilon))
             self.add_update([K.moving_average_update(norm.moving_mean, mean, norm.momentum),
                              K.moving_average_update(norm.moving_variance, unbiased,
-                                                     norm.momentum)], inputs)
+                                                     norm.momentum)], given)
             return outputs
 
     return SynchronizedBatchNormalization

@@ -743,6 +743,44 @@ class Keras3(Adapter):
         optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(steps)
         return True
 
+    def carry_own_accumulation(self, optimizer: Any) -> None:
+        if self.backend != "tensorflow" or self.own_accumulation(optimizer) == 1:
+            return  # JAX and torch run Keras's own accumulation as it is
+        steps = self.own_accumulation(optimizer)
+        held = optimizer.__dict__.get(HOOKED + "_accumulation")
+        if held is not None and held.steps == steps:
+            return
+        problem = (
+            "an optimizer with loss scaling (its finiteness check would count micro-batches)"
+            if getattr(optimizer, "inner_optimizer", None) is not None else
+            "EMA (use_ema=True: its averages move at every micro-batch, outside the update)"
+            if getattr(optimizer, "use_ema", False) else
+            "an optimizer that has trained already (its accumulators hold a group)"
+            if getattr(optimizer, "built", False) else None)
+        if problem is not None:
+            raise bad_value(
+                "optimizer", f"{type(optimizer).__name__}(gradient_accumulation_steps="
+                f"{steps}) on TensorFlow with {problem}",
+                "gradient_accumulation_steps on TensorFlow without loss scaling or EMA, "
+                "before the first fit (kerasmgpu carries it out: Keras's own fails under "
+                "MirroredStrategy, merge_call inside a cond)",
+                "drop gradient_accumulation_steps and pass parallelize(model, "
+                "accumulate_steps=k), or train without use_ema / mixed_float16")
+        for name in ("_iterations", "_clip_gradients", "_apply_weight_decay",
+                     "_backend_update_step"):
+            if not hasattr(optimizer, name):
+                raise self.fail(f"`{name}` is missing", "gradient_accumulation_steps")
+
+        def update(grads: Any, variables: Any) -> Any:
+            # BaseOptimizer._backend_apply_gradients's update branch (3.10 - 3.15): the
+            # group's mean clipped, weight decay, the update step.
+            grads = optimizer._clip_gradients(grads)
+            optimizer._apply_weight_decay(variables)
+            return optimizer._backend_update_step(grads, variables, optimizer.learning_rate)
+
+        optimizer.__dict__[HOOKED + "_accumulation"] = tf_internals.Accumulation(
+            steps, counted=lambda: int(optimizer._iterations.numpy()), update=update)
+
     def finish_group(self, model: Any, factor: float) -> None:
         """TF: kerasmgpu's sums (`tensorflow.finish_group`). JAX and torch: Keras's own
         accumulators (`_accumulated_gradients`, the sum of the group's gradients, and
@@ -976,9 +1014,11 @@ class Keras3(Adapter):
 
     def _skip_apply_while_accumulating(self, optimizer: Any) -> None:
         # Accumulating, `apply` itself is skipped: it counts a step (`_iterations`, which
-        # Adam's bias correction reads) and applies constraints after the update.
+        # Adam's bias correction reads) and applies constraints after the update. Not for
+        # the optimizer's own accumulation, whose `apply` counts every micro-batch.
         marked = optimizer.__dict__
-        if HOOKED + "_accumulation" not in marked or marked.get(HOOKED + "_skip"):
+        group = marked.get(HOOKED + "_accumulation")
+        if group is None or group.own or marked.get(HOOKED + "_skip"):
             return
         reduce = getattr(optimizer, "_all_reduce_sum_gradients", None)
         if not callable(reduce):

@@ -198,15 +198,26 @@ class Accumulation:
     all-reduced sum is the same on every replica).
     """
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, counted: Optional[Callable[[], int]] = None,
+                 update: Optional[Callable[[Any, Any], Any]] = None) -> None:
         self.steps = steps
         self.applying = False
         self.fed = 0
         self.sums: dict = {}
+        # The optimizer's own `gradient_accumulation_steps`, carried out here (Keras 3 on
+        # TF): its groups follow the optimizer's micro-batch counter (`counted()`, across
+        # epochs and fits, as its own accumulators do), every micro-batch weighs alike,
+        # and the group's mean goes to `update` (its update without the accumulation).
+        self.counted, self.update = counted, update
+
+    @property
+    def own(self) -> bool:
+        return self.counted is not None
 
     def start(self, variables: List[Any]) -> None:
         """Before a fit: a zero sum for each trainable variable (made here, eagerly, in
-        the strategy's scope; a tf.function may not create them on a second trace)."""
+        the strategy's scope; a tf.function may not create them on a second trace); the
+        optimizer's own accumulation keeps the sums a group has so far."""
         import tensorflow as tf
 
         for variable in variables:
@@ -216,9 +227,9 @@ class Accumulation:
                     value, trainable=False,
                     synchronization=tf.VariableSynchronization.ON_WRITE,
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            else:
+            elif not self.own:
                 self.sums[id(variable)].assign(value)
-        self.fed = 0
+        self.fed = self.counted() if self.counted is not None else 0
 
     def next_applies(self) -> bool:
         """Whether the next micro-batch ends its group (the optimizer then applies)."""
@@ -357,6 +368,8 @@ def reduce_before(
             group.clear(trainable_variables)
         local.reduced = True
         try:
+            if group is not None and group.update is not None:
+                return group.update(summed, trainable_variables)
             return apply(summed, trainable_variables)
         finally:
             local.reduced = False

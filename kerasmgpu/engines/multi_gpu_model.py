@@ -89,7 +89,8 @@ class MultiGpuModelEngine(Engine):
             parallel = self.adapter.synchronized_multi_gpu_model(inner, ids, self.cpu_merge)
         else:
             updates = self.adapter.replica_updates(inner)
-            with self._gpu_names_for_virtual_devices():
+            with self._gpu_names_for_virtual_devices(), \
+                    self.adapter.padded_short_batches(inner):
                 parallel = keras_multi_gpu_model(
                     inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
                 )

@@ -269,7 +269,10 @@ def accumulating(state: ParallelState, optimizer: Any) -> Any:
     """`optimizer`, made to accumulate `state.accumulate_steps` micro-batches per step
     (`kerasmgpu.accumulation`), or the error when it cannot be."""
     steps = state.accumulate_steps
-    if steps == 1 or optimizer is None:
+    if optimizer is None:
+        return optimizer
+    if steps == 1:
+        state.adapter.carry_own_accumulation(optimizer)
         return optimizer
     own = state.adapter.own_accumulation(optimizer)
     if own > 1 and own != steps:
