@@ -116,7 +116,8 @@ def test_backend_errors_name_their_one_line_replacement(call: str, fix: str) -> 
 
 def test_gone_model_helpers_name_their_replacement() -> None:
     text = ("from keras.models import model_from_config\n"
-            "from keras.utils import convert_all_kernels_in_model\n")
+            "from keras.utils import convert_all_kernels_in_model\n"
+            "model = model_from_config(config)\nconvert_all_kernels_in_model(model)\n")
     messages: List[str] = [f.message for f in findings(text)]
     assert any("keras.layers.deserialize(config)" in m for m in messages)
     assert any("delete the call" in m and "Theano" in m for m in messages)

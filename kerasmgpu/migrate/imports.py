@@ -73,6 +73,9 @@ MODULE_MOVES: Dict[str, str] = {
 }
 # (module after MODULE_MOVES, name) -> (module, name): a name that went elsewhere than its
 # module, or was renamed. Same behaviour (Keras 2.3 defined these as aliases).
+_SERIALIZING = ("keras.layers", "keras.optimizers", "keras.losses", "keras.metrics",
+                "keras.initializers", "keras.regularizers", "keras.constraints",
+                "keras.activations")
 NAME_MOVES: Dict[Tuple[str, str], Tuple[str, str]] = {
     ("keras.layers", "Model"): ("keras.models", "Model"),
     ("keras.layers", "Sequential"): ("keras.models", "Sequential"),
@@ -96,6 +99,11 @@ NAME_MOVES: Dict[Tuple[str, str], Tuple[str, str]] = {
         ("zero", "Zeros"))},
     **{("keras.constraints", low): ("keras.constraints", up) for low, up in (
         ("maxnorm", "MaxNorm"), ("nonneg", "NonNeg"), ("unitnorm", "UnitNorm"))},
+    # Keras 2.3 re-exported its serialization helpers from each module.
+    **{(module, name): ("keras.utils", name) for module in _SERIALIZING
+       for name in ("serialize_keras_object", "deserialize_keras_object")},
+    ("keras.metrics", "cosine_similarity"): ("keras.losses", "cosine_similarity"),
+    ("keras.metrics", "categorical_hinge"): ("keras.losses", "categorical_hinge"),
 }
 # Loss and metric aliases Keras 3 dropped (tf_keras keeps them).
 _LOSS_ALIASES = {"mse": "mean_squared_error", "MSE": "mean_squared_error",
@@ -108,8 +116,7 @@ _LOSS_ALIASES = {"mse": "mean_squared_error", "MSE": "mean_squared_error",
                  "kullback_leibler_divergence": "kl_divergence", "logcosh": "log_cosh"}
 KERAS3_NAME_MOVES: Dict[Tuple[str, str], Tuple[str, str]] = {
     **{("keras.losses", old): ("keras.losses", new) for old, new in _LOSS_ALIASES.items()},
-    **{("keras.metrics", old): ("keras.metrics", new) for old, new in _LOSS_ALIASES.items()
-       if new != "log_cosh"},
+    **{("keras.metrics", old): ("keras.metrics", new) for old, new in _LOSS_ALIASES.items()},
 }
 # Names other families rewrite (they also drop or rewrite the import).
 OWNED_ELSEWHERE = frozenset({"multi_gpu_model", "ImageDataGenerator", "merge", "Merge",
@@ -152,7 +159,28 @@ GONE_ADVICE: Dict[str, str] = {
     "clip_norm": "pass clipnorm= to the optimizer",
     "normalize_tuple": "an internal of Keras 2.3: write the tuple yourself",
     "conv_output_length": "an internal of Keras 2.3: compute it yourself",
+    "convert_dense_weights_data_format": "it converted Theano-era Dense weights after a "
+    "Flatten between data formats: drop it (modern Keras loads weights as saved)",
 }
+
+
+# Helpers Keras 2.3 modules exposed that neither target has (tests/test_migrate_imports.py
+# checks Keras 2.3.1's public names, tests/data/keras23_public_names.json, against each
+# target: every name is either found where `locate` says or listed as gone).
+_INTERNALS = frozenset(
+    [("keras.models", n) for n in ("has_arg", "to_list")]
+    + [("keras.losses", "is_categorical_crossentropy")]
+    + [("keras.metrics", n) for n in ("Layer", "Reduce", "SensitivitySpecificityBase")]
+    + [("keras.activations", "Layer"), ("keras.applications", "keras_modules_injection")]
+    + [("keras.utils", n) for n in (
+        "check_for_unexpected_keys", "func_dump", "func_load", "getargspec", "has_arg",
+        "is_all_none", "object_list_uid", "slice_arrays", "to_list", "transpose_shape",
+        "unpack_singleton", "convert_dense_weights_data_format", "get_index", "init_pool",
+        "init_pool_generator", "next_sample", "validate_file", "Model", "Wrapper",
+        "add_edge", "is_model", "is_wrapped_model")]
+    + [("keras.layers", n) for n in ("func_dump", "func_load", "has_arg", "transpose_shape",
+                                      "disable_tracking", "to_list", "object_list_uid")]
+)
 
 
 def _keras3_gone() -> FrozenSet[Tuple[str, str]]:
@@ -164,7 +192,7 @@ def _keras3_gone() -> FrozenSet[Tuple[str, str]]:
              "SequenceEnqueuer", "convert_all_kernels_in_model", "print_summary", "count_params",
              "conv_input_length", "conv_output_length", "convert_kernel", "deconv_length",
              "normalize_padding", "normalize_tuple", "Reduction")
-    return frozenset(
+    return _INTERNALS | frozenset(
         [("keras.layers", n) for n in layers] + [("keras.utils", n) for n in utils]
         + [("keras.models", n) for n in ("model_from_config", "model_from_yaml", "Node")]
         + [("keras.losses", n) for n in ("cosine", "cosine_proximity", "huber_loss",
@@ -196,9 +224,9 @@ def _tf_keras_gone() -> FrozenSet[Tuple[str, str]]:
     utils = ("H5Dict", "HDF5Matrix", "convert_all_kernels_in_model", "print_summary",
              "conv_input_length", "conv_output_length", "convert_kernel", "deconv_length",
              "normalize_padding", "normalize_tuple")
-    return frozenset(
+    return _INTERNALS | frozenset(
         [("keras.layers", n) for n in layers] + [("keras.utils", n) for n in utils]
-        + [("keras.models", "Node")]
+        + [("keras.models", "Node")] + [("keras.utils", "count_params")]
         + [("keras.losses", n) for n in ("cosine", "cosine_proximity", "huber_loss",
                                           "LossFunctionWrapper")]
         + [("keras.metrics", n) for n in ("cosine", "cosine_proximity", "accuracy",
@@ -260,6 +288,12 @@ def locate(module: str, name: str, target: Target) -> Optional[Tuple[str, str]]:
     return moved, name
 
 
+MSG_UNUSED_GONE = (
+    "{name} removed from the import: {target} does not have it, and this file never uses "
+    "it (the import only made the file fail)"
+)
+
+
 def target_label(target: Target) -> str:
     return "Keras 3" if target is Target.KERAS3 else "tf_keras"
 
@@ -274,8 +308,22 @@ class ImportsRule(Rule):
         self.renamed: Set[str] = set()
         self.keras_imports: List[cst.ImportFrom] = []
         self.foreign = frozenset(a for a in KERAS_PACKAGE_ALIASES if a != package(ctx.target))
+        self.unused: Set[str] = set()
 
     # -- `from M import a, b` -------------------------------------------------------------
+    def drop_unused_gone(self) -> None:
+        """A name the target lacks that the file imports but never uses: the import goes
+        (it only made the file fail to import)."""
+        for node, _, _, local in self.gone:
+            scope = self.ctx.scopes.get(node)
+            if local is None or scope is None or local in self.ctx.claimed:
+                continue
+            # Spelled once in the whole file: not used, not in __all__ or a string either.
+            if not any(a.references for a in scope.assignments[local]) and (
+                    self.ctx.source.count(local) == 1):
+                self.unused.add(local)
+                self.ctx.claimed.add(local)
+
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if id(node) in self.ctx.owned:
             return
@@ -467,6 +515,7 @@ class ImportsRule(Rule):
         return where is not None and where == (MODULE_MOVES.get(module, module), attr)
 
     def finish(self) -> None:
+        self.drop_unused_gone()
         for node in self.keras_imports:
             if node not in self.ctx.edits and any(
                     _local(alias) in self.ctx.claimed for alias in node.names):
@@ -474,6 +523,9 @@ class ImportsRule(Rule):
                                                       claimed=self.ctx.claimed))
         label = target_label(self.ctx.target)
         for node, module, name, local in self.gone:
+            if local is not None and local in self.unused:
+                self.info(node, MSG_UNUSED_GONE.format(name=f"{module}.{name}", target=label))
+                continue
             if local is not None and local in self.ctx.claimed:
                 continue
             advice = GONE_ADVICE.get(name, "remove it or replace it by hand")
