@@ -420,8 +420,8 @@ def test_targets_keyed_by_output_names(replicas: int, inputs: str, outputs: str,
 @pytest.mark.core
 @pytest.mark.parametrize("keys", [
     pytest.param(("priority", "department"), id="every-output"),
-    # wide: tf.keras and tf_keras share the adapter, whose newest end runs it (CI time)
-    pytest.param(("priority",), id="some-outputs", marks=pytest.mark.wide)])
+    # Not `wide`: the fix is tf.keras / tf_keras's, whose envs leave `wide` out.
+    pytest.param(("priority",), id="some-outputs")])
 def test_per_output_sample_weights_keyed_by_output_names(keys: Any) -> None:
     """A dict of sample weights keyed by output name, for list outputs: tf.keras maps it by
     name; Keras 3.10 and 3.15 raise KeyError on one device, Keras 3.3 accepts it. Whatever one device
