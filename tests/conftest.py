@@ -7,7 +7,10 @@ exercised on 2 and 3 of those devices.
 
 from __future__ import annotations
 
+import json
 import os
+from collections import Counter
+from typing import Any
 
 os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "3")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,3 +42,19 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"backend {ENV.backend or '-'}, route {ENV.route}, "
         f"virtual devices {os.environ.get('KERASMGPU_VIRTUAL_DEVICES')}"
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """With KERASMGPU_WARNINGS_REPORT set (tox passes KERASMGPU_*), one JSON line per run
+    appended to that file: the env, its warning count and the most frequent kinds. `tox -p`
+    shows no passing env's output, and every env is to stay at 50 warnings or fewer."""
+    path = os.environ.get("KERASMGPU_WARNINGS_REPORT")
+    if not path:
+        return
+    reports = terminalreporter.stats.get("warnings", [])
+    kinds = Counter((str(getattr(r, "message", "")).strip().splitlines() or [""])[0][:160]
+                    for r in reports)
+    line = {"env": os.environ.get("KERASMGPU_TEST_ENV", "-"), "warnings": len(reports),
+            "kinds": kinds.most_common(10)}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
