@@ -316,6 +316,34 @@ def test_failing_worker_stops_the_sleeper(tracked: Tracked,
     assert_gone(*pids_in(out))
 
 
+def test_the_first_failure_is_named_though_its_consequence_exits_first(
+        tracked: Tracked, capsys: pytest.CaptureFixture[str]) -> None:
+    # Rank 1 fails and then takes 2 s to exit (a framework's teardown); rank 0 fails
+    # because of it and exits at once. The launcher sees rank 0 exit first, but rank 1
+    # noted the instant it failed (kerasmgpu.process.ending), and is named.
+    script = tracked.script("""\
+        from kerasmgpu.env import cluster
+        from kerasmgpu.process import ending
+        ending.watch(cluster.detect())
+        if RANK == 1:
+            noting = sys.excepthook
+            def hook(*exc):
+                noting(*exc)  # kerasmgpu's: notes the instant, prints the traceback
+                ready("failed")  # only now may rank 0 fail
+                time.sleep(2)
+            sys.excepthook = hook
+            raise RuntimeError("the first failure")
+        wait_for("failed")
+        sys.exit(5)
+    """)
+    code = main(["--nproc", "2", script])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert "RuntimeError: the first failure" in err
+    assert "kerasmgpu launch: rank 1 exited with code 1; stopped the other 0 worker(s)" in err
+    assert_gone(*pids_in(out))
+
+
 @pytest.mark.multiprocess
 def test_worker_ignoring_sigterm_is_killed_after_grace(tracked: Tracked) -> None:
     script = tracked.script("""\

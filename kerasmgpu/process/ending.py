@@ -26,6 +26,12 @@ How the ending is learnt - Python does not tell an exit handler its exit status:
   `KERASMGPU_COLLECTIVE_TIMEOUT`, not skipped.
 * `os._exit` and signals end the process without exit handlers; the launcher sees them.
 
+Which process failed first: a process that fails makes the others fail in their
+collectives a moment later, and when they exit within milliseconds of each other the
+launcher's view of the exits can order them wrongly. So, under `kerasmgpu launch`, a
+process notes the instant it fails (before printing its traceback) in the file that
+`KERASMGPU_FAILURE_FILE` names: that instant precedes the failures it causes.
+
 Nothing here imports a framework; `kerasmgpu.engines.startup` calls `watch` when the
 job's process starts and `framework_started` once each framework is imported.
 """
@@ -38,12 +44,17 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, List, NoReturn, Optional
 
 from kerasmgpu.env import cluster
 from kerasmgpu.process import status
 
-__all__ = ["framework_started", "watch"]
+__all__ = ["FAILURE_FILE_ENV", "framework_started", "watch"]
+
+# Set by `kerasmgpu launch` for each worker: where it notes "PID MONOTONIC-TIME" when it
+# fails (read by the launcher, which compares the PID with its worker's).
+FAILURE_FILE_ENV = "KERASMGPU_FAILURE_FILE"
 
 
 class _Ending:
@@ -54,6 +65,7 @@ class _Ending:
         self.failure: Optional[int] = None  # the status of an uncaught failure
         self.handler_registered = False
         self.teardowns: List[Callable[[], None]] = []
+        self.noted = False
 
 
 _ending = _Ending()
@@ -68,6 +80,7 @@ def watch(environment: cluster.ClusterEnvironment) -> None:
     previous = sys.excepthook
 
     def excepthook(kind: Any, value: Any, traceback: Any) -> None:
+        _note_failure()  # the instant, before the traceback takes its time
         previous(kind, value, traceback)  # the traceback first, as always
         _ending.failure = (status.by_signal(signal.SIGINT) if issubclass(kind, KeyboardInterrupt)
                            else status.FAILURE)
@@ -100,6 +113,7 @@ class _Marker:
             return
         frame = inspect.currentframe()  # this method's own frame
         if frame is not None and frame.f_back is None and self.code:
+            _note_failure()
             _ending.failure = self.code
         del frame
 
@@ -115,6 +129,23 @@ def _system_exit(code: Any) -> SystemExit:
     error = SystemExit(code)
     error._kerasmgpu_marker = _Marker(status.of_exit(code))  # type: ignore[attr-defined]
     return error
+
+
+def _note_failure() -> None:
+    """Note for the launcher the instant this process failed (once; a write that fails
+    only leaves the launcher its own view of the exits)."""
+    path = os.environ.get(FAILURE_FILE_ENV)
+    if not path or _ending.noted:
+        return
+    _ending.noted = True
+    line = f"{os.getpid()} {time.monotonic()!r}\n"
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(partial, "w", encoding="ascii") as f:
+            f.write(line)
+        os.replace(partial, path)  # whole or absent: the launcher may read it any time
+    except OSError:
+        pass
 
 
 def _at_exit() -> None:
