@@ -744,9 +744,9 @@ class Keras3(Adapter):
         return True
 
     def carry_own_accumulation(self, optimizer: Any) -> None:
-        if self.backend != "tensorflow" or self.own_accumulation(optimizer) == 1:
-            return  # JAX and torch run Keras's own accumulation as it is
         steps = self.own_accumulation(optimizer)
+        if self.backend != "tensorflow" or steps == 1:
+            return  # JAX and torch run Keras's own accumulation as it is
         held = optimizer.__dict__.get(HOOKED + "_accumulation")
         if held is not None and held.steps == steps:
             return
