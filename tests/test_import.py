@@ -71,3 +71,23 @@ def test_migrate_imports_no_framework_and_no_numpy() -> None:
     assert result["imported"] == []
     assert set(result["third_party"]) <= {"packaging", "libcst", "yaml", "typing_extensions"}, \
         result["third_party"]
+
+
+LAUNCH_CODE = f"""
+import json, sys
+before = set(sys.modules)
+import kerasmgpu.launch.supervise, kerasmgpu.launch
+kerasmgpu.launch.worker_environments(2, "127.0.0.1:29500", base_env={{}})
+new = {{m.split(".")[0] for m in set(sys.modules) - before}}
+imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
+third_party = sorted(new - set(sys.stdlib_module_names) - {{"kerasmgpu", "_distutils_hack"}})
+print(json.dumps(dict(imported=imported, third_party=third_party)))
+"""
+
+
+def test_the_launcher_imports_no_framework() -> None:
+    """`kerasmgpu launch` only starts processes: every module of it, and the workers'
+    environments, without a framework (the script decides which one it runs)."""
+    result = _run(LAUNCH_CODE)
+    assert result["imported"] == []
+    assert set(result["third_party"]) <= {"packaging"}, result["third_party"]

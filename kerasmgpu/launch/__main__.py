@@ -1,0 +1,5 @@
+"""`python -m kerasmgpu.launch` is `kerasmgpu launch`."""
+
+from kerasmgpu.launch import main
+
+raise SystemExit(main())
