@@ -17,7 +17,7 @@ from migrate_cases import assert_idempotent, findings, migrate, severities, src
 
 from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity, Target
-from kerasmgpu.migrate.imports import (
+from kerasmgpu.migrate.import_tables import (
     GONE,
     KERAS3_NAME_MOVES,
     MODULE_MOVES,

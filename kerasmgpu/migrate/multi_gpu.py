@@ -26,12 +26,14 @@ Found and reported, not rewritten: a template built in `with tf.device('/cpu:0')
 `batch_size` multiplied by a GPU count, vendored copies of either function, imports of
 Keras's `multi_gpu_utils`/`training_utils` (gone in TF >= 2.4 and Keras 3) and calls into
 their private helpers, `multi_gpu_model` through a module that cannot be traced.
+
+The first two are `multi_gpu_advice.py`'s (the base of this rule); the edits the rewrites
+make are `multi_gpu_edits.py`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from typing import List, Optional, Set, Tuple
 
 import libcst as cst
@@ -39,32 +41,29 @@ from libcst.metadata import ClassScope
 
 from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
 from kerasmgpu.migrate import nodes, wrappers
-from kerasmgpu.migrate.engine import Context, Rule
+from kerasmgpu.migrate.engine import Context
+from kerasmgpu.migrate.multi_gpu_advice import MultiGpuAdvice
+from kerasmgpu.migrate.multi_gpu_edits import (
+    _LEGACY,
+    _MGM,
+    _drop_gone_import,
+    _drop_mgm,
+    _dropped_flags,
+    _mgm_call_fits,
+    _remove_statement,
+    _split_legacy_import,
+    _split_legacy_suite,
+    _swap_mgm_module,
+    _to_parallelize,
+)
 
-_MGM = "multi_gpu_model"
-_LEGACY = "kerasmgpu.legacy"
 # multi_gpu_model from another module of these packages is theirs (kerasmgpu's, or a
 # framework path not listed), not a vendored copy: no vendored-copy advice.
 _FRAMEWORK_PACKAGES = frozenset({"kerasmgpu", "keras", "tf_keras", *TF_ROOTS})
 _MGM_QUALIFIED = frozenset(f"{module}.{_MGM}" for module in MULTI_GPU_MODEL_MODULES)
-_TF_DEVICE = frozenset(
-    {"tensorflow.device", "tensorflow.compat.v1.device", "tensorflow.compat.v2.device"}
-)
-# "/cpu:0", "cpu:0", "/CPU:0", "/device:CPU:0", "/job:localhost/replica:0/task:0/device:CPU:0".
-_CPU0 = re.compile(r"(?:^|/)(?:device:)?cpu:0$", re.IGNORECASE)
-_MGM_PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
 _TRAINS = frozenset({"compile", "fit", "fit_generator", "train_on_batch", "evaluate",
                      "predict"})
 
-MSG_CPU = (
-    "{scope}: kerasmgpu places the replicas itself; the template no longer needs to live on "
-    "the CPU (build the model outside this device scope)"
-)
-MSG_BATCH = (
-    "{name} is multiplied by the GPU count; batch_size is the global batch in kerasmgpu "
-    "(split across the replicas, as multi_gpu_model did): keep multiplying only if you want "
-    "each GPU to see the old per-GPU batch"
-)
 MSG_PARALLELIZE = (
     "{old} -> kerasmgpu.parallelize(model, gpus=...): the same Keras 2.3 semantics (compile "
     "and fit the returned model, save the template: it receives the trained weights; "
@@ -158,7 +157,7 @@ MSG_MGM_UNRESOLVED = (
 )
 
 
-class MultiGpuRule(Rule):
+class MultiGpuRule(MultiGpuAdvice):
     NAME = "multi_gpu"
 
     def __init__(self, ctx: Context) -> None:
@@ -167,7 +166,6 @@ class MultiGpuRule(Rule):
         self.import_targets: List[cst.ImportFrom] = []
         self.references: List[cst.BaseExpression] = []  # every use of Keras's multi_gpu_model
         self.gone_imports: List[Tuple[cst.CSTNode, str, Optional[str]]] = []
-        self.gpu_names: Set[str] = {"G"}  # G = args["gpus"] is the pyimagesearch idiom
         self.star_lines: List[Tuple[cst.CSTNode, str]] = []
         self.binds_mgm = False
         self.defines_mgm = False
@@ -180,7 +178,6 @@ class MultiGpuRule(Rule):
         self.parallel_results: Set[str] = set()
         self.weight_loads: List[Tuple[cst.CSTNode, str, bool]] = []
         self.in_import = 0
-        self.functions: List[str] = []
         self.keras_import: Optional[cst.CSTNode] = None  # the file's first Keras import
         self.shim: Optional[cst.CSTNode] = None  # its `import kerasmgpu.keras23`
         self.trains_here = False  # compiles or trains at module level, or has __main__
@@ -353,48 +350,7 @@ class MultiGpuRule(Rule):
                 names.append(access.node)
         return None, names
 
-    # -- advice-only patterns ----------------------------------------------------------
-    def visit_With(self, node: cst.With) -> None:
-        if "make_parallel" in self.functions or _MGM in self.functions:
-            return  # their own CPU merge scope: the def itself is advised already
-        if self.ctx.target.modern and wrappers.inside_wrapper(self.ctx, node):
-            return  # the wrappers family replaces the function around it
-        for item in node.items:
-            call = item.item
-            if not isinstance(call, cst.Call) or not call.args:
-                continue
-            func_name = nodes.dotted(call.func) or ""
-            is_tf_device = bool(self.ctx.qualified(call.func) & _TF_DEVICE) or (
-                func_name == "tf.device" or func_name.endswith(".tf.device")
-            )
-            devices = _string_choices(call.args[0].value)
-            if is_tf_device and any(_CPU0.search(device.strip()) for device in devices):
-                scope = f"with {self.ctx.code(call)}"
-                self.info(node, MSG_CPU.format(scope=scope))
-
-    def gpuish(self, node: cst.BaseExpression) -> bool:
-        """Whether an expression reads as a GPU count."""
-        if isinstance(node, cst.Name):
-            return "gpu" in node.value.lower() or node.value in self.gpu_names
-        if isinstance(node, cst.Attribute):
-            return "gpu" in node.attr.value.lower()
-        if isinstance(node, cst.Subscript):
-            key = _target_name(node)
-            return key is not None and "gpu" in key.lower()
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.args:
-            if node.func.value == "len":
-                return "gpu" in self.ctx.code(node.args[0].value).lower()
-            if node.func.value == "int":
-                return self.gpuish(node.args[0].value)
-        return False
-
-    def gpu_product(self, node: cst.BaseExpression) -> bool:
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.args:
-            if node.func.value in ("int", "round"):
-                return self.gpu_product(node.args[0].value)
-        factors = _mul_operands(node)
-        return len(factors) > 1 and any(self.gpuish(factor) for factor in factors)
-
+    # -- assignments and calls (the batch advice is MultiGpuAdvice's) -----------------
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
             if self.gpuish(node.value):  # G = args["gpus"]; n = len(gpu_ids)
@@ -409,28 +365,6 @@ class MultiGpuRule(Rule):
             self.check_batch(node, node.target, node.value)
             if _is_make_parallel_call(node.value):
                 self.parallel_results.add(self.ctx.code(node.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        name = _target_name(node.target)
-        if (
-            isinstance(node.operator, cst.MultiplyAssign)
-            and name is not None
-            and "batch" in name.lower()
-            and self.gpuish(node.value)
-        ):
-            self.info(node, MSG_BATCH.format(name=name))
-
-    def check_batch(
-        self, node: cst.CSTNode, target: cst.BaseExpression, value: cst.BaseExpression
-    ) -> None:
-        name = _target_name(target)
-        if name is not None and "batch" in name.lower() and self.gpu_product(value):
-            self.info(node, MSG_BATCH.format(name=name))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None and node.keyword.value == "batch_size":
-            if self.gpu_product(node.value):
-                self.info(node.keyword, MSG_BATCH.format(name="batch_size"))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -580,139 +514,8 @@ RULE = MultiGpuRule
 # Pure helpers
 
 
-def _remove_statement(updated: cst.CSTNode) -> cst.RemovalSentinel:
-    return cst.RemovalSentinel.REMOVE
-
-
 def _local(alias: cst.ImportAlias) -> str:
     return nodes.dotted(alias.asname.name if alias.asname else alias.name) or ""
-
-
-def _mgm_call_fits(call: cst.Call) -> bool:
-    bound = nodes.bind(call, _MGM_PARAMS)
-    return bound is not None and "model" in bound and set(bound) <= set(_MGM_PARAMS)
-
-
-def _dropped_flags(call: cst.Call) -> str:
-    bound = nodes.bind(call, _MGM_PARAMS) or {}
-    dropped = [name for name in ("cpu_merge", "cpu_relocation") if name in bound]
-    if not dropped:
-        return ""
-    verb = "they only steered" if len(dropped) > 1 else "it only steered"
-    return (f"; {' and '.join(dropped)} dropped: {verb} where Keras 2.3 merged the outputs "
-            "and built the template, and kerasmgpu all-reduces gradients instead")
-
-
-def _to_parallelize(updated: cst.CSTNode) -> cst.CSTNode:
-    """`multi_gpu_model(m, gpus=G, ...)` / `make_parallel(m, n)` -> `parallelize(m, gpus=G)`."""
-    assert isinstance(updated, cst.Call)
-    is_mp = nodes.dotted(updated.func) == "make_parallel"
-    params = ("model", "gpu_count") if is_mp else _MGM_PARAMS
-    bound = nodes.bind(updated, params)
-    assert bound is not None  # checked when the rewrite was decided
-    gpus = bound.get("gpu_count" if is_mp else "gpus")
-    args = [bound["model"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT)]
-    if gpus is not None:
-        args.append(nodes.as_keyword(gpus, "gpus"))
-    return nodes.with_args(updated, args, func=nodes.attr_chain("kerasmgpu.parallelize"))
-
-
-def _drop_mgm(updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
-    """The import without multi_gpu_model (removed when nothing else is left)."""
-    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
-    names = list(updated.names)
-    kept = [alias for alias in names if nodes.dotted(alias.name) != _MGM]
-    if not kept:
-        return cst.RemovalSentinel.REMOVE
-    if nodes.dotted(names[-1].name) == _MGM:
-        kept[-1] = kept[-1].with_changes(comma=names[-1].comma)
-    return updated.with_changes(names=kept)
-
-
-def _swap_mgm_module(updated: cst.CSTNode) -> cst.CSTNode:
-    """`from keras.utils import multi_gpu_model` -> `from kerasmgpu.legacy import ...`.
-
-    With other names on the line, they stay and `_split_legacy_import` adds the
-    kerasmgpu import after it; the marker is the module left on multi_gpu_model alone.
-    """
-    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
-    names = list(updated.names)
-    if all(nodes.dotted(alias.name) == _MGM for alias in names):
-        return updated.with_changes(module=nodes.attr_chain(_LEGACY))
-    return updated
-
-
-def _split_legacy(small: cst.BaseSmallStatement) -> Tuple[cst.BaseSmallStatement,
-                                                          Optional[cst.ImportFrom]]:
-    if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
-        return small, None
-    if nodes.module_of(small) == _LEGACY:
-        return small, None
-    names = list(small.names)
-    moved = [alias for alias in names if nodes.dotted(alias.name) == _MGM]
-    if not moved:
-        return small, None
-    kept = [alias for alias in names if nodes.dotted(alias.name) != _MGM]
-    if nodes.dotted(names[-1].name) == _MGM:
-        # The last name went away: its comma (absent, or a trailing one before `)`) moves
-        # to the new last name so the layout of a parenthesized import survives.
-        kept[-1] = kept[-1].with_changes(comma=names[-1].comma)
-    added = cst.ImportFrom(
-        module=nodes.attr_chain(_LEGACY),
-        names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for alias in moved],
-    )
-    return small.with_changes(names=kept), added
-
-
-def _split_legacy_import(updated: cst.CSTNode) -> cst.CSTNode | cst.FlattenSentinel:
-    assert isinstance(updated, cst.SimpleStatementLine)
-    body: List[cst.BaseSmallStatement] = []
-    added: List[cst.BaseStatement] = []
-    for small in updated.body:
-        kept, extra = _split_legacy(small)
-        body.append(kept)
-        if extra is not None:
-            added.append(cst.SimpleStatementLine(body=[extra]))
-    if not added:
-        return updated
-    return cst.FlattenSentinel([updated.with_changes(body=body), *added])
-
-
-def _split_legacy_suite(updated: cst.CSTNode) -> cst.CSTNode:
-    # `if x: from keras.utils import a, multi_gpu_model` has no line to add after,
-    # so the new import joins the suite after a semicolon.
-    assert isinstance(updated, cst.SimpleStatementSuite)
-    body: List[cst.BaseSmallStatement] = []
-    added: List[cst.BaseSmallStatement] = []
-    for small in updated.body:
-        kept, extra = _split_legacy(small)
-        body.append(kept)
-        if extra is not None:
-            added.append(extra)
-    return updated.with_changes(body=[*body, *added]) if added else updated
-
-
-def _drop_gone_import(updated: cst.CSTNode, module: str) -> cst.CSTNode | cst.RemovalSentinel:
-    """Remove the alias that imports `module`; `import a.b.gone` becomes `import a`."""
-    if isinstance(updated, cst.Import):
-        kept: List[cst.ImportAlias] = []
-        for alias in updated.names:
-            name = nodes.dotted(alias.name) or ""
-            if name != module:
-                kept.append(alias)
-            elif alias.asname is None:
-                kept.append(alias.with_changes(name=cst.Name(name.split(".")[0])))
-        if not kept:
-            return cst.RemovalSentinel.REMOVE
-        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return updated.with_changes(names=kept)
-    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
-    leaf = module.rsplit(".", 1)[1]
-    names = [alias for alias in updated.names if nodes.dotted(alias.name) != leaf]
-    if not names:
-        return cst.RemovalSentinel.REMOVE
-    names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return updated.with_changes(names=names)
 
 
 def _is_make_parallel_call(node: cst.CSTNode) -> bool:
@@ -734,36 +537,3 @@ def _two_plain_arguments(call: cst.Call) -> bool:
         if arg.keyword is not None and arg.keyword.value not in ("model", "gpu_count"):
             return False
     return True
-
-
-def _target_name(node: cst.CSTNode) -> Optional[str]:
-    """The name an assignment target ends in: `batch_size`, `args.batch_size`, `cfg["bs"]`."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return node.attr.value
-    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
-        index = node.slice[0].slice
-        if isinstance(index, cst.Index):
-            return nodes.string_value(index.value)
-    return None
-
-
-def _string_choices(node: cst.BaseExpression) -> List[str]:
-    """The string literals an expression can be: itself, or each branch of `a if c else b`.
-
-    `tf.device("/cpu:0" if n > 1 else "/gpu:0")` builds the template on the CPU in the
-    multi-GPU case, the one that matters here.
-    """
-    if isinstance(node, cst.IfExp):
-        return _string_choices(node.body) + _string_choices(node.orelse)
-    value = nodes.string_value(node)
-    return [] if value is None else [value]
-
-
-def _mul_operands(node: cst.BaseExpression) -> List[cst.BaseExpression]:
-    """The factors of `a * b * c` (one factor when `node` is not a product)."""
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-        return _mul_operands(node.left) + _mul_operands(node.right)
-    return [node]
-
