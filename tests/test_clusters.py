@@ -283,22 +283,28 @@ def test_public_helpers_name_the_launcher(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv(name, value)
     for name in [k for k in os.environ if k.startswith("KERASMGPU_PROCESS")]:
         monkeypatch.delenv(name)
+    cluster.reset()  # a process's job is detected once: as if it started now
     assert (kerasmgpu.process_index(), kerasmgpu.process_count(), kerasmgpu.is_chief()) == (
         1, 2, False)
-    assert cluster.current().name == "Open MPI"
+    assert cluster.job().name == "Open MPI"
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert not kerasmgpu.is_chief()  # kept for the life of the process
+    cluster.reset()
     assert kerasmgpu.is_chief()
 
 
 def test_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
-    assert cluster.collective_timeout() == cluster.DEFAULT_TIMEOUT
+    cluster.reset()
+    assert cluster.job().collective_timeout() == cluster.DEFAULT_TIMEOUT
     monkeypatch.setenv(cluster.TIMEOUT_ENV, "12.5")
-    assert cluster.collective_timeout() == 12.5
+    cluster.reset()
+    assert cluster.job().collective_timeout() == 12.5
     for bad in ("0", "-3", "soon"):
         monkeypatch.setenv(cluster.TIMEOUT_ENV, bad)
+        cluster.reset()
         with pytest.raises(ValueError, match="KERASMGPU_COLLECTIVE_TIMEOUT.*Fix"):
-            cluster.collective_timeout()
+            cluster.job().collective_timeout()
 
 
 @pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3 trains in one process only")
@@ -308,12 +314,14 @@ def test_doctor_names_the_launcher(monkeypatch: pytest.MonkeyPatch,
 
     for name, value in {**OMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(name, value)
+    cluster.reset()  # as in a process started with them
     doctor.main(["--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["environment"]["cluster"] == "Open MPI: process 0 of 1"
     doctor.main([])
     assert "launcher     : Open MPI: process 0 of 1" in capsys.readouterr().out
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "x")
+    cluster.reset()
     doctor.main(["--json"])
     found = {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
     assert "OMPI_COMM_WORLD_SIZE" in found["launcher_variables"]["message"]
@@ -333,7 +341,7 @@ def framework_shutdown():
 atexit.register(framework_shutdown)
 from kerasmgpu.env import cluster
 from kerasmgpu.process import ending
-ending.watch(cluster.current())
+ending.watch(cluster.job())
 ending.framework_started(teardown=lambda: open(os.path.join({out!r}, "teardown"), "w").close())
 atexit.register(lambda: open(os.path.join({out!r}, "later-handler"), "w").close())
 """
@@ -438,13 +446,11 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
 def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     import tensorflow as tf
 
-    from kerasmgpu import adapters, registry
+    from kerasmgpu import adapters, engines, registry
     from kerasmgpu.adapters import tf_data
     from kerasmgpu.data import feeds
-    from kerasmgpu.env.versions import backend_for, detect_keras_line
-
-    line, _ = detect_keras_line()
-    adapter = adapters.load(line, backend_for(line))
+    active = registry.active()
+    adapter = adapters.load(active)
     tf.random.set_seed(None)  # an earlier test's global seed would seed every shuffle
     x = np.arange(20, dtype="float32").reshape(10, 2)
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
@@ -454,7 +460,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     assert tf_data.unseeded_shuffles(data.batch(4)) == 0
     nested = tf.data.Dataset.range(2).interleave(lambda _: unseeded)
     assert tf_data.unseeded_shuffles(nested) == 1
-    kind = registry.lookup(line).feed
+    kind = engines.load(active.entry_or_raise()).feed_kind
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
         feeds.build(adapter, kind, two, unseeded)
@@ -495,7 +501,7 @@ def test_the_environment_object_answers_not_the_process_variables(monkeypatch) -
     job = cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7",
                           cluster.TORCH_BACKEND_ENV: "gloo"})
     assert job.multi_process() and not job.is_chief()
-    assert job.collective_timeout() == 7.0 and cluster.collective_timeout() == 300.0
+    assert job.collective_timeout() == 7.0 and cluster.detect({}).collective_timeout() == 300.0
     assert job.torch_backend() == "gloo"
     assert cluster.detect({}).torch_backend() is None
     other = cluster.detect({**OMPI, "OMPI_MCA_ess_base_jobid": "1"})

@@ -97,8 +97,10 @@ def test_route_names() -> None:
     assert "route='horovod'" in message and "mirrored" in message and "Fix:" in message
     with pytest.raises(TypeError, match="Received: route=3"):
         parse_route(3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="Keras 3 with the JAX backend"):
-        check_route_fits(Route.KERAS_DISTRIBUTION, KerasLine.KERAS_3, "tensorflow")
+    with pytest.raises(ValueError, match="'keras_distribution' drives keras 3 with the jax "
+                       "backend.*Fix: pass route='mirrored'"):
+        check_route_fits(Route.KERAS_DISTRIBUTION, registry.lookup(KerasLine.KERAS_3,
+                                                                   "tensorflow"))
 
 
 def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -450,7 +450,8 @@ def _start_findings(facts: Facts) -> List[Finding]:
 
 
 def _torch_outside(facts: Facts) -> bool:
-    return facts.backend == "torch" and not facts.launched
+    """A route whose replicas are processes (torch), in a process no launcher started."""
+    return _common.needs_launcher(facts.route) and not facts.launched
 
 
 def _process_findings(facts: Facts) -> List[Finding]:
@@ -657,8 +658,8 @@ def render(report: Mapping[str, Any]) -> str:
         else:
             reason = f"{route['replicas']} device(s); at least 2 are needed"
         lines.append(f"NOT READY: multi-device training cannot run here ({reason}).")
-        torch = report["environment"].get("backend") == "torch"
-        if torch and not blocking:
+        processes = _common.needs_launcher(route.get("route"))
+        if processes and not blocking:
             lines.append("(On torch a replica is a process: `kerasmgpu launch --nproc 2 -m "
                          "kerasmgpu demo` runs the demo on 2 processes.)")
         elif not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
@@ -715,17 +716,19 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     wrote its own (default: the environment now). Unless `verbose`, the framework's
     start-up log lines are dropped.
     """
+    from kerasmgpu import registry
     from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
+    active: Optional[registry.Active] = None
     try:
-        line, version = detection.detect_keras_line()
+        active = registry.active()
+        line, version, backend = active.line, active.version, active.backend
     except Exception as exc:
         internal.append(f"detecting Keras: {type(exc).__name__}: {exc}")
-        line, version = KerasLine.NONE, None
-    backend = detection.backend_for(line)
+        line, version, backend = KerasLine.NONE, None, ""
     values.update(
         keras_line=line.value, keras_version=str(version) if version else None,
         backend=backend,
@@ -734,7 +737,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
         variables=dict(variables) if variables is not None else user_variables(),
     )
     try:
-        job = cluster.current()
+        job = cluster.job()
         values.update(launched=_common.started_by_launcher(), process_index=job.global_rank(),
                       process_count=job.world_size(), cluster=job.describe())
     except ValueError as exc:  # contradictory launcher variables
@@ -745,21 +748,19 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
         devices_module.requested()
     except (TypeError, ValueError) as exc:
         values["virtual_error"] = str(exc)
-    route_ok = False
-    if line is not KerasLine.NONE:
-        from kerasmgpu.routes import choose_route
-
+    entry = None
+    if active is not None and line is not KerasLine.NONE:
         try:
-            values["route"] = choose_route(line, backend).value
-            route_ok = True
+            entry = active.entry_or_raise()
+            values["route"] = entry.route.value
         except ValueError as exc:
             values["route_error"] = str(exc)
     caught: List[warnings.WarningMessage] = []
-    if route_ok and "virtual_error" not in values:
+    if active is not None and entry is not None and "virtual_error" not in values:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with _common.framework_output_filtered(verbose):
-                values.update(_start_framework(line, backend))
+                values.update(_start_framework(active))
     values["warnings"] = tuple(
         sorted({str(w.message) for w in caught if str(w.message).startswith("kerasmgpu")})
     )
@@ -772,23 +773,20 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     return Facts(**values)
 
 
-def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
+def _start_framework(active: Any) -> Dict[str, Any]:
     """List devices, import Keras and describe the route, each failure kept as a fact."""
-    from kerasmgpu import adapters as adapter
-    from kerasmgpu import api
-    from kerasmgpu.env import devices as devices_module
+    from kerasmgpu import adapters, api, engines
 
     values: Dict[str, Any] = {}
     try:
-        values["devices"] = tuple(
-            _device_dict(d) for d in devices_module.list_devices(line, backend)
-        )
+        engine = engines.load(active.entry_or_raise())
+        values["devices"] = tuple(_device_dict(d) for d in engine.list_devices())
     except Exception as exc:
         values["devices_error"] = f"{type(exc).__name__}: {exc}"
         values["devices_error_is_import"] = isinstance(exc, ImportError)
         return values
     try:
-        adapter.load(line, backend)
+        adapters.load(active)
     except Exception as exc:
         values["keras_import_error"] = f"{type(exc).__name__}: {exc}"
         return values

@@ -13,9 +13,10 @@ from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import Engine
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.registry import Route
 
 
 def _same_seed_everywhere(adapter: Adapter, environment: ClusterEnvironment) -> None:
@@ -54,6 +55,8 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
 
 class KerasDistributionEngine(Engine):
     route = Route.KERAS_DISTRIBUTION
+    device_lister = staticmethod(devices_module.jax_devices)
+    one_program = True  # one program over the global batch, sharded by the layout
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:

@@ -17,10 +17,12 @@ from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.engines import startup
 from kerasmgpu.engines.base import Engine
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.env.versions import KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE
-from kerasmgpu.routes import Route
+from kerasmgpu.options import DEFAULT_OPTIONS, Options
+from kerasmgpu.registry import FeedKind, Route
 
 MULTI_WORKER_KERAS3 = (
     "Keras 3 with the TensorFlow backend cannot train under "
@@ -69,6 +71,11 @@ def _refuse_stateful(adapter: Adapter, model: Any) -> None:
 
 class MirroredEngine(Engine):
     route = Route.MIRRORED
+    feed_kind = FeedKind.TF  # TensorFlow's strategies consume datasets
+    device_lister = staticmethod(devices_module.tf_devices)
+    # The micro-batches are fed as a Python sequence, which several TF workers cannot
+    # share out (`distribute_feed`); not tested there.
+    accumulates_in_processes = False
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -199,7 +206,7 @@ class MirroredEngine(Engine):
         return [self.strategy.experimental_local_results(value)[0].numpy()
                 for value in results]
 
-    def parallelize(self, model: Any) -> Any:
+    def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         theirs = self.adapter.distribution_strategy_of(model)
         if theirs is not None and theirs is not self.strategy:
             raise bad_value(
@@ -221,7 +228,7 @@ class MirroredEngine(Engine):
                 f"upgrade Keras to >= {KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE}, train with "
                 "Keras 3 on JAX or PyTorch (KERAS_BACKEND), or drop activity_regularizer",
                 raw=True)
-        return super().parallelize(model)
+        return super().parallelize(model, options)
 
     def refuse_compiled(self, model: Any) -> None:
         """Compile settings this route cannot train with, refused before any step."""

@@ -36,7 +36,6 @@ from typing import Any, Callable, Optional
 from kerasmgpu import _hooks, registry
 from kerasmgpu._errors import InvalidClusterError
 from kerasmgpu.env import cluster
-from kerasmgpu.env.versions import detect_keras_line
 from kerasmgpu.process import ending
 
 _tf_strategy: Any = None
@@ -54,7 +53,7 @@ def setup_at_import(environment: cluster.ClusterEnvironment) -> None:
     if environment.world_size() < 2:
         return
     ending.watch(environment)
-    entry = registry.find(detect_keras_line()[0])
+    entry = registry.active().entry
     if entry is not None and entry.startup is not None:
         start: Callable[[cluster.ClusterEnvironment], None] = registry.resolve(entry.startup)
         _hooks.after_import(entry.backend, functools.partial(start, environment))
@@ -64,17 +63,16 @@ def _one_gpu_each(environment: cluster.ClusterEnvironment) -> bool:
     """Several processes per machine started by another launcher: one GPU each, by local
     rank (what torchrun, srun and JAX's own cluster detection assume). `kerasmgpu
     launch` hands out GPUs itself (`--gpus-per-proc`)."""
-    return (not isinstance(environment, cluster.KerasmgpuLaunch)
-            and environment.local_world_size() > 1)
+    return not environment.assigns_devices and environment.local_world_size() > 1
 
 
 def _tf_resolver(tf: Any, environment: cluster.ClusterEnvironment) -> Any:
     """TensorFlow's view of the job: its own resolvers where they apply."""
     resolvers = tf.distribute.cluster_resolver
-    if isinstance(environment, (cluster.KerasmgpuLaunch, cluster.TFConfigCluster)):
+    if environment.tf_resolver == "tf_config":
         if environment.tf_workers() is not None:
             return resolvers.TFConfigClusterResolver()
-    elif isinstance(environment, cluster.Slurm) and environment.multi_node():
+    elif environment.tf_resolver == "slurm" and environment.multi_node():
         most = max(cluster.tasks_per_node(environment.env["SLURM_STEP_TASKS_PER_NODE"]))
         # GPUs are srun's business (--gpus-per-task); the resolver's own GPU split is
         # turned off, and these counts only satisfy its bookkeeping.

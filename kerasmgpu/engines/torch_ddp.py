@@ -40,7 +40,7 @@ from kerasmgpu.engines.base import Engine
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import TIMEOUT_ENV, ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.registry import Route
 
 _local = threading.local()
 
@@ -84,6 +84,10 @@ def _one_device_hint(device: Device) -> str:
 class TorchDDPEngine(Engine):
     route = Route.TORCH_DDP
     saves_locally = True
+    device_lister = staticmethod(devices_module.torch_devices)
+    # One process per device (gloo or NCCL), started by a launcher.
+    needs_launcher = True
+    metrics_per_process = True
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -102,7 +106,7 @@ class TorchDDPEngine(Engine):
     def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
                           ) -> List[Device]:
         if not environment.multi_process():
-            return devices_module.list_devices(adapter.line, "torch")
+            return cls.list_devices()
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count():

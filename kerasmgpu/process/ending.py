@@ -152,8 +152,12 @@ def _at_exit() -> None:
     code = _ending.failure
     if code:
         _leave(code)
+    environment = _ending.environment
+    # The job's own bound (its KERASMGPU_COLLECTIVE_TIMEOUT, read when it was detected).
+    seconds = (environment.collective_timeout() if environment is not None
+               else cluster.DEFAULT_TIMEOUT)
     for teardown in _ending.teardowns:
-        _bounded(teardown, cluster.collective_timeout())
+        _bounded(teardown, seconds)
 
 
 def _leave(code: int) -> NoReturn:
