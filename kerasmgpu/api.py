@@ -42,11 +42,18 @@ _lock = threading.Lock()
 _engines: Dict[Tuple[Any, ...], Engine] = {}
 
 
+def _engine_key(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...]
+                ) -> Tuple[Any, ...]:
+    # The release too: an engine keeps its adapter, whose hooks are the release's (a
+    # test that pretends another release must not leave its adapter to the next call).
+    return (cls, adapter.line, adapter.backend, str(adapter.version), devices)
+
+
 def _engine(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...],
             environment: cluster.ClusterEnvironment) -> Engine:
     """The engine of this route over these devices, made once (a process's cluster
     environment does not change while it runs)."""
-    key = (cls, adapter.line, adapter.backend, devices)
+    key = _engine_key(cls, adapter, devices)
     with _lock:
         engine = _engines.get(key)
     if engine is None:
@@ -194,7 +201,7 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
                  cls: type[Engine], selected: Tuple[Device, ...],
                  environment: cluster.ClusterEnvironment, options: Options) -> ModelT:
     steps = options.accumulate_steps
-    scoped = _engines.get((cls, adapter.line, adapter.backend, selected))
+    scoped = _engines.get(_engine_key(cls, adapter, selected))
     if scoped is not None and scoped.owns(model):
         # Built in `kerasmgpu.scope()` over these devices (even after the `with`
         # block): adopted as it is, also on one device.

@@ -115,6 +115,7 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
         env.backend = "x"  # type: ignore[misc]
     monkeypatch.setenv(cluster.PROCESS_INDEX_ENV, "1")
     monkeypatch.setenv(cluster.PROCESS_COUNT_ENV, "2")
+    cluster.reset()  # as in a process started with them
     assert kerasmgpu.process_index() == 1 and kerasmgpu.process_count() == 2
     assert not kerasmgpu.is_chief()
 
