@@ -596,7 +596,8 @@ def job() -> ClusterEnvironment:
     global _job
     with _job_lock:
         if _job is None:
-            _job = detect()
+            # A copy: what the process's environment says later is not this job's.
+            _job = detect(dict(os.environ))
         return _job
 
 
