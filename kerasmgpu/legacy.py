@@ -59,6 +59,12 @@ def _migration_hint() -> None:
 
 
 
+def _available(engine: Any, adapter: Any, environment: cluster.ClusterEnvironment
+               ) -> List[Any]:
+    """The devices the active engine can use in this job (a test replaces it)."""
+    return list(engine.available_devices(adapter, environment))
+
+
 def _check_flag(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise bad_type(name, value, "True or False", f"pass {name}=True or {name}=False")
@@ -131,7 +137,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
         raise TypeError(str(exc)) from exc
-    available = engine.available_devices(adapter, environment)
+    available = _available(engine, adapter, environment)
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
     if engine.slices_in_graph:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import functools
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -37,8 +38,21 @@ from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import FeedKind, Route
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """How an engine would train here, in words, before anything starts (`doctor`)."""
+
+    engine: str  # what spreads the model, e.g. "tf.distribute.MirroredStrategy"
+    all_reduce: Optional[str]  # how gradients meet (None: nothing to all-reduce)
+    why: str
+
+
 class Engine(abc.ABC):
     route: ClassVar[Route]
+    # The framework's name for what this route drives, and whether the all-reduce it
+    # reports once running (`describe()`) is a class name, best read beside our words.
+    engine_name: ClassVar[str]
+    reports_all_reduce_class: ClassVar[bool] = False
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
@@ -74,6 +88,12 @@ class Engine(abc.ABC):
         # The job this process belongs to, detected once by the caller (`kerasmgpu.api`):
         # engines read the cluster from it, never from environment variables.
         self.environment = environment
+
+    @classmethod
+    @abc.abstractmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        """How it would train on `gpus` GPUs (0: CPU devices), in one process or
+        several, on `platform` (sys.platform): pure, nothing started."""
 
     @staticmethod
     def device_lister(n: Optional[int]) -> List[Device]:

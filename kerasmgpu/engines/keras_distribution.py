@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Dict, Iterator, List, Sequence
 
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -57,6 +57,16 @@ class KerasDistributionEngine(Engine):
     route = Route.KERAS_DISTRIBUTION
     device_lister = staticmethod(devices_module.jax_devices)
     one_program = True  # one program over the global batch, sharded by the layout
+    engine_name = "keras.distribution.DataParallel (jax.sharding)"
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name,
+            "XLA collectives" + (" (NCCL between GPUs)" if gpus else " (host memory)"),
+            "Keras 3 on JAX shards each batch over a device mesh and XLA compiles the "
+            "gradient all-reduce into the training step"
+            + (" - across processes too." if multi_process else "."))
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:

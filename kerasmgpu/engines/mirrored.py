@@ -16,7 +16,7 @@ from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -71,11 +71,37 @@ def _refuse_stateful(adapter: Adapter, model: Any) -> None:
 
 class MirroredEngine(Engine):
     route = Route.MIRRORED
+    engine_name = "tf.distribute.MirroredStrategy"
+    reports_all_reduce_class = True  # TensorFlow reports e.g. CollectiveAllReduce
     feed_kind = FeedKind.TF  # TensorFlow's strategies consume datasets
     device_lister = staticmethod(devices_module.tf_devices)
     # The micro-batches are fed as a Python sequence, which several TF workers cannot
     # share out (`distribute_feed`); not tested there.
     accumulates_in_processes = False
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        if multi_process:
+            return Explanation(
+                "tf.distribute.MultiWorkerMirroredStrategy",
+                "CollectiveAllReduce across processes",
+                "one process per device group: TensorFlow's collective ops all-reduce "
+                "gradients between processes - NCCL between GPUs, a ring over gRPC between "
+                "CPUs.")
+        if gpus >= 2 and platform.startswith("linux"):
+            return Explanation(
+                cls.engine_name, "NCCL (NcclAllReduce)",
+                "MirroredStrategy's default for several GPUs on Linux: NCCL sums the "
+                "gradients GPU to GPU (NVLink or PCIe), without going through the CPU.")
+        if gpus >= 2:
+            return Explanation(
+                cls.engine_name, "hierarchical copy (HierarchicalCopyAllReduce)",
+                "NCCL exists only on Linux, so MirroredStrategy sums gradients by copying "
+                "them between GPUs in a tree.")
+        return Explanation(
+            cls.engine_name, "reduction on the CPU",
+            "CPU devices have no NCCL: gradients are summed in host memory (a CPU "
+            "collective or ReductionToOneDevice, as the TensorFlow version picks).")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters.keras23 import GroupPlan, Keras23
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -44,6 +44,15 @@ class MultiGpuModelEngine(Engine):
     pads_remainders = False  # Keras's own get_slice: the last replica takes the remainder
     device_lister = staticmethod(devices_module.tf_devices)
     slices_in_graph = True  # Keras's multi_gpu_model graph slices the batch itself
+    engine_name = "keras.utils.multi_gpu_model (Keras <= 2.3)"
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name, "none: outputs merged on the CPU",
+            "Keras 2.3's multi_gpu_model runs one replica per GPU on a slice of each batch, "
+            "concatenates the outputs on the CPU and computes one loss over the whole "
+            "batch: one set of weights, so nothing to all-reduce.")
     adapter: Keras23
 
     def __init__(self, adapter: Keras23, devices: Sequence[Device],

@@ -36,7 +36,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
 from kerasmgpu._errors import explain
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import TIMEOUT_ENV, ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -88,6 +88,15 @@ class TorchDDPEngine(Engine):
     # One process per device (gloo or NCCL), started by a launcher.
     needs_launcher = True
     metrics_per_process = True
+    engine_name = "torch.distributed, one process per device"
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name, "nccl" if gpus else "gloo",
+            "torch.distributed all-reduces gradients between processes: nccl between "
+            "GPUs, gloo on the CPU; `kerasmgpu launch --nproc N` starts one process per "
+            "device.")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
