@@ -36,8 +36,7 @@ from typing import Any, List, Optional, Sequence, Union
 from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import keras23
-from kerasmgpu.env import cluster
-from kerasmgpu.env import versions as detection
+from kerasmgpu.env import cluster, versions
 
 __all__ = ["multi_gpu_model", "make_parallel", "install", "installed"]
 
@@ -221,7 +220,7 @@ def install() -> List[str]:
     del _installed[:]
     if importlib.util.find_spec("keras") is not None:
         _patch_utils(importlib.import_module("keras.utils"), "keras.utils")
-    if detection.tensorflow_version() is not None:
+    if versions.tensorflow_version() is not None:
         try:
             tf_utils = importlib.import_module("tensorflow.keras.utils")
         except ImportError:

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Tuple
 from packaging.version import Version
 
 from kerasmgpu._errors import bad_value
-from kerasmgpu.env import versions as v
+from kerasmgpu.env import versions
 from kerasmgpu.env.versions import KerasLine
 
 
@@ -89,36 +89,36 @@ ENTRIES: Tuple[Entry, ...] = (
     Entry(KerasLine.LEGACY, "tensorflow", Route.MULTI_GPU_MODEL,
           adapter=f"{_ADAPTERS}.keras23:Keras23",
           engine=f"{_ENGINES}.multi_gpu_model:MultiGpuModelEngine",
-          verified=(v.LEGACY_KERAS_MIN, v.LEGACY_KERAS_VERIFIED_BELOW),
+          verified=(versions.LEGACY_KERAS_MIN, versions.LEGACY_KERAS_VERIFIED_BELOW),
           # Standalone Keras 2.3, or tf.keras itself on TF < 2.4 (no `keras` package).
           keras=("keras", "tensorflow:keras"), dist="keras"),
     Entry(KerasLine.TF_KERAS, "tensorflow", Route.MIRRORED,
           adapter=_TF_KERAS_2, engine=_MIRRORED,
-          verified=(v.TF_KERAS_MIN, v.TF_KERAS_VERIFIED_BELOW),
+          verified=(versions.TF_KERAS_MIN, versions.TF_KERAS_VERIFIED_BELOW),
           keras=("tensorflow:keras",), dist="tensorflow",
           startup=f"{_STARTUP}:start_tensorflow"),
     Entry(KerasLine.TF_KERAS_LEGACY, "tensorflow", Route.MIRRORED,
           adapter=_TF_KERAS_2, engine=_MIRRORED,
-          verified=(v.TF_KERAS_LEGACY_MIN, v.TF_KERAS_LEGACY_VERIFIED_BELOW),
+          verified=(versions.TF_KERAS_LEGACY_MIN, versions.TF_KERAS_LEGACY_VERIFIED_BELOW),
           keras=("tf_keras",), dist="tf-keras",
           startup=f"{_STARTUP}:start_tensorflow"),
     # No start-up: Keras 3 cannot train under MultiWorkerMirroredStrategy
     # (keras-team/keras#20585).
     Entry(KerasLine.KERAS_3, "tensorflow", Route.MIRRORED,
           adapter=f"{_ADAPTERS}.keras3:Keras3", engine=_MIRRORED,
-          verified=(v.KERAS3_TF_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_TF_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras"),
     Entry(KerasLine.KERAS_3, "jax", Route.KERAS_DISTRIBUTION,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
           engine=f"{_ENGINES}.keras_distribution:KerasDistributionEngine",
-          verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
           startup=f"{_STARTUP}:start_jax",
-          multi_process_floor=v.KERAS3_JAX_MULTI_PROCESS_MIN),
+          multi_process_floor=versions.KERAS3_JAX_MULTI_PROCESS_MIN),
     Entry(KerasLine.KERAS_3, "torch", Route.TORCH_DDP,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
           engine=f"{_ENGINES}.torch_ddp:TorchDDPEngine",
-          verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
           startup=f"{_STARTUP}:start_torch"),
 )
@@ -153,8 +153,8 @@ def active() -> Active:
     global _active
     with _active_lock:
         if _active is None:
-            line, version = v.detect_keras_line()
-            backend = v.backend_for(line)
+            line, version = versions.detect_keras_line()
+            backend = versions.backend_for(line)
             _active = Active(line, version, backend, find(line, backend))
         return _active
 
@@ -171,7 +171,7 @@ def _key(line: KerasLine, backend: Optional[str]) -> Tuple[KerasLine, str]:
     # Only Keras 3 has backends; the Keras 2 lines run on TensorFlow whatever is asked.
     if line is not KerasLine.KERAS_3:
         return line, "tensorflow"
-    return line, (backend if backend is not None else v.backend_for(line))
+    return line, (backend if backend is not None else versions.backend_for(line))
 
 
 def find(line: KerasLine, backend: Optional[str] = None) -> Optional[Entry]:
@@ -266,9 +266,9 @@ def unsupported_version(line: KerasLine, version: Optional[Version],
     if base < low:
         on = f" on {_key(line, backend)[1]}" if line is KerasLine.KERAS_3 else ""
         return f"{line.value} {version}{on} (kerasmgpu needs >= {low})"
-    if base >= below and not v.unverified_ok():
+    if base >= below and not versions.unverified_ok():
         return (f"{line.value} {version} (kerasmgpu is verified below {below}; "
-                f"{v.UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
+                f"{versions.UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
                 "of its hooks moved)")
     return None
 

@@ -19,7 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from kerasmgpu import _hooks
 from kerasmgpu._errors import TooLateError, bad_type, bad_value
-from kerasmgpu.env import versions as env_module
+from kerasmgpu.env import versions
 from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV
 
 
@@ -108,9 +108,9 @@ def apply_environment_request() -> None:
 
 def _apply(n: int, strict: bool) -> None:
     _set_xla_flag(n)
-    if env_module.is_imported("jax"):
+    if versions.is_imported("jax"):
         _apply_jax(n, strict)
-    if env_module.is_imported("tensorflow"):
+    if versions.is_imported("tensorflow"):
         _apply_tf(n, strict)
     else:
         _install_tf_hook()
@@ -128,7 +128,7 @@ def _set_xla_flag(n: int) -> None:
 def _apply_jax(n: int, strict: bool) -> None:
     import jax
 
-    if env_module.jax_has_num_cpu_devices_option():
+    if versions.jax_has_num_cpu_devices_option():
         try:
             jax.config.update("jax_num_cpu_devices", n)
         except RuntimeError as exc:  # the backend already started
