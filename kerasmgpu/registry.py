@@ -14,8 +14,8 @@ strings, imported by the layer that uses them (`resolve`), so that this module s
 below all of them (tests/test_layers.py).
 
 A new Keras line or backend is one entry below plus the modules it names (an adapter in
-`adapters/`, an engine in `engines/` with its device lister, a start-up function in
-`engines/startup.py` when several processes need one).
+`adapters/`, an engine in `engines/` with its device lister and, where several processes
+need one, its start-up).
 """
 
 from __future__ import annotations
@@ -71,16 +71,15 @@ class Entry:
     # Where the Keras module is, first importable wins ("module" or "module:attribute").
     keras: Tuple[str, ...]
     dist: str  # the distribution to pin in a fix ("pip install ...")
-    # "module:function(environment)" started right after `backend` is imported in a
-    # process of a job of several; None: nothing to start at import.
-    startup: Optional[str] = None
+    # Whether, in a process of a job of several, the engine starts right after `backend`
+    # is imported (`Engine.start`, registered by `engines/startup.py`).
+    starts_at_import: bool = False
     # The first release that trains in several processes, where above `verified[0]`.
     multi_process_floor: Optional[Version] = None
 
 
 _ADAPTERS = "kerasmgpu.adapters"
 _ENGINES = "kerasmgpu.engines"
-_STARTUP = "kerasmgpu.engines.startup"
 
 _MIRRORED = f"{_ENGINES}.mirrored:MirroredEngine"
 _TF_KERAS_2 = f"{_ADAPTERS}.tfkeras2:TfKeras2"
@@ -96,12 +95,12 @@ ENTRIES: Tuple[Entry, ...] = (
           adapter=_TF_KERAS_2, engine=_MIRRORED,
           verified=(versions.TF_KERAS_MIN, versions.TF_KERAS_VERIFIED_BELOW),
           keras=("tensorflow:keras",), dist="tensorflow",
-          startup=f"{_STARTUP}:start_tensorflow"),
+          starts_at_import=True),
     Entry(KerasLine.TF_KERAS_LEGACY, "tensorflow", Route.MIRRORED,
           adapter=_TF_KERAS_2, engine=_MIRRORED,
           verified=(versions.TF_KERAS_LEGACY_MIN, versions.TF_KERAS_LEGACY_VERIFIED_BELOW),
           keras=("tf_keras",), dist="tf-keras",
-          startup=f"{_STARTUP}:start_tensorflow"),
+          starts_at_import=True),
     # No start-up: Keras 3 cannot train under MultiWorkerMirroredStrategy
     # (keras-team/keras#20585).
     Entry(KerasLine.KERAS_3, "tensorflow", Route.MIRRORED,
@@ -113,14 +112,14 @@ ENTRIES: Tuple[Entry, ...] = (
           engine=f"{_ENGINES}.keras_distribution:KerasDistributionEngine",
           verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
-          startup=f"{_STARTUP}:start_jax",
+          starts_at_import=True,
           multi_process_floor=versions.KERAS3_JAX_MULTI_PROCESS_MIN),
     Entry(KerasLine.KERAS_3, "torch", Route.TORCH_DDP,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
           engine=f"{_ENGINES}.torch_ddp:TorchDDPEngine",
           verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
-          startup=f"{_STARTUP}:start_torch"),
+          starts_at_import=True),
 )
 
 _BY_KEY: Dict[Tuple[KerasLine, str], Entry] = {(e.line, e.backend): e for e in ENTRIES}

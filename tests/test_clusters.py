@@ -171,7 +171,7 @@ def test_slurm_across_nodes_gives_tensorflow_its_own_resolver(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import tensorflow as tf
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import mirrored
 
     env = {**SRUN, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
@@ -179,14 +179,14 @@ def test_slurm_across_nodes_gives_tensorflow_its_own_resolver(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     job = cluster.detect(env)
-    resolver = startup._tf_resolver(tf, job)
+    resolver = mirrored._tf_resolver(tf, job)
     assert type(resolver).__name__ == "SlurmClusterResolver"
     base = job.main_port + 2
     assert resolver.cluster_spec().as_dict() == {
         "worker": [f"gpu1:{base}", f"gpu1:{base + 1}", f"gpu2:{base}", f"gpu2:{base + 1}"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
     # On one machine: loopback addresses, in rank order.
-    local = startup._tf_resolver(tf, cluster.detect(SRUN))
+    local = mirrored._tf_resolver(tf, cluster.detect(SRUN))
     assert local.cluster_spec().as_dict()["worker"] == [
         f"127.0.0.1:{cluster.detect(SRUN).main_port + 2 + r}" for r in range(2)]
 
@@ -200,20 +200,21 @@ def test_a_cluster_tensorflow_cannot_run_on_is_told_by_its_type(
     import tensorflow as tf
 
     from kerasmgpu._errors import InvalidClusterError
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines.mirrored import MirroredEngine, _tf_resolver
 
     spread = cluster.detect({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
                              "MASTER_ADDR": "10.0.0.1"})
     with pytest.raises(InvalidClusterError, match="Invalid cluster for TensorFlow") as caught:
-        startup._tf_resolver(tf, spread)
-    monkeypatch.setattr(startup, "_tf_strategy", None)
-    monkeypatch.setattr(startup, "_tf_error", caught.value)
+        _tf_resolver(tf, spread)
+    monkeypatch.setattr(MirroredEngine, "_worker_strategy", None)
+    monkeypatch.setattr(MirroredEngine, "_worker_error", caught.value)
     with pytest.raises(InvalidClusterError) as again:
-        startup.tf_strategy()
+        MirroredEngine.worker_strategy()
     assert again.value is caught.value
-    monkeypatch.setattr(startup, "_tf_error", RuntimeError("Invalid cluster spec (grpc)"))
+    monkeypatch.setattr(MirroredEngine, "_worker_error",
+                        RuntimeError("Invalid cluster spec (grpc)"))
     with pytest.raises(RuntimeError, match="Invalid import order") as other:
-        startup.tf_strategy()
+        MirroredEngine.worker_strategy()
     assert not isinstance(other.value, InvalidClusterError)
 
 
@@ -479,9 +480,9 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
 def test_jax_coordinator_arguments_bind_loopback() -> None:
     import jax
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import keras_distribution
 
-    arguments = startup._jax_arguments(jax, cluster.detect(OMPI))
+    arguments = keras_distribution._jax_arguments(jax, cluster.detect(OMPI))
     port = cluster.detect(OMPI).main_port + 1
     assert arguments["coordinator_address"] == f"127.0.0.1:{port}"
     assert arguments["coordinator_bind_address"] == f"127.0.0.1:{port}"
@@ -489,7 +490,7 @@ def test_jax_coordinator_arguments_bind_loopback() -> None:
     assert arguments["local_device_ids"] == [1]  # two per machine: one device each
     assert arguments["cluster_detection_method"] == "deactivate"
     assert arguments["heartbeat_timeout_seconds"] <= arguments["shutdown_timeout_seconds"]
-    spread = startup._jax_arguments(jax, cluster.detect(launch_env(rank=3, world=4)))
+    spread = keras_distribution._jax_arguments(jax, cluster.detect(launch_env(rank=3, world=4)))
     assert spread["coordinator_bind_address"] == "[::]:29500"
     assert spread["local_device_ids"] is None  # kerasmgpu launch hands out GPUs itself
 
@@ -514,10 +515,10 @@ def test_the_environment_object_answers_not_the_process_variables(monkeypatch) -
 def test_jax_start_up_takes_the_timeout_of_its_environment(monkeypatch) -> None:
     import jax
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import keras_distribution
 
     monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
-    arguments = startup._jax_arguments(jax, cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7"}))
+    arguments = keras_distribution._jax_arguments(jax, cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7"}))
     assert arguments["initialization_timeout"] == 7
 
 

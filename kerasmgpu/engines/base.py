@@ -38,6 +38,23 @@ from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import FeedKind, Route
 
 
+def one_gpu_each(environment: ClusterEnvironment) -> bool:
+    """Several processes per machine started by another launcher: one GPU each, by local
+    rank (what torchrun, srun and JAX's own cluster detection assume). `kerasmgpu
+    launch` hands out GPUs itself (`--gpus-per-proc`)."""
+    return not environment.assigns_devices and environment.local_world_size() > 1
+
+
+def too_late(engine: str, detail: Any) -> RuntimeError:
+    return RuntimeError(
+        f"Invalid import order: {engine} started before kerasmgpu could set up the "
+        f"multi-process engine ({detail}). Allowed: `import kerasmgpu` before "
+        "tensorflow, jax, keras or tf_keras in a script run by several processes "
+        "(kerasmgpu launch, torchrun, mpirun, srun). Fix: move `import kerasmgpu` to the "
+        "top of the script."
+    )
+
+
 @dataclass(frozen=True)
 class Explanation:
     """How an engine would train here, in words, before anything starts (`doctor`)."""
@@ -88,6 +105,12 @@ class Engine(abc.ABC):
         # The job this process belongs to, detected once by the caller (`kerasmgpu.api`):
         # engines read the cluster from it, never from environment variables.
         self.environment = environment
+
+    @classmethod  # noqa: B027 - optional hook
+    def start(cls, environment: ClusterEnvironment) -> None:
+        """In a process of `environment`'s job, start the framework's multi-process
+        runtime right after the framework is imported (`engines.startup`, where the
+        registry entry starts at import). Nothing by default."""
 
     @classmethod
     @abc.abstractmethod

@@ -33,7 +33,8 @@ process notes the instant it fails (before printing its traceback) in the file t
 `KERASMGPU_FAILURE_FILE` names: that instant precedes the failures it causes.
 
 Nothing here imports a framework; `kerasmgpu.engines.startup` calls `watch` when the
-job's process starts and `framework_started` once each framework is imported.
+job's process starts, and each engine's start-up `framework_started` once its framework
+is imported.
 """
 
 from __future__ import annotations
