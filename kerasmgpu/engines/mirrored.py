@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence
 
+from kerasmgpu import registry
 from kerasmgpu._errors import InvalidClusterError, NotYetSupportedError, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
@@ -171,7 +172,9 @@ class MirroredEngine(Engine):
 
         self.multi_worker = environment.multi_process()
         if self.multi_worker:
-            if adapter.keras3:
+            if not registry.active().entry_or_raise().starts_at_import:
+                # The registry's fact: no MultiWorkerMirroredStrategy is made at import
+                # for this line (Keras 3 on TensorFlow).
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)
             self.strategy = self.worker_strategy()
         else:
