@@ -16,11 +16,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def keras_module() -> Any:
     """The active Keras namespace, as kerasmgpu itself loads it."""
-    from kerasmgpu import adapters as adapter
-    from kerasmgpu.env import versions as detection
+    from kerasmgpu import adapters, registry
 
-    line, _ = detection.detect_keras_line()
-    return adapter.load(line, detection.backend_for(line)).keras
+    return adapters.load(registry.active()).keras
 
 
 def mlp(keras: Any, features: int = 64, width: int = 256, classes: int = 10,

@@ -99,7 +99,7 @@ if any(os.environ.get(name) for name in _LAUNCHER_VARIABLES):
     from kerasmgpu.env import cluster as _cluster
 
     try:
-        _job = _cluster.detect()
+        _job = _cluster.job()  # this process's job, from now on
     except ValueError:  # contradictory launcher variables: parallelize() reports them
         _job = _cluster.SingleProcess()
     if _job.world_size() > 1:

@@ -1,4 +1,9 @@
-"""The public calls. They detect, validate, pick a route and forward; nothing else.
+"""The public calls. They validate, pick a route and forward; nothing else.
+
+The two choices a process makes once - the active Keras (`registry.active()`) and the
+job it belongs to (`cluster.job()`) - are read here and handed down as objects: the
+adapter and the engine class come from the entry in hand, the engine is given the job,
+and a call's options travel as one `Options` value.
 
 Every argument is checked before the model is touched: a bad `gpus`, an unknown
 `route`, a non-model or a model of another Keras raise here, with what was received,
@@ -13,12 +18,12 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple, TypeVar, Union
 
-from kerasmgpu import engines, registry
-from kerasmgpu import inventory as environment_module
+from kerasmgpu import engines, inventory, registry
 from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
-from kerasmgpu.env import versions as env_module
 from kerasmgpu.env.devices import Device
+from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV
+from kerasmgpu.options import Options
 from kerasmgpu.routes import Route, check_route_fits, parse_route
 
 if TYPE_CHECKING:
@@ -37,11 +42,18 @@ _lock = threading.Lock()
 _engines: Dict[Tuple[Any, ...], Engine] = {}
 
 
+def _engine_key(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...]
+                ) -> Tuple[Any, ...]:
+    # The release too: an engine keeps its adapter, whose hooks are the release's (a
+    # test that pretends another release must not leave its adapter to the next call).
+    return (cls, adapter.line, adapter.backend, str(adapter.version), devices)
+
+
 def _engine(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...],
             environment: cluster.ClusterEnvironment) -> Engine:
     """The engine of this route over these devices, made once (a process's cluster
     environment does not change while it runs)."""
-    key = (cls, adapter.line, adapter.backend, devices)
+    key = _engine_key(cls, adapter, devices)
     with _lock:
         engine = _engines.get(key)
     if engine is None:
@@ -60,7 +72,7 @@ def _warn_single_device(devices: Tuple[Device, ...]) -> None:
     warnings.warn(
         "kerasmgpu: one device available "
         f"({', '.join(str(d) for d in devices) or 'cpu'}): training on it as usual. "
-        f"On a machine without GPUs, set {env_module.VIRTUAL_DEVICES_ENV}=N or call "
+        f"On a machine without GPUs, set {VIRTUAL_DEVICES_ENV}=N or call "
         "kerasmgpu.virtual_devices(N) first to run N replicas on the CPU.",
         stacklevel=3,
     )
@@ -73,23 +85,22 @@ def _prepare(
 
     The choices made once here - the registry entry of the active Keras and backend, and
     the job this process belongs to - are what the engine is built from."""
-    from kerasmgpu import adapters as family_module
+    from kerasmgpu import adapters
     from kerasmgpu._errors import bad_value
     from kerasmgpu.training import model as parallel_model
 
     chosen = parse_route(route)
-    line, version = env_module.detect_keras_line()
-    backend = env_module.backend_for(line)
-    family_module.check_release(line, version, backend)
-    environment = cluster.current()
+    active = registry.active()
+    adapters.check_release(active)
+    environment = cluster.job()
     if environment.multi_process():
-        family_module.check_multi_process(line, version, backend)
-    entry = registry.lookup(line, backend)
+        adapters.check_multi_process(active)
+    entry = active.entry_or_raise()
     if chosen is not None:
-        check_route_fits(chosen, line, backend)
-    adapter = family_module.load(line, backend, version)
+        check_route_fits(chosen, entry)
+    adapter = adapters.load(active)
     if model is not None:
-        family_module.check_model(model, adapter)
+        adapters.check_model(model, adapter)
         if parallel_model.is_parallel(model):
             raise bad_value(
                 "model", "a model already returned by parallelize()",
@@ -142,39 +153,21 @@ def parallelize(
     adapter, cls, selected, environment = _prepare(gpus, route, model)
     _check_options(adapter, cls, model, steps, sync_batchnorm,
                    several=environment.multi_process())
-    from kerasmgpu.training.model import options as parallel_options
-
-    with parallel_options(steps, sync_batchnorm, checked):
-        return _parallelize(model, gpus, adapter, cls, selected, environment, steps)
-
-
-# Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
-# optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
-# kerasmgpu weighs the batches. On the mirrored route (Keras 3, tf.keras, tf_keras)
-# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`); on Keras 2.3's
-# multi_gpu_model it builds the train function twice (`adapters.keras23`).
-_ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED,
-                        Route.MULTI_GPU_MODEL)
-# Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
-# (the padding rows are left out of the moments), on TensorFlow and PyTorch the masked
-# moments are all-reduced over the replicas / processes (`adapters.keras3`,
-# `adapters.tfkeras2`); on Keras 2.3 multi_gpu_model's replicas are built layer by layer
-# so one BatchNormalization node sees them all (`adapters.keras23_batchnorm`).
-_SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP,
-                          Route.MULTI_GPU_MODEL)
+    options = Options(accumulate_steps=steps, sync_batchnorm=sync_batchnorm, verify=checked)
+    return _parallelize(model, gpus, adapter, cls, selected, environment, options)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
                    sync_batchnorm: Any, several: bool = False) -> None:
     """The options beyond the devices, refused before anything is touched where this
-    route cannot honour them exactly."""
+    route cannot honour them exactly (what each engine can do is its class's flags)."""
     from kerasmgpu._errors import bad_type, bad_value
     from kerasmgpu.training.model import own_accumulation_error
 
     if not isinstance(sync_batchnorm, bool):
         raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
                        "pass sync_batchnorm=True or leave it out")
-    if sync_batchnorm and cls.route not in _SYNC_BATCHNORM_ROUTES:
+    if sync_batchnorm and not cls.syncs_batchnorm:
         raise bad_value(
             "sync_batchnorm", True,
             f"False on the {cls.route} route of {adapter.line.value} in this release "
@@ -185,22 +178,20 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     own = adapter.own_accumulation(optimizer) if optimizer is not None else 1
     if own > 1 and steps > 1:
         raise own_accumulation_error(own, steps)
-    if steps > 1 and cls.route not in _ACCUMULATING_ROUTES:
+    if steps > 1 and not cls.accumulates:
         raise bad_value(
             "accumulate_steps", steps,
             f"1 on the {cls.route} route of {adapter.line.value} in this release "
             "(accumulate_steps > 1: Keras 3 - before 3.8 with SGD or RMSprop -, tf.keras "
             "2.12+ or tf_keras)",
             "raise batch_size instead, or train with Keras 3 or tf_keras")
-    if steps > 1 and several and cls.route == Route.MIRRORED:
-        # The micro-batches are fed as a Python sequence, which several TF workers
-        # cannot share out (engines.mirrored.distribute_feed); not tested there.
+    if steps > 1 and several and not cls.accumulates_in_processes:
         raise bad_value(
-            "accumulate_steps", steps, "1 on the mirrored route with several processes "
+            "accumulate_steps", steps, f"1 on the {cls.route} route with several processes "
             "in this release (accumulate_steps > 1 on TensorFlow: one process)",
             "train in one process on the machine's GPUs, or on JAX or torch")
     problem = adapter.accumulation_problem() if steps > 1 else None
-    if problem is not None and cls.route in _ACCUMULATING_ROUTES:
+    if problem is not None:
         raise bad_value("accumulate_steps", steps, f"1 here: {problem}",
                         "upgrade Keras (Keras 3, tf.keras 2.12+ and tf_keras "
                         "accumulate), or raise batch_size instead")
@@ -208,12 +199,13 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
                  cls: type[Engine], selected: Tuple[Device, ...],
-                 environment: cluster.ClusterEnvironment, steps: int) -> ModelT:
-    scoped = _engines.get((cls, adapter.line, adapter.backend, selected))
+                 environment: cluster.ClusterEnvironment, options: Options) -> ModelT:
+    steps = options.accumulate_steps
+    scoped = _engines.get(_engine_key(cls, adapter, selected))
     if scoped is not None and scoped.owns(model):
         # Built in `kerasmgpu.scope()` over these devices (even after the `with`
         # block): adopted as it is, also on one device.
-        adopted: ModelT = scoped.parallelize(model)
+        adopted: ModelT = scoped.parallelize(model, options)
         _chief_writes_the_template(model, adopted, scoped)
         return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
@@ -230,13 +222,13 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
             _warn_single_device(selected)
         return model
     engine = _engine(cls, adapter, selected, environment)
-    parallel: ModelT = engine.parallelize(model)
+    parallel: ModelT = engine.parallelize(model, options)
     _chief_writes_the_template(model, parallel, engine)
     _saves_replace_atomically(model, parallel, engine)
     return parallel
 
 
-def _saves_replace_atomically(model: Any, parallel: Any, route: Engine) -> None:
+def _saves_replace_atomically(model: Any, parallel: Any, engine: Engine) -> None:
     """The files kerasmgpu writes for the user - the parallel model's (a ModelCheckpoint
     of the fit), and in a job of several processes the chief's template - are written
     under a temporary name and renamed over the old file (`process.backups`): a kill
@@ -244,7 +236,7 @@ def _saves_replace_atomically(model: Any, parallel: Any, route: Engine) -> None:
     from kerasmgpu.process import backups
 
     owners = [parallel] if parallel is not model else []
-    environment = route.environment
+    environment = engine.environment
     if environment.multi_process() and environment.is_chief():
         owners.append(model)
     for owner in owners:
@@ -254,7 +246,7 @@ def _saves_replace_atomically(model: Any, parallel: Any, route: Engine) -> None:
                 owner.__dict__[name] = backups.saving_atomically(method)
 
 
-def _chief_writes_the_template(model: Any, parallel: Any, route: Engine) -> None:
+def _chief_writes_the_template(model: Any, parallel: Any, engine: Engine) -> None:
     """The saving policy of a job of several processes: only the chief (process 0)
     writes the template's files. Every process holds the same weights, and N processes
     writing one file would corrupt it, so on the others `save()` / `save_weights()`
@@ -264,10 +256,10 @@ def _chief_writes_the_template(model: Any, parallel: Any, route: Engine) -> None
     (TensorFlow reads its synchronised variables with every worker): then every process
     must save. On torch the template is the parallel model and saves locally.
     """
-    environment = route.environment
+    environment = engine.environment
     if not environment.multi_process() or environment.is_chief():
         return
-    if parallel is model and not route.saves_locally:
+    if parallel is model and not engine.saves_locally:
         return
     import types
 
@@ -317,9 +309,13 @@ def scope(
         yield active
 
 
-def environment(devices: bool = False) -> environment_module.Environment:
+def environment(devices: bool = False) -> inventory.Environment:
     """What kerasmgpu detects; `devices=True` also starts the framework to list devices."""
-    return environment_module.environment(devices=devices)
+    active = registry.active()
+    listed = None
+    if devices:  # no Keras, or a backend that cannot train: nothing to list
+        listed = engines.load(active.entry).list_devices() if active.entry else []
+    return inventory.environment(active, cluster.job(), devices=listed)
 
 
 def virtual_devices(n: int) -> int:

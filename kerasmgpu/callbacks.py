@@ -535,9 +535,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ builds it
 def keras_callback_base() -> type:
     """``Callback`` of the active Keras line; imports that framework."""
     from kerasmgpu import registry
-    from kerasmgpu.env.versions import detect_keras_line
 
-    entry = registry.find(detect_keras_line()[0])
+    entry = registry.active().entry
     if entry is not None:
         return registry.keras_module(entry).callbacks.Callback
     raise ImportError(

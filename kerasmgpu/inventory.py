@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from packaging.version import Version
 
@@ -19,13 +19,11 @@ from kerasmgpu.env.devices import Device
 from kerasmgpu.env.versions import (
     VIRTUAL_DEVICES_ENV,
     KerasLine,
-    backend_for,
-    detect_keras_line,
     dist_version,
     tensorflow_version,
     variable_applies,
 )
-from kerasmgpu.routes import choose_route
+from kerasmgpu.registry import Active
 
 
 @dataclass(frozen=True)
@@ -82,17 +80,13 @@ def _v(version: Optional[Version]) -> Optional[str]:
     return str(version) if version is not None else None
 
 
-def environment(devices: bool = False) -> Environment:
-    """Describe the environment; `devices=True` also starts the framework to list devices."""
-    line, keras_version = detect_keras_line()
-    backend = backend_for(line)
-    try:
-        route: Optional[str] = choose_route(line, backend).value
-    except (ValueError, NotImplementedError):
-        route = None
-    listed: Optional[Tuple[Device, ...]] = None
-    if devices:
-        listed = tuple(devices_module.list_devices(line, backend))
+def environment(active: Active, job: cluster.ClusterEnvironment,
+                devices: Optional[Sequence[Device]] = None) -> Environment:
+    """Describe what this process runs: the active Keras, its job, and the devices
+    listed by its engine (None: not listed - that starts the framework)."""
+    line, keras_version, backend = active.line, active.version, active.backend
+    route = active.entry.route.value if active.entry is not None else None
+    listed = tuple(devices) if devices is not None else None
     return Environment(
         keras_line=line,
         keras_version=_v(keras_version),
@@ -104,8 +98,8 @@ def environment(devices: bool = False) -> Environment:
         python_version=platform.python_version(),
         route=route,
         virtual_devices=devices_module.requested(),
-        process_index=cluster.process_index(),
-        process_count=cluster.process_count(),
+        process_index=job.global_rank(),
+        process_count=job.world_size(),
         variables={k: os.environ[k] for k in _WATCHED_VARIABLES
                    if k in os.environ and variable_applies(k, backend)},
         devices=listed,

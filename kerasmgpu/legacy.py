@@ -36,8 +36,7 @@ from typing import Any, List, Optional, Sequence, Union
 from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import keras23
-from kerasmgpu.env import cluster
-from kerasmgpu.env import versions as detection
+from kerasmgpu.env import cluster, versions
 
 __all__ = ["multi_gpu_model", "make_parallel", "install", "installed"]
 
@@ -57,15 +56,12 @@ def _migration_hint() -> None:
         )
 
 
-def _available(line: detection.KerasLine,
-               environment: Optional[cluster.ClusterEnvironment] = None) -> List[Any]:
-    """The devices `line`'s engine can use in `environment`'s job (default: this one)."""
-    from kerasmgpu import adapters as family_module
-    from kerasmgpu import engines
 
-    entry = registry.lookup(line, detection.backend_for(line))
-    adapter = family_module.load(line, entry.backend)
-    return engines.load(entry).available_devices(adapter, environment or cluster.current())
+
+def _available(engine: Any, adapter: Any, environment: cluster.ClusterEnvironment
+               ) -> List[Any]:
+    """The devices the active engine can use in this job (a test replaces it)."""
+    return list(engine.available_devices(adapter, environment))
 
 
 def _check_flag(name: str, value: Any) -> None:
@@ -126,36 +122,36 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     Returns a model that splits each batch over the devices; compile and fit it, and
     save the template `model` (it holds the trained weights).
     """
-    from kerasmgpu import adapters as family_module
-    from kerasmgpu import api
+    from kerasmgpu import adapters, api, engines
 
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
-    line, _ = detection.detect_keras_line()
-    entry = registry.lookup(line, detection.backend_for(line))
-    environment = cluster.current()
-    adapter = family_module.load(line, entry.backend)
+    active = registry.active()
+    environment = cluster.job()
+    adapter = adapters.load(active)
+    engine = engines.load(active.entry_or_raise())
     try:
-        family_module.check_model(model, adapter)
+        adapters.check_model(model, adapter)
     except ValueError as exc:
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
         raise TypeError(str(exc)) from exc
-    available = _available(line, environment)
+    available = _available(engine, adapter, environment)
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
-    if entry.route is registry.Route.MULTI_GPU_MODEL:
+    if engine.slices_in_graph:
+        # Keras's own multi_gpu_model (Keras 2.3): built with the caller's cpu_merge and
+        # cpu_relocation, which parallelize() does not take.
         from kerasmgpu.engines.multi_gpu_model import MultiGpuModelEngine
+        from kerasmgpu.options import Options
         from kerasmgpu.training import verify
-        from kerasmgpu.training.model import options
 
         assert isinstance(adapter, keras23.Keras23)
-        route = MultiGpuModelEngine(adapter, [available[i] for i in ids], cpu_merge=cpu_merge,
-                                   cpu_relocation=cpu_relocation,
-                                   environment=environment)
+        legacy = MultiGpuModelEngine(adapter, [available[i] for i in ids], cpu_merge=cpu_merge,
+                                    cpu_relocation=cpu_relocation, environment=environment)
         # KERASMGPU_VERIFY=1 turns the self-check on here too (a CI job of legacy code).
-        with options(verify=verify.resolve(None, os.environ.get(verify.VERIFY_ENV, ""))):
-            return route.parallelize(model)
+        checked = verify.resolve(None, os.environ.get(verify.VERIFY_ENV, ""))
+        return legacy.parallelize(model, Options(verify=checked))
     return api.parallelize(model, gpus=ids)
 
 
@@ -224,7 +220,7 @@ def install() -> List[str]:
     del _installed[:]
     if importlib.util.find_spec("keras") is not None:
         _patch_utils(importlib.import_module("keras.utils"), "keras.utils")
-    if detection.tensorflow_version() is not None:
+    if versions.tensorflow_version() is not None:
         try:
             tf_utils = importlib.import_module("tensorflow.keras.utils")
         except ImportError:

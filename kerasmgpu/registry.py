@@ -1,19 +1,21 @@
 """Which Keras line on which backend runs how: one entry per (Keras line, backend).
 
-This is the one place that branches on the Keras line or the backend. Every other module
-asks `lookup(line, backend)` for the entry of the active Keras and reads what it needs
-from it: the route, the adapter, the engine, the device lister, what starts at import in
-a job of several processes, how fit() input reaches the engine, and the releases it is
-verified on. Like Keras 3's `backend/__init__.py` (the backend is chosen once; every
-backend module has the same functions).
+This is the one place that branches on the Keras line or the backend, and the one place
+that asks which Keras is active: `active()` detects the line, its release and the backend
+once per process and hands out the entry (like Keras 3's `backend._BACKEND`, chosen once;
+`reset()` forgets it, for tests). Every other module receives that choice, or the adapter
+and engine made from it, and reads what it needs: the route, the adapter, the engine,
+what starts at import in a job of several processes, how fit() input reaches the engine,
+and the releases it is verified on. What an engine can do (sync BatchNorm, accumulation,
+a launcher) is the engine class's own (`engines.base.Engine`), not a table here.
 
 Pure: no framework is imported here. An entry names its modules as "module:name"
 strings, imported by the layer that uses them (`resolve`), so that this module stays
 below all of them (tests/test_layers.py).
 
 A new Keras line or backend is one entry below plus the modules it names (an adapter in
-`adapters/`, an engine in `engines/`, a lister in `env/devices.py`, a start-up function
-in `engines/startup.py` when several processes need one).
+`adapters/`, an engine in `engines/` with its device lister and, where several processes
+need one, its start-up).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import enum
 import importlib
 import importlib.util
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from packaging.version import Version
 
 from kerasmgpu._errors import bad_value
-from kerasmgpu.env import versions as v
+from kerasmgpu.env import versions
 from kerasmgpu.env.versions import KerasLine
 
 
@@ -63,24 +66,20 @@ class Entry:
     backend: str  # the framework that runs it; also the module a start-up hook waits for
     route: Route
     adapter: str  # "module:Class", an `adapters.Adapter` subclass
-    engine: str  # "module:Class", an `engines.base.Engine` subclass
-    devices: str  # "module:function(n)", the lister of `env/devices.py`
-    feed: FeedKind
+    engine: str  # "module:Class", an `engines.base.Engine` subclass (lists its devices)
     verified: Tuple[Version, Version]  # [min, below) the tox matrix runs
     # Where the Keras module is, first importable wins ("module" or "module:attribute").
     keras: Tuple[str, ...]
     dist: str  # the distribution to pin in a fix ("pip install ...")
-    # "module:function(environment)" started right after `backend` is imported in a
-    # process of a job of several; None: nothing to start at import.
-    startup: Optional[str] = None
+    # Whether, in a process of a job of several, the engine starts right after `backend`
+    # is imported (`Engine.start`, registered by `engines/startup.py`).
+    starts_at_import: bool = False
     # The first release that trains in several processes, where above `verified[0]`.
     multi_process_floor: Optional[Version] = None
 
 
 _ADAPTERS = "kerasmgpu.adapters"
 _ENGINES = "kerasmgpu.engines"
-_DEVICES = "kerasmgpu.env.devices"
-_STARTUP = "kerasmgpu.engines.startup"
 
 _MIRRORED = f"{_ENGINES}.mirrored:MirroredEngine"
 _TF_KERAS_2 = f"{_ADAPTERS}.tfkeras2:TfKeras2"
@@ -89,54 +88,89 @@ ENTRIES: Tuple[Entry, ...] = (
     Entry(KerasLine.LEGACY, "tensorflow", Route.MULTI_GPU_MODEL,
           adapter=f"{_ADAPTERS}.keras23:Keras23",
           engine=f"{_ENGINES}.multi_gpu_model:MultiGpuModelEngine",
-          devices=f"{_DEVICES}:tf_devices", feed=FeedKind.PYTHON,
-          verified=(v.LEGACY_KERAS_MIN, v.LEGACY_KERAS_VERIFIED_BELOW),
+          verified=(versions.LEGACY_KERAS_MIN, versions.LEGACY_KERAS_VERIFIED_BELOW),
           # Standalone Keras 2.3, or tf.keras itself on TF < 2.4 (no `keras` package).
           keras=("keras", "tensorflow:keras"), dist="keras"),
     Entry(KerasLine.TF_KERAS, "tensorflow", Route.MIRRORED,
           adapter=_TF_KERAS_2, engine=_MIRRORED,
-          devices=f"{_DEVICES}:tf_devices", feed=FeedKind.TF,
-          verified=(v.TF_KERAS_MIN, v.TF_KERAS_VERIFIED_BELOW),
+          verified=(versions.TF_KERAS_MIN, versions.TF_KERAS_VERIFIED_BELOW),
           keras=("tensorflow:keras",), dist="tensorflow",
-          startup=f"{_STARTUP}:start_tensorflow"),
+          starts_at_import=True),
     Entry(KerasLine.TF_KERAS_LEGACY, "tensorflow", Route.MIRRORED,
           adapter=_TF_KERAS_2, engine=_MIRRORED,
-          devices=f"{_DEVICES}:tf_devices", feed=FeedKind.TF,
-          verified=(v.TF_KERAS_LEGACY_MIN, v.TF_KERAS_LEGACY_VERIFIED_BELOW),
+          verified=(versions.TF_KERAS_LEGACY_MIN, versions.TF_KERAS_LEGACY_VERIFIED_BELOW),
           keras=("tf_keras",), dist="tf-keras",
-          startup=f"{_STARTUP}:start_tensorflow"),
+          starts_at_import=True),
     # No start-up: Keras 3 cannot train under MultiWorkerMirroredStrategy
     # (keras-team/keras#20585).
     Entry(KerasLine.KERAS_3, "tensorflow", Route.MIRRORED,
           adapter=f"{_ADAPTERS}.keras3:Keras3", engine=_MIRRORED,
-          devices=f"{_DEVICES}:tf_devices", feed=FeedKind.TF,
-          verified=(v.KERAS3_TF_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_TF_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras"),
     Entry(KerasLine.KERAS_3, "jax", Route.KERAS_DISTRIBUTION,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
           engine=f"{_ENGINES}.keras_distribution:KerasDistributionEngine",
-          devices=f"{_DEVICES}:jax_devices", feed=FeedKind.PYTHON,
-          verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
-          startup=f"{_STARTUP}:start_jax",
-          multi_process_floor=v.KERAS3_JAX_MULTI_PROCESS_MIN),
+          starts_at_import=True,
+          multi_process_floor=versions.KERAS3_JAX_MULTI_PROCESS_MIN),
     Entry(KerasLine.KERAS_3, "torch", Route.TORCH_DDP,
           adapter=f"{_ADAPTERS}.keras3:Keras3",
           engine=f"{_ENGINES}.torch_ddp:TorchDDPEngine",
-          devices=f"{_DEVICES}:torch_devices", feed=FeedKind.PYTHON,
-          verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
+          verified=(versions.KERAS3_MIN, versions.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras",
-          startup=f"{_STARTUP}:start_torch"),
+          starts_at_import=True),
 )
 
 _BY_KEY: Dict[Tuple[KerasLine, str], Entry] = {(e.line, e.backend): e for e in ENTRIES}
+
+
+@dataclass(frozen=True)
+class Active:
+    """The Keras this process runs: its line, release and backend, and their entry
+    (None: no Keras, or a backend that cannot train; `entry_or_raise()` explains)."""
+
+    line: KerasLine
+    version: Optional[Version]
+    backend: str
+    entry: Optional[Entry]
+
+    def entry_or_raise(self) -> Entry:
+        """The entry; without one, a ValueError saying what to install or set."""
+        return self.entry if self.entry is not None else lookup(self.line, self.backend)
+
+
+_active: Optional[Active] = None
+_active_lock = threading.Lock()
+
+
+def active() -> Active:
+    """The Keras this process runs, detected once (from installed metadata,
+    TF_USE_LEGACY_KERAS and KERAS_BACKEND, importing no framework) and kept for the life
+    of the process, as Keras keeps its backend: a line or backend cannot change under a
+    running process. `reset()` forgets it."""
+    global _active
+    with _active_lock:
+        if _active is None:
+            line, version = versions.detect_keras_line()
+            backend = versions.backend_for(line)
+            _active = Active(line, version, backend, find(line, backend))
+        return _active
+
+
+def reset() -> None:
+    """Forget the active Keras, to detect it again (tests that change what is installed
+    or the environment variables that choose it)."""
+    global _active
+    with _active_lock:
+        _active = None
 
 
 def _key(line: KerasLine, backend: Optional[str]) -> Tuple[KerasLine, str]:
     # Only Keras 3 has backends; the Keras 2 lines run on TensorFlow whatever is asked.
     if line is not KerasLine.KERAS_3:
         return line, "tensorflow"
-    return line, (backend if backend is not None else v.backend_for(line))
+    return line, (backend if backend is not None else versions.backend_for(line))
 
 
 def find(line: KerasLine, backend: Optional[str] = None) -> Optional[Entry]:
@@ -231,15 +265,15 @@ def unsupported_version(line: KerasLine, version: Optional[Version],
     if base < low:
         on = f" on {_key(line, backend)[1]}" if line is KerasLine.KERAS_3 else ""
         return f"{line.value} {version}{on} (kerasmgpu needs >= {low})"
-    if base >= below and not v.unverified_ok():
+    if base >= below and not versions.unverified_ok():
         return (f"{line.value} {version} (kerasmgpu is verified below {below}; "
-                f"{v.UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
+                f"{versions.UNVERIFIED_OK_ENV}=1 runs it anyway, refusing at parallelize() if one "
                 "of its hooks moved)")
     return None
 
 
 __all__ = [
-    "ENTRIES", "Entry", "FeedKind", "Route", "below_multi_process_floor", "entries_of",
+    "ENTRIES", "Active", "Entry", "active", "reset", "FeedKind", "Route", "below_multi_process_floor", "entries_of",
     "find", "keras_module", "lookup", "multi_process_floor", "resolve",
     "unsupported_version", "verified_range",
 ]

@@ -14,20 +14,12 @@ route for each Keras line and backend are `kerasmgpu.registry`'s, and
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Union
+from typing import Optional, Union
 
 from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.env.versions import KerasLine
-from kerasmgpu.registry import Route
-
-# Which lines/backends each route can drive.
-_SUPPORTS: Dict[Route, str] = {
-    Route.MULTI_GPU_MODEL: "standalone Keras <= 2.3 (or tf.keras on TF < 2.4)",
-    Route.MIRRORED: "tf.keras 2.x, tf_keras, Keras 3 with the TensorFlow backend",
-    Route.KERAS_DISTRIBUTION: "Keras 3 with the JAX backend",
-    Route.TORCH_DDP: "Keras 3 with the PyTorch backend",
-}
+from kerasmgpu.registry import Entry, Route
 
 
 def choose_route(line: KerasLine, backend: str) -> Route:
@@ -51,17 +43,23 @@ def parse_route(route: Union[str, Route, None]) -> Optional[Route]:
         ) from None
 
 
-def check_route_fits(route: Route, line: KerasLine, backend: str) -> None:
-    """An explicit `route=` must be one this Keras can run."""
-    natural = choose_route(line, backend)
-    if route is natural:
+def drives(route: Route) -> str:
+    """The Keras lines and backends a route drives, in words (from the registry)."""
+    return ", ".join(e.line.value + (f" with the {e.backend} backend"
+                                     if e.line is KerasLine.KERAS_3 else "")
+                     for e in registry.entries_of(route))
+
+
+def check_route_fits(route: Route, entry: Entry) -> None:
+    """An explicit `route=` must be the one the active Keras's entry runs."""
+    if route is entry.route:
         return
     raise bad_value(
         "route", route.value,
-        f"for {line.value} (backend {backend}): {natural.value!r}; {route.value!r} drives "
-        f"{_SUPPORTS[route]}",
-        f"pass route={natural.value!r} or route=None",
+        f"for {entry.line.value} (backend {entry.backend}): {entry.route.value!r}; "
+        f"{route.value!r} drives {drives(route)}",
+        f"pass route={entry.route.value!r} or route=None",
     )
 
 
-__all__ = ["Route", "choose_route", "parse_route", "check_route_fits"]
+__all__ = ["Route", "choose_route", "check_route_fits", "drives", "parse_route"]

@@ -58,3 +58,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             "kinds": kinds.most_common(10)}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
+
+
+@pytest.fixture(autouse=True)
+def _choices_detected_afresh() -> Any:
+    """The two choices a process makes once - the active Keras and the job - detected
+    again after a test that changed what they are read from (launcher variables, a
+    pretended release): each test sees this process as it started."""
+    from kerasmgpu import registry
+    from kerasmgpu.env import cluster
+
+    yield
+    registry.reset()
+    cluster.reset()

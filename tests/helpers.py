@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine, backend_for, detect_keras_line
+from kerasmgpu import registry
+from kerasmgpu.env.versions import KerasLine
 
-LINE, _VERSION = detect_keras_line()
-BACKEND = backend_for(LINE)
+_ACTIVE = registry.active()
+LINE, _VERSION, BACKEND = _ACTIVE.line, _ACTIVE.version, _ACTIVE.backend
 ENV = kerasmgpu.environment()
 ROUTE = ENV.route
 TF_LINES = (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)

@@ -479,13 +479,14 @@ def _fake_keras_module(name: str, base: type) -> types.ModuleType:
 def test_callback_base_follows_the_active_line(
     monkeypatch: pytest.MonkeyPatch, line: str, module: str, hidden: Optional[str]
 ) -> None:
-    from kerasmgpu import callbacks
+    from kerasmgpu import callbacks, registry
     from kerasmgpu.env import versions as detection
 
     class LineCallback:
         pass
 
     monkeypatch.setattr(detection, "detect_keras_line", lambda: (detection.KerasLine[line], None))
+    registry.reset()  # the active Keras is detected once per process: pretend anew
     for name in ("keras", "tensorflow", "tf_keras"):
         monkeypatch.setitem(sys.modules, name, _fake_keras_module(name, object))
     monkeypatch.setitem(sys.modules, module, _fake_keras_module(module, LineCallback))
@@ -496,10 +497,11 @@ def test_callback_base_follows_the_active_line(
 
 
 def test_without_keras_the_import_error_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kerasmgpu import callbacks
+    from kerasmgpu import callbacks, registry
     from kerasmgpu.env import versions as detection
 
     monkeypatch.setattr(detection, "detect_keras_line", lambda: (detection.KerasLine.NONE, None))
+    registry.reset()
     monkeypatch.delitem(callbacks.__dict__, "DeviceMonitor", raising=False)
     with pytest.raises(ImportError, match="no Keras is installed.*MonitorCore"):
         from kerasmgpu.callbacks import DeviceMonitor  # noqa: F401

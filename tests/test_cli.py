@@ -179,6 +179,25 @@ def test_tf_keras_version_must_match_tensorflow() -> None:
     assert codes(doctor.findings(facts))["keras_tensorflow_mismatch"] == BLOCKING
 
 
+def test_a_release_below_its_backends_floor_is_blocking() -> None:
+    """doctor reads the floor of the active line on its backend from the registry: Keras 3
+    on TensorFlow starts later than on JAX, and a release between the two is refused on
+    TensorFlow only (doctor kept a floor of its own, the JAX one, and said nothing)."""
+    from kerasmgpu import registry
+    from kerasmgpu.env.versions import KerasLine
+
+    tf_floor = registry.verified_range(KerasLine.KERAS_3, "tensorflow")[0]
+    jax_floor = registry.verified_range(KerasLine.KERAS_3, "jax")[0]
+    assert jax_floor < tf_floor
+    between = f"{tf_floor.major}.{tf_floor.minor - 1}.0"
+    on_tf = doctor.findings(keras3_tf(keras_version=between, keras=between))
+    too_old = next(f for f in on_tf if f.code == "keras_too_old")
+    assert too_old.severity == BLOCKING and f'"keras>={tf_floor}"' in too_old.advice
+    on_jax = keras3_tf(backend="jax", route="keras_distribution", keras_version=between,
+                       keras=between, jax="0.4.30", tensorflow=None)
+    assert "keras_too_old" not in codes(doctor.findings(on_jax))
+
+
 def test_torch_outside_launch_is_a_warning_and_inside_it_is_not() -> None:
     outside = keras3_tf(backend="torch", route="torch_ddp", torch="2.13.0", tensorflow=None)
     found = doctor.findings(outside)

@@ -171,7 +171,7 @@ def test_slurm_across_nodes_gives_tensorflow_its_own_resolver(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import tensorflow as tf
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import mirrored
 
     env = {**SRUN, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
@@ -179,14 +179,14 @@ def test_slurm_across_nodes_gives_tensorflow_its_own_resolver(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     job = cluster.detect(env)
-    resolver = startup._tf_resolver(tf, job)
+    resolver = mirrored._tf_resolver(tf, job)
     assert type(resolver).__name__ == "SlurmClusterResolver"
     base = job.main_port + 2
     assert resolver.cluster_spec().as_dict() == {
         "worker": [f"gpu1:{base}", f"gpu1:{base + 1}", f"gpu2:{base}", f"gpu2:{base + 1}"]}
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
     # On one machine: loopback addresses, in rank order.
-    local = startup._tf_resolver(tf, cluster.detect(SRUN))
+    local = mirrored._tf_resolver(tf, cluster.detect(SRUN))
     assert local.cluster_spec().as_dict()["worker"] == [
         f"127.0.0.1:{cluster.detect(SRUN).main_port + 2 + r}" for r in range(2)]
 
@@ -200,20 +200,21 @@ def test_a_cluster_tensorflow_cannot_run_on_is_told_by_its_type(
     import tensorflow as tf
 
     from kerasmgpu._errors import InvalidClusterError
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines.mirrored import MirroredEngine, _tf_resolver
 
     spread = cluster.detect({**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
                              "MASTER_ADDR": "10.0.0.1"})
     with pytest.raises(InvalidClusterError, match="Invalid cluster for TensorFlow") as caught:
-        startup._tf_resolver(tf, spread)
-    monkeypatch.setattr(startup, "_tf_strategy", None)
-    monkeypatch.setattr(startup, "_tf_error", caught.value)
+        _tf_resolver(tf, spread)
+    monkeypatch.setattr(MirroredEngine, "_worker_strategy", None)
+    monkeypatch.setattr(MirroredEngine, "_worker_error", caught.value)
     with pytest.raises(InvalidClusterError) as again:
-        startup.tf_strategy()
+        MirroredEngine.worker_strategy()
     assert again.value is caught.value
-    monkeypatch.setattr(startup, "_tf_error", RuntimeError("Invalid cluster spec (grpc)"))
+    monkeypatch.setattr(MirroredEngine, "_worker_error",
+                        RuntimeError("Invalid cluster spec (grpc)"))
     with pytest.raises(RuntimeError, match="Invalid import order") as other:
-        startup.tf_strategy()
+        MirroredEngine.worker_strategy()
     assert not isinstance(other.value, InvalidClusterError)
 
 
@@ -283,22 +284,28 @@ def test_public_helpers_name_the_launcher(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv(name, value)
     for name in [k for k in os.environ if k.startswith("KERASMGPU_PROCESS")]:
         monkeypatch.delenv(name)
+    cluster.reset()  # a process's job is detected once: as if it started now
     assert (kerasmgpu.process_index(), kerasmgpu.process_count(), kerasmgpu.is_chief()) == (
         1, 2, False)
-    assert cluster.current().name == "Open MPI"
+    assert cluster.job().name == "Open MPI"
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert not kerasmgpu.is_chief()  # kept for the life of the process
+    cluster.reset()
     assert kerasmgpu.is_chief()
 
 
 def test_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
-    assert cluster.collective_timeout() == cluster.DEFAULT_TIMEOUT
+    cluster.reset()
+    assert cluster.job().collective_timeout() == cluster.DEFAULT_TIMEOUT
     monkeypatch.setenv(cluster.TIMEOUT_ENV, "12.5")
-    assert cluster.collective_timeout() == 12.5
+    cluster.reset()
+    assert cluster.job().collective_timeout() == 12.5
     for bad in ("0", "-3", "soon"):
         monkeypatch.setenv(cluster.TIMEOUT_ENV, bad)
+        cluster.reset()
         with pytest.raises(ValueError, match="KERASMGPU_COLLECTIVE_TIMEOUT.*Fix"):
-            cluster.collective_timeout()
+            cluster.job().collective_timeout()
 
 
 @pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3 trains in one process only")
@@ -308,12 +315,14 @@ def test_doctor_names_the_launcher(monkeypatch: pytest.MonkeyPatch,
 
     for name, value in {**OMPI, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(name, value)
+    cluster.reset()  # as in a process started with them
     doctor.main(["--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["environment"]["cluster"] == "Open MPI: process 0 of 1"
     doctor.main([])
     assert "launcher     : Open MPI: process 0 of 1" in capsys.readouterr().out
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "x")
+    cluster.reset()
     doctor.main(["--json"])
     found = {f["code"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
     assert "OMPI_COMM_WORLD_SIZE" in found["launcher_variables"]["message"]
@@ -333,7 +342,7 @@ def framework_shutdown():
 atexit.register(framework_shutdown)
 from kerasmgpu.env import cluster
 from kerasmgpu.process import ending
-ending.watch(cluster.current())
+ending.watch(cluster.job())
 ending.framework_started(teardown=lambda: open(os.path.join({out!r}, "teardown"), "w").close())
 atexit.register(lambda: open(os.path.join({out!r}, "later-handler"), "w").close())
 """
@@ -438,13 +447,11 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
 def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     import tensorflow as tf
 
-    from kerasmgpu import adapters, registry
+    from kerasmgpu import adapters, engines, registry
     from kerasmgpu.adapters import tf_data
     from kerasmgpu.data import feeds
-    from kerasmgpu.env.versions import backend_for, detect_keras_line
-
-    line, _ = detect_keras_line()
-    adapter = adapters.load(line, backend_for(line))
+    active = registry.active()
+    adapter = adapters.load(active)
     tf.random.set_seed(None)  # an earlier test's global seed would seed every shuffle
     x = np.arange(20, dtype="float32").reshape(10, 2)
     data = tf.data.Dataset.from_tensor_slices((x, x[:, :1]))
@@ -454,7 +461,7 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     assert tf_data.unseeded_shuffles(data.batch(4)) == 0
     nested = tf.data.Dataset.range(2).interleave(lambda _: unseeded)
     assert tf_data.unseeded_shuffles(nested) == 1
-    kind = registry.lookup(line).feed
+    kind = engines.load(active.entry_or_raise()).feed_kind
     two = batching.Planner(replicas=2, process_index=0, process_count=2)
     with pytest.raises(ValueError, match=r"1 unseeded shuffle.*2 processes.*seed=S"):
         feeds.build(adapter, kind, two, unseeded)
@@ -473,9 +480,9 @@ def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
 def test_jax_coordinator_arguments_bind_loopback() -> None:
     import jax
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import keras_distribution
 
-    arguments = startup._jax_arguments(jax, cluster.detect(OMPI))
+    arguments = keras_distribution._jax_arguments(jax, cluster.detect(OMPI))
     port = cluster.detect(OMPI).main_port + 1
     assert arguments["coordinator_address"] == f"127.0.0.1:{port}"
     assert arguments["coordinator_bind_address"] == f"127.0.0.1:{port}"
@@ -483,7 +490,7 @@ def test_jax_coordinator_arguments_bind_loopback() -> None:
     assert arguments["local_device_ids"] == [1]  # two per machine: one device each
     assert arguments["cluster_detection_method"] == "deactivate"
     assert arguments["heartbeat_timeout_seconds"] <= arguments["shutdown_timeout_seconds"]
-    spread = startup._jax_arguments(jax, cluster.detect(launch_env(rank=3, world=4)))
+    spread = keras_distribution._jax_arguments(jax, cluster.detect(launch_env(rank=3, world=4)))
     assert spread["coordinator_bind_address"] == "[::]:29500"
     assert spread["local_device_ids"] is None  # kerasmgpu launch hands out GPUs itself
 
@@ -495,7 +502,7 @@ def test_the_environment_object_answers_not_the_process_variables(monkeypatch) -
     job = cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7",
                           cluster.TORCH_BACKEND_ENV: "gloo"})
     assert job.multi_process() and not job.is_chief()
-    assert job.collective_timeout() == 7.0 and cluster.collective_timeout() == 300.0
+    assert job.collective_timeout() == 7.0 and cluster.detect({}).collective_timeout() == 300.0
     assert job.torch_backend() == "gloo"
     assert cluster.detect({}).torch_backend() is None
     other = cluster.detect({**OMPI, "OMPI_MCA_ess_base_jobid": "1"})
@@ -508,10 +515,10 @@ def test_the_environment_object_answers_not_the_process_variables(monkeypatch) -
 def test_jax_start_up_takes_the_timeout_of_its_environment(monkeypatch) -> None:
     import jax
 
-    from kerasmgpu.engines import startup
+    from kerasmgpu.engines import keras_distribution
 
     monkeypatch.delenv(cluster.TIMEOUT_ENV, raising=False)
-    arguments = startup._jax_arguments(jax, cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7"}))
+    arguments = keras_distribution._jax_arguments(jax, cluster.detect({**OMPI, cluster.TIMEOUT_ENV: "7"}))
     assert arguments["initialization_timeout"] == 7
 
 

@@ -97,8 +97,10 @@ def test_route_names() -> None:
     assert "route='horovod'" in message and "mirrored" in message and "Fix:" in message
     with pytest.raises(TypeError, match="Received: route=3"):
         parse_route(3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="Keras 3 with the JAX backend"):
-        check_route_fits(Route.KERAS_DISTRIBUTION, KerasLine.KERAS_3, "tensorflow")
+    with pytest.raises(ValueError, match="'keras_distribution' drives keras 3 with the jax "
+                       "backend.*Fix: pass route='mirrored'"):
+        check_route_fits(Route.KERAS_DISTRIBUTION, registry.lookup(KerasLine.KERAS_3,
+                                                                   "tensorflow"))
 
 
 def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,6 +115,7 @@ def test_environment_is_frozen_and_printable(monkeypatch: pytest.MonkeyPatch) ->
         env.backend = "x"  # type: ignore[misc]
     monkeypatch.setenv(cluster.PROCESS_INDEX_ENV, "1")
     monkeypatch.setenv(cluster.PROCESS_COUNT_ENV, "2")
+    cluster.reset()  # as in a process started with them
     assert kerasmgpu.process_index() == 1 and kerasmgpu.process_count() == 2
     assert not kerasmgpu.is_chief()
 

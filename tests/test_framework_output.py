@@ -29,11 +29,9 @@ SCRIPT = textwrap.dedent('''
     import kerasmgpu
     import numpy as np
     import tensorflow as tf
-    from kerasmgpu import adapters
-    from kerasmgpu.env import versions
+    from kerasmgpu import adapters, registry
 
-    line, _ = versions.detect_keras_line()
-    keras = adapters.load(line, versions.backend_for(line)).keras
+    keras = adapters.load(registry.active()).keras
 
     def mark(text):
         sys.stdout.flush()

@@ -28,6 +28,7 @@ def _pretend_release(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
         return line, Version(version)
 
     monkeypatch.setattr(versions, "detect_keras_line", detect)
+    registry.reset()  # the active Keras is detected once per process: pretend anew
 
 
 def _beyond() -> str:

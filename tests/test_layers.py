@@ -32,8 +32,9 @@ LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),
     ("kerasmgpu.accumulation", 0),  # pure, like batching
+    ("kerasmgpu.options", 0),  # a parallelize() call's options, as one value
     ("kerasmgpu.env", 1),
-    ("kerasmgpu.registry", 1),  # reads env.versions; env.devices reads it
+    ("kerasmgpu.registry", 2),  # reads env.versions; nothing in env reads it
     ("kerasmgpu.pins", 1),
     ("kerasmgpu.routes", 2),
     ("kerasmgpu.launch", 2),  # a package: its own order below (LAUNCH_ORDER)

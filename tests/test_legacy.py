@@ -74,9 +74,14 @@ def _gpus_params() -> List[Any]:
     return params
 
 
+def _listed() -> List[Any]:
+    """The devices the active engine lists here."""
+    return list(kerasmgpu.environment(devices=True).devices or ())
+
+
 def _device_count() -> int:
     """Devices multi_gpu_model can use here (the virtual ones, or real GPUs)."""
-    return len(legacy._available(LINE))
+    return len(_listed())
 
 
 def _replicas(gpus: Union[None, int, List[int]]) -> int:
@@ -287,7 +292,7 @@ def test_gpus_none_on_one_device_is_a_value_error(monkeypatch: pytest.MonkeyPatc
 
 
 def test_more_gpus_than_exist_says_what_exists() -> None:
-    available = [str(d) for d in legacy._available(LINE)]
+    available = [str(d) for d in _listed()]
     too_many = len(available) + 2  # gpus=5 on the 3 virtual devices of the test envs
     with pytest.raises(ValueError) as info:
         legacy.multi_gpu_model(mlp(keras, compile=False), gpus=too_many)

@@ -93,10 +93,44 @@ def test_every_route_has_one_engine_and_the_feed_its_engine_consumes() -> None:
     for route in Route:
         named = {e.engine for e in registry.entries_of(route)}
         assert len(named) == 1, f"{route}: {named}"
-    # TensorFlow's strategies consume datasets; every other engine Python batches.
-    for entry in ENTRIES:
-        tf_engine = entry.route is Route.MIRRORED
-        assert (entry.feed is FeedKind.TF) is tf_engine, entry
+    # TensorFlow's strategies consume datasets; every other engine Python batches. The
+    # engine modules import no framework at import.
+    for route in Route:
+        engine = engines.load_route(route)
+        assert engine.route is route
+        assert (engine.feed_kind is FeedKind.TF) is (route is Route.MIRRORED), route
+        assert callable(engine.device_lister), route
+
+
+def test_what_an_engine_can_do_is_its_own_flag() -> None:
+    """The capabilities api, training, doctor, demo and bench read (they compare no
+    route): torch trains as processes and keeps each process's metrics; JAX runs one
+    program; Keras 2.3's graph slices; TF cannot accumulate across workers."""
+    flags = {route: engines.load_route(route) for route in Route}
+    assert [r for r, e in flags.items() if e.needs_launcher] == [Route.TORCH_DDP]
+    assert [r for r, e in flags.items() if e.metrics_per_process] == [Route.TORCH_DDP]
+    assert [r for r, e in flags.items() if e.one_program] == [Route.KERAS_DISTRIBUTION]
+    assert [r for r, e in flags.items() if e.slices_in_graph] == [Route.MULTI_GPU_MODEL]
+    assert [r for r, e in flags.items() if not e.accumulates_in_processes] == [
+        Route.MIRRORED]
+    assert all(e.syncs_batchnorm and e.accumulates for e in flags.values())
+
+
+def test_the_active_keras_is_chosen_once_per_process(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    from kerasmgpu.env import versions
+
+    first = registry.active()
+    assert registry.active() is first
+    calls = []
+    monkeypatch.setattr(versions, "detect_keras_line",
+                        lambda: calls.append(1) or (KerasLine.NONE, None))
+    assert registry.active() is first and not calls  # kept: not detected again
+    registry.reset()
+    assert registry.active().line is KerasLine.NONE and calls == [1]
+    assert registry.active().entry is None
+    with pytest.raises(ValueError, match="no Keras installed"):
+        registry.active().entry_or_raise()
 
 
 def _defines(reference: str) -> bool:
@@ -120,8 +154,7 @@ def _defines(reference: str) -> bool:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.line.name}-{e.backend}")
 def test_each_entry_names_what_its_modules_define(entry: Entry) -> None:
-    references = [entry.adapter, entry.engine, entry.devices]
-    references += [entry.startup] if entry.startup else []
+    references = [entry.adapter, entry.engine]
     missing = [r for r in references if not _defines(r)]
     assert not missing
     assert entry.keras and entry.dist
@@ -138,9 +171,10 @@ def test_the_active_entry_imports_its_names() -> None:
     engine = engines.load(entry)
     assert issubclass(engine, Engine) and engine.route is entry.route
     assert engines.load_route(entry.route) is engine
-    assert callable(registry.resolve(entry.devices))
-    if entry.startup:
-        assert callable(registry.resolve(entry.startup))
+    # What starts at import is the engine's own start-up (Keras 3 on TensorFlow: none,
+    # it cannot train under MultiWorkerMirroredStrategy).
+    if entry.starts_at_import:
+        assert engine.start.__func__ is not Engine.start.__func__  # type: ignore[attr-defined]
     assert registry.keras_module(entry).__name__.split(".")[-1] in ("keras", "tf_keras")
 
 

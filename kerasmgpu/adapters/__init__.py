@@ -1,8 +1,8 @@
 """Adapters: the one place that knows each Keras line's internals.
 
-`load(line, backend)` returns the adapter of the active Keras - `keras3.Keras3`,
-`tfkeras2.TfKeras2` (tf.keras 2.x and tf_keras) or `keras23.Keras23`, as the line and
-backend's entry in `kerasmgpu.registry` names it; `check_release` checks the release
+`load(active)` returns the adapter of the active Keras (`registry.active()`, handed
+in) - `keras3.Keras3`, `tfkeras2.TfKeras2` (tf.keras 2.x and tf_keras) or
+`keras23.Keras23`, as its registry entry names it; `check_release` checks the release
 against the range that entry is verified on. Everything above this package (feeds,
 training hooks, engines) goes through an adapter; a test (tests/test_layers.py) fails if
 a private name of Keras, TF or JAX appears elsewhere.
@@ -16,24 +16,22 @@ from typing import Any, Optional, Tuple, Type
 from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters.base import Adapter, InternalsChanged
-from kerasmgpu.env import versions
 from kerasmgpu.env.versions import KerasLine
+from kerasmgpu.registry import Active
 
 __all__ = ["Adapter", "InternalsChanged", "load", "check_model", "model_origin"]
 
 
-def load(line: KerasLine, backend: str, version: Optional[Any] = None) -> Adapter:
+def load(active: Active) -> Adapter:
     """The adapter of the active Keras (imports it): the class its registry entry names."""
-    entry = registry.lookup(line, backend)
-    module = registry.keras_module(entry)
-    if version is None:
-        version = versions.detect_keras_line()[1]
+    entry = active.entry_or_raise()
     adapter: Type[Adapter] = registry.resolve(entry.adapter)
-    return adapter(line, module, backend, version)
+    return adapter(active.line, registry.keras_module(entry), active.backend, active.version)
 
 
-def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) -> None:
+def check_release(active: Active) -> None:
     """Refuse a release outside the verified range, saying what to install."""
+    line, version, backend = active.line, active.version, active.backend
     why = registry.unsupported_version(line, version, backend)
     if why is None:
         return
@@ -47,9 +45,9 @@ def check_release(line: KerasLine, version: Any, backend: Optional[str] = None) 
     )
 
 
-def check_multi_process(line: KerasLine, version: Any, backend: Optional[str] = None
-                        ) -> None:
+def check_multi_process(active: Active) -> None:
     """Refuse a release that trains on one process but not on several."""
+    line, version, backend = active.line, active.version, active.backend
     floor = registry.below_multi_process_floor(line, version, backend)
     if floor is None:
         return

@@ -176,6 +176,17 @@ def started_by_launcher() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1" or process_count() > 1
 
 
+def needs_launcher(route: Optional[str]) -> bool:
+    """Whether `route` (a route's name, None for none) trains on several devices only
+    as several processes: its engine's own flag (imports the engine, not its framework)."""
+    if not route:
+        return False
+    from kerasmgpu import engines
+    from kerasmgpu.registry import Route
+
+    return engines.load_route(Route(route)).needs_launcher
+
+
 def framework_started() -> bool:
     """Whether a framework that fixes its device count at start-up is imported."""
     return any(name in sys.modules for name in _RUNTIMES)
@@ -287,10 +298,10 @@ def start(env: Environment, wanted: Optional[int], verbose: bool = False,
 
 def keras_module(env: Environment) -> Any:
     """The active Keras namespace (`keras`, `tf.keras`, `tf_keras`); imports it."""
-    from kerasmgpu import adapters as adapter
+    from kerasmgpu import adapters, registry
 
     with _virtual_request_quiet():
-        return adapter.load(env.keras_line, env.backend).keras
+        return adapters.load(registry.active()).keras
 
 
 def has_gpu(devices: Sequence[Device]) -> bool:

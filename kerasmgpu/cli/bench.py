@@ -510,7 +510,8 @@ def _asked_counts(args: argparse.Namespace) -> Optional[List[int]]:
 
 
 def _refuse_here(env: Any) -> None:
-    """Where bench cannot measure: no Keras, a launched worker, the torch backend."""
+    """Where bench cannot measure: no Keras, a launched worker, a route whose replicas
+    are processes (torch)."""
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
     if _common.started_by_launcher():
@@ -519,9 +520,9 @@ def _refuse_here(env: Any) -> None:
             "run `kerasmgpu bench` directly; it measures every replica count itself",
             raw=True,
         ))
-    if env.backend == "torch":
+    if _common.needs_launcher(env.route):
         raise UsageError(explain(
-            "KERAS_BACKEND", "torch",
+            "KERAS_BACKEND", env.backend,
             "tensorflow or jax (bench runs every replica count in one process, and on "
             "torch each replica is a process)",
             "run bench with KERAS_BACKEND=jax or tensorflow; on torch, time your script "

@@ -244,7 +244,7 @@ def _set_up(args: argparse.Namespace) -> _Setup:
     env = api.environment()
     if _common.keras_missing(env):
         raise UsageError(_common.no_keras_message())
-    torch_single = env.backend == "torch" and not _common.started_by_launcher()
+    torch_single = _common.needs_launcher(env.route) and not _common.started_by_launcher()
     asked = _common.requested_virtual()
     wanted = args.replicas or asked or _common.DEFAULT_VIRTUAL
     # On torch outside launch one process is one replica: no virtual devices to ask for.

@@ -75,11 +75,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from packaging.version import InvalidVersion, Version
 
+from kerasmgpu import engines, registry
 from kerasmgpu._version import __version__
 from kerasmgpu.cli import _common
 from kerasmgpu.env.versions import (
-    KERAS3_MIN,
-    TF_KERAS_MIN,
     TF_SPLIT_KERAS,
     TF_WITH_KERAS_3,
     VIRTUAL_DEVICES_ENV,
@@ -87,6 +86,7 @@ from kerasmgpu.env.versions import (
     _truthy,
     variable_applies,
 )
+from kerasmgpu.registry import Route
 
 INFO, WARNING, BLOCKING = "info", "warning", "blocking"
 SEVERITIES = (INFO, WARNING, BLOCKING)
@@ -100,13 +100,6 @@ WATCHED = (
     "TF_CONFIG",
     _common.LAUNCHED_ENV,
 )
-
-ENGINES = {
-    "mirrored": "tf.distribute.MirroredStrategy",
-    "keras_distribution": "keras.distribution.DataParallel (jax.sharding)",
-    "torch_ddp": "torch.distributed, one process per device",
-    "multi_gpu_model": "keras.utils.multi_gpu_model (Keras <= 2.3)",
-}
 
 INSTALL = {
     "tensorflow": 'pip install "tensorflow[and-cuda]" (GPUs) or pip install tensorflow',
@@ -215,6 +208,30 @@ def device_count(facts: Facts) -> int:
     return local
 
 
+def _below_verified_floor(facts: Facts) -> Optional[Finding]:
+    """The active release below the first one its registry entry is verified on (the
+    floor of its line on its backend: Keras 3 on TensorFlow's is not Keras 3 on JAX's)."""
+    line_version = _version(facts.keras_version)
+    try:
+        line = KerasLine(facts.keras_line)
+    except ValueError:
+        return None
+    entry = registry.find(line, facts.backend or None)
+    if line_version is None or entry is None:
+        return None
+    floor = entry.verified[0]
+    if Version(line_version.base_version) >= floor:
+        return None
+    on = f" on {entry.backend}" if line is KerasLine.KERAS_3 else ""
+    older = (" (for older tf.keras code, Keras 2.3 and `kerasmgpu migrate` also work)"
+             if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) else "")
+    return Finding(
+        BLOCKING, "keras_too_old",
+        f"{line.value} {line_version}{on} is older than {floor}, the oldest release "
+        f"kerasmgpu is verified on there.",
+        f'pip install "{entry.dist}>={floor}"{older}')
+
+
 def _version_findings(facts: Facts) -> List[Finding]:
     out: List[Finding] = []
     line = facts.keras_line
@@ -270,23 +287,9 @@ def _version_findings(facts: Facts) -> List[Finding]:
     if torch_note:
         text, fix = torch_note.split(" Fix: ", 1)
         out.append(Finding(WARNING, "torch_untested", text, fix))
-    line_version = _version(facts.keras_version)
-    if line_version is not None:
-        if line in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY) and line_version < TF_KERAS_MIN:
-            out.append(Finding(
-                BLOCKING, "keras_too_old",
-                f"{line} {line_version} is older than {TF_KERAS_MIN}, the oldest tf.keras "
-                "kerasmgpu's mirrored route supports (it needs Model.compute_loss).",
-                f'pip install "tensorflow>={TF_KERAS_MIN}"; for older code, Keras 2.3 and '
-                "`kerasmgpu migrate` also work",
-            ))
-        if line == KerasLine.KERAS_3 and line_version < KERAS3_MIN:
-            out.append(Finding(
-                BLOCKING, "keras_too_old",
-                f"Keras {line_version} is older than {KERAS3_MIN}, the oldest Keras 3 "
-                "kerasmgpu supports.",
-                f'pip install "keras>={KERAS3_MIN}"',
-            ))
+    too_old = _below_verified_floor(facts)
+    if too_old is not None:
+        out.append(too_old)
     return out
 
 
@@ -450,7 +453,8 @@ def _start_findings(facts: Facts) -> List[Finding]:
 
 
 def _torch_outside(facts: Facts) -> bool:
-    return facts.backend == "torch" and not facts.launched
+    """A route whose replicas are processes (torch), in a process no launcher started."""
+    return _common.needs_launcher(facts.route) and not facts.launched
 
 
 def _process_findings(facts: Facts) -> List[Finding]:
@@ -495,42 +499,14 @@ def route_info(facts: Facts) -> Dict[str, Any]:
     gpus = len(_gpus(facts))
     multi_process = facts.multi_process
     names = [str(d.get("name")) for d in facts.devices or ()]
-    engine: Optional[str] = ENGINES.get(route or "")
+    engine: Optional[str] = None
     all_reduce: Optional[str] = None
-    if route == "mirrored":
-        if multi_process:
-            engine = "tf.distribute.MultiWorkerMirroredStrategy"
-            all_reduce = "CollectiveAllReduce across processes"
-            why = ("one process per device group: TensorFlow's "
-                   "collective ops all-reduce gradients between processes - NCCL between "
-                   "GPUs, a ring over gRPC between CPUs.")
-        elif gpus >= 2 and facts.platform.startswith("linux"):
-            all_reduce = "NCCL (NcclAllReduce)"
-            why = ("MirroredStrategy's default for several GPUs on Linux: NCCL sums the "
-                   "gradients GPU to GPU (NVLink or PCIe), without going through the CPU.")
-        elif gpus >= 2:
-            all_reduce = "hierarchical copy (HierarchicalCopyAllReduce)"
-            why = ("NCCL exists only on Linux, so MirroredStrategy sums gradients by "
-                   "copying them between GPUs in a tree.")
-        else:
-            all_reduce = "reduction on the CPU"
-            why = ("CPU devices have no NCCL: gradients are summed in host memory (a CPU "
-                   "collective or ReductionToOneDevice, as the TensorFlow version picks).")
-    elif route == "keras_distribution":
-        all_reduce = "XLA collectives" + (" (NCCL between GPUs)" if gpus else " (host memory)")
-        why = ("Keras 3 on JAX shards each batch over a device mesh and XLA compiles the "
-               "gradient all-reduce into the training step"
-               + (" - across processes too." if multi_process else "."))
-    elif route == "torch_ddp":
-        all_reduce = "nccl" if gpus else "gloo"
-        why = ("torch.distributed all-reduces gradients between processes: nccl between "
-               "GPUs, gloo on the CPU; `kerasmgpu launch --nproc N` starts one process per "
-               "device.")
-    elif route == "multi_gpu_model":
-        all_reduce = "none: outputs merged on the CPU"
-        why = ("Keras 2.3's multi_gpu_model runs one replica per GPU on a slice of each "
-               "batch, concatenates the outputs on the CPU and computes one loss over the "
-               "whole batch: one set of weights, so nothing to all-reduce.")
+    reported_class = False
+    if route:  # the engine explains itself (its module imports no framework)
+        cls = engines.load_route(Route(route))
+        told = cls.explain(gpus, multi_process, facts.platform)
+        engine, all_reduce, why = told.engine, told.all_reduce, told.why
+        reported_class = cls.reports_all_reduce_class
     elif facts.keras_line == KerasLine.NONE:
         why = "no Keras is installed."
     else:
@@ -541,7 +517,7 @@ def route_info(facts: Facts) -> Dict[str, Any]:
         # What the engine itself reports beats the prediction; TensorFlow reports a class
         # name (CollectiveAllReduce), so the prediction stays beside it as the reading.
         reported = str(desc["all_reduce"])
-        all_reduce = f"{reported} - {all_reduce}" if route == "mirrored" and all_reduce else (
+        all_reduce = f"{reported} - {all_reduce}" if reported_class and all_reduce else (
             reported)
     try:
         replicas = int(desc.get("replicas") or 0) or device_count(facts)
@@ -657,8 +633,8 @@ def render(report: Mapping[str, Any]) -> str:
         else:
             reason = f"{route['replicas']} device(s); at least 2 are needed"
         lines.append(f"NOT READY: multi-device training cannot run here ({reason}).")
-        torch = report["environment"].get("backend") == "torch"
-        if torch and not blocking:
+        processes = _common.needs_launcher(route.get("route"))
+        if processes and not blocking:
             lines.append("(On torch a replica is a process: `kerasmgpu launch --nproc 2 -m "
                          "kerasmgpu demo` runs the demo on 2 processes.)")
         elif not blocking and not any(d["kind"] == "gpu" for d in report["devices"]):
@@ -715,17 +691,19 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     wrote its own (default: the environment now). Unless `verbose`, the framework's
     start-up log lines are dropped.
     """
+    from kerasmgpu import registry
     from kerasmgpu.env import cluster
     from kerasmgpu.env import versions as detection
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
+    active: Optional[registry.Active] = None
     try:
-        line, version = detection.detect_keras_line()
+        active = registry.active()
+        line, version, backend = active.line, active.version, active.backend
     except Exception as exc:
         internal.append(f"detecting Keras: {type(exc).__name__}: {exc}")
-        line, version = KerasLine.NONE, None
-    backend = detection.backend_for(line)
+        line, version, backend = KerasLine.NONE, None, ""
     values.update(
         keras_line=line.value, keras_version=str(version) if version else None,
         backend=backend,
@@ -734,7 +712,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
         variables=dict(variables) if variables is not None else user_variables(),
     )
     try:
-        job = cluster.current()
+        job = cluster.job()
         values.update(launched=_common.started_by_launcher(), process_index=job.global_rank(),
                       process_count=job.world_size(), cluster=job.describe())
     except ValueError as exc:  # contradictory launcher variables
@@ -745,21 +723,19 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
         devices_module.requested()
     except (TypeError, ValueError) as exc:
         values["virtual_error"] = str(exc)
-    route_ok = False
-    if line is not KerasLine.NONE:
-        from kerasmgpu.routes import choose_route
-
+    entry = None
+    if active is not None and line is not KerasLine.NONE:
         try:
-            values["route"] = choose_route(line, backend).value
-            route_ok = True
+            entry = active.entry_or_raise()
+            values["route"] = entry.route.value
         except ValueError as exc:
             values["route_error"] = str(exc)
     caught: List[warnings.WarningMessage] = []
-    if route_ok and "virtual_error" not in values:
+    if active is not None and entry is not None and "virtual_error" not in values:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with _common.framework_output_filtered(verbose):
-                values.update(_start_framework(line, backend))
+                values.update(_start_framework(active))
     values["warnings"] = tuple(
         sorted({str(w.message) for w in caught if str(w.message).startswith("kerasmgpu")})
     )
@@ -772,23 +748,20 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     return Facts(**values)
 
 
-def _start_framework(line: Any, backend: str) -> Dict[str, Any]:
+def _start_framework(active: Any) -> Dict[str, Any]:
     """List devices, import Keras and describe the route, each failure kept as a fact."""
-    from kerasmgpu import adapters as adapter
-    from kerasmgpu import api
-    from kerasmgpu.env import devices as devices_module
+    from kerasmgpu import adapters, api, engines
 
     values: Dict[str, Any] = {}
     try:
-        values["devices"] = tuple(
-            _device_dict(d) for d in devices_module.list_devices(line, backend)
-        )
+        engine = engines.load(active.entry_or_raise())
+        values["devices"] = tuple(_device_dict(d) for d in engine.list_devices())
     except Exception as exc:
         values["devices_error"] = f"{type(exc).__name__}: {exc}"
         values["devices_error_is_import"] = isinstance(exc, ImportError)
         return values
     try:
-        adapter.load(line, backend)
+        adapters.load(active)
     except Exception as exc:
         values["keras_import_error"] = f"{type(exc).__name__}: {exc}"
         return values

@@ -3,7 +3,7 @@
 A route owns an engine (a tf.distribute strategy, a keras.distribution layout, a torch
 process group) built for a fixed set of devices, and knows:
 
-* `available_devices()` - what it could run on;
+* `list_devices()` / `available_devices()` - what its backend shows / it could run on;
 * `replicas` - how many copies of the model train in step;
 * `scope()` - the context that models and optimizers must be built in;
 * `parallelize(model)` - a model that trains on all of them;
@@ -12,29 +12,64 @@ process group) built for a fixed set of devices, and knows:
 * `broadcast(value)` - rank 0's integer on every process (one process: the value);
 * `any_process(flag)` - whether the flag is set on any process (one process: the flag);
 * `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere;
-* `owns_optimizer(optimizer)` - whether an optimizer was made in its scope.
+* `owns_optimizer(optimizer)` - whether an optimizer was made in its scope;
+
+and says what it can do in class-level flags (`syncs_batchnorm`, `accumulates`, ...),
+which `kerasmgpu.api`'s checks, training, doctor, demo and bench read instead of
+comparing routes.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
-from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from kerasmgpu import registry
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
+from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import FeedKind, Route
+
+
+def one_gpu_each(environment: ClusterEnvironment) -> bool:
+    """Several processes per machine started by another launcher: one GPU each, by local
+    rank (what torchrun, srun and JAX's own cluster detection assume). `kerasmgpu
+    launch` hands out GPUs itself (`--gpus-per-proc`)."""
+    return not environment.assigns_devices and environment.local_world_size() > 1
+
+
+def too_late(engine: str, detail: Any) -> RuntimeError:
+    return RuntimeError(
+        f"Invalid import order: {engine} started before kerasmgpu could set up the "
+        f"multi-process engine ({detail}). Allowed: `import kerasmgpu` before "
+        "tensorflow, jax, keras or tf_keras in a script run by several processes "
+        "(kerasmgpu launch, torchrun, mpirun, srun). Fix: move `import kerasmgpu` to the "
+        "top of the script."
+    )
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """How an engine would train here, in words, before anything starts (`doctor`)."""
+
+    engine: str  # what spreads the model, e.g. "tf.distribute.MirroredStrategy"
+    all_reduce: Optional[str]  # how gradients meet (None: nothing to all-reduce)
+    why: str
 
 
 class Engine(abc.ABC):
     route: ClassVar[Route]
+    # The framework's name for what this route drives, and whether the all-reduce it
+    # reports once running (`describe()`) is a class name, best read beside our words.
+    engine_name: ClassVar[str]
+    reports_all_reduce_class: ClassVar[bool] = False
     # Whether saving the model reads this process's memory only (no collective), so
     # that processes other than the chief can skip it.
     saves_locally: ClassVar[bool] = False
@@ -42,6 +77,26 @@ class Engine(abc.ABC):
     # and the padding masked (kerasmgpu's own steps), or sliced unpadded as Keras 2.3's
     # multi_gpu_model does (the last replica takes the remainder).
     pads_remainders: ClassVar[bool] = True
+    # How fit() input reaches it: a tf.data pipeline (TensorFlow's strategies) or Python
+    # batches (Keras's PyDataset / Sequence).
+    feed_kind: ClassVar[FeedKind] = FeedKind.PYTHON
+
+    # --- What it can do (read instead of comparing routes) ---
+    # parallelize(sync_batchnorm=True): moments over the global batch, padding left out.
+    syncs_batchnorm: ClassVar[bool] = True
+    # parallelize(accumulate_steps=k > 1), in one process / in a job of several.
+    accumulates: ClassVar[bool] = True
+    accumulates_in_processes: ClassVar[bool] = True
+    # Trains on several devices only as several processes, one each (`kerasmgpu launch`):
+    # demo, bench and doctor say so instead of running replicas in one process.
+    needs_launcher: ClassVar[bool] = False
+    # Each process's metrics hold its own share of the rows, summed when read.
+    metrics_per_process: ClassVar[bool] = False
+    # How a step meets the batch, for the self-check (`training.verify`): Keras's own
+    # graph slices it (nothing padded, Keras 2.3), or one program runs over the whole
+    # global batch (JAX); else each replica runs its own rows.
+    slices_in_graph: ClassVar[bool] = False
+    one_program: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -51,16 +106,35 @@ class Engine(abc.ABC):
         # engines read the cluster from it, never from environment variables.
         self.environment = environment
 
-    @property
-    def feed_kind(self) -> FeedKind:
-        """How fit() input reaches this engine (the Keras line and backend's entry)."""
-        return registry.lookup(self.adapter.line, self.adapter.backend).feed
+    @classmethod  # noqa: B027 - optional hook
+    def start(cls, environment: ClusterEnvironment) -> None:
+        """In a process of `environment`'s job, start the framework's multi-process
+        runtime right after the framework is imported (`engines.startup`, where the
+        registry entry starts at import). Nothing by default."""
+
+    @classmethod
+    @abc.abstractmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        """How it would train on `gpus` GPUs (0: CPU devices), in one process or
+        several, on `platform` (sys.platform): pure, nothing started."""
+
+    @staticmethod
+    def device_lister(n: Optional[int]) -> List[Device]:
+        """Its backend's device lister (`env.devices`, set by each engine): given the
+        virtual-device count asked for, the GPUs, else the (virtual) CPU devices."""
+        raise NotImplementedError
+
+    @classmethod
+    def list_devices(cls) -> List[Device]:
+        """The devices its backend shows this process: GPUs if any, else (virtual) CPU
+        devices (imports the framework)."""
+        return cls.device_lister(devices_module.requested())
 
     @classmethod
     def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
                           ) -> List[Device]:
         """Devices this route could place replicas on: its backend's, as listed there."""
-        return devices_module.list_devices(adapter.line, adapter.backend)
+        return cls.list_devices()
 
     @property
     @abc.abstractmethod
@@ -172,16 +246,16 @@ class Engine(abc.ABC):
             kept.append(callback)
         return kept
 
-    def parallelize(self, model: Any) -> Any:
+    def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         from kerasmgpu.training import model as parallel_model
 
         if self.owns(model):
-            return parallel_model.adopt(self, self.adapter, model)
+            return parallel_model.adopt(self, self.adapter, model, options)
         if self.environment.multi_process() and model.weights:
             # Each process built its own template, with its own random initial weights
             # unless the script seeded them alike: all start from rank 0's.
             model.set_weights(self.broadcast_arrays(model.get_weights()))
-        return parallel_model.parallel_copy(self, self.adapter, model)
+        return parallel_model.parallel_copy(self, self.adapter, model, options)
 
     def describe(self) -> Dict[str, str]:
         return {"route": self.route.value, "replicas": str(self.replicas)}

@@ -2,20 +2,24 @@
 
 The global batch is one array sharded over the devices and the step is one SPMD
 program, so the loss is computed over the whole (padded) batch at once; several
-processes use `jax.distributed` (see `kerasmgpu.engines.startup`).
+processes use `jax.distributed`, started by `KerasDistributionEngine.start` the moment JAX
+is imported (gloo CPU collectives; coordinator, process count and id, bounded start-up,
+heartbeat and shutdown), before the first JAX computation.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, Iterator, List, Sequence
+import inspect
+from typing import Any, ClassVar, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.process import ending
+from kerasmgpu.registry import Route
 
 
 def _same_seed_everywhere(adapter: Adapter, environment: ClusterEnvironment) -> None:
@@ -52,8 +56,70 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
         setattr(callback, name, local)
 
 
+def _jax_arguments(jax: Any, environment: ClusterEnvironment) -> dict:
+    timeout = int(environment.collective_timeout())
+    port = environment.jax_coordinator().rsplit(":", 1)[1]
+    wanted = {
+        "coordinator_address": environment.jax_coordinator(),
+        "num_processes": environment.world_size(),
+        "process_id": environment.global_rank(),
+        "local_device_ids": [environment.local_rank()] if one_gpu_each(environment) else None,
+        # Everything is given: JAX must not replace it with what it guesses itself.
+        "cluster_detection_method": "deactivate",
+        # Rank 0's coordinator listens on loopback unless other machines take part
+        # (JAX's default is every interface).
+        "coordinator_bind_address": (f"{environment.bind_host()}:{port}"
+                                     if not environment.multi_node() else f"[::]:{port}"),
+        "initialization_timeout": timeout,
+        "heartbeat_timeout_seconds": min(timeout, 100),
+        "shutdown_timeout_seconds": timeout,
+    }
+    accepted = inspect.signature(jax.distributed.initialize).parameters
+    # Older releases lack some of these; what they lack keeps JAX's default.
+    return {k: v for k, v in wanted.items() if k in accepted}
+
+
 class KerasDistributionEngine(Engine):
     route = Route.KERAS_DISTRIBUTION
+    device_lister = staticmethod(devices_module.jax_devices)
+    one_program = True  # one program over the global batch, sharded by the layout
+    engine_name = "keras.distribution.DataParallel (jax.sharding)"
+    # Why `jax.distributed` did not start at import, for the engine built later.
+    _start_error: ClassVar[Optional[BaseException]] = None
+
+    @classmethod
+    def start(cls, environment: ClusterEnvironment) -> None:
+        try:
+            import jax
+
+            # CPU devices of different processes only reach each other through gloo.
+            try:
+                jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            except (AttributeError, ValueError):  # older/newer jax: default is fine
+                pass
+            jax.distributed.initialize(**_jax_arguments(jax, environment))
+        except Exception as exc:
+            cls._start_error = exc
+        ending.framework_started()
+
+    @classmethod
+    def ensure_started(cls, environment: ClusterEnvironment) -> None:
+        """Raise when `jax.distributed` did not start for `environment`'s job."""
+        if cls._start_error is not None:
+            raise too_late("JAX", cls._start_error) from cls._start_error
+        import jax
+
+        if jax.process_count() != environment.world_size():
+            raise too_late("JAX", f"jax.process_count() is {jax.process_count()}")
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name,
+            "XLA collectives" + (" (NCCL between GPUs)" if gpus else " (host memory)"),
+            "Keras 3 on JAX shards each batch over a device mesh and XLA compiles the "
+            "gradient all-reduce into the training step"
+            + (" - across processes too." if multi_process else "."))
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -64,7 +130,7 @@ class KerasDistributionEngine(Engine):
         if environment.multi_process():
             # Every process's devices, in process order: process p feeds the p-th
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
-            startup.ensure_jax(environment)
+            self.ensure_started(environment)
             self.jax_devices = list(jax.devices())
             _same_seed_everywhere(adapter, environment)
         else:

@@ -2,25 +2,31 @@
 
 One process: `MirroredStrategy` over the chosen GPUs (or virtual CPU devices); NCCL
 all-reduce on Linux GPUs, hierarchical copy elsewhere, reduction to one device on CPU.
-Several processes (`kerasmgpu launch`): `MultiWorkerMirroredStrategy` (see
-`kerasmgpu.engines.startup`).
+Several processes (`kerasmgpu launch`, srun, a TF_CONFIG): `MultiWorkerMirroredStrategy`,
+made by `MirroredEngine.start` the moment TensorFlow is imported, with TensorFlow's own
+cluster resolver where one fits the job (TF_CONFIG: `TFConfigClusterResolver`; srun on
+several machines: `SlurmClusterResolver`) and the job's addresses otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Sequence
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence
 
-from kerasmgpu._errors import NotYetSupportedError, bad_value
+from kerasmgpu import registry
+from kerasmgpu._errors import InvalidClusterError, NotYetSupportedError, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
-from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
+from kerasmgpu.env import cluster
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
 from kerasmgpu.env.versions import KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE
-from kerasmgpu.routes import Route
+from kerasmgpu.options import DEFAULT_OPTIONS, Options
+from kerasmgpu.process import ending
+from kerasmgpu.registry import FeedKind, Route
 
 MULTI_WORKER_KERAS3 = (
     "Keras 3 with the TensorFlow backend cannot train under "
@@ -67,8 +73,98 @@ def _refuse_stateful(adapter: Adapter, model: Any) -> None:
             raw=True)
 
 
+def _tf_resolver(tf: Any, environment: ClusterEnvironment) -> Any:
+    """TensorFlow's view of the job: its own resolvers where they apply."""
+    resolvers = tf.distribute.cluster_resolver
+    if environment.tf_resolver == "tf_config":
+        if environment.tf_workers() is not None:
+            return resolvers.TFConfigClusterResolver()
+    elif environment.tf_resolver == "slurm" and environment.multi_node():
+        most = max(cluster.tasks_per_node(environment.env["SLURM_STEP_TASKS_PER_NODE"]))
+        # GPUs are srun's business (--gpus-per-task); the resolver's own GPU split is
+        # turned off, and these counts only satisfy its bookkeeping.
+        return resolvers.SlurmClusterResolver(
+            port_base=environment.main_port + 2, gpus_per_node=most, gpus_per_task=1,
+            auto_set_gpu=False)
+    workers = environment.tf_workers()
+    if workers is None:
+        raise InvalidClusterError(
+            f"Invalid cluster for TensorFlow: {environment.describe()}. TensorFlow needs "
+            "every process's address, which this launcher does not give. Allowed: one "
+            "machine, srun, a TF_CONFIG naming every worker, or `kerasmgpu launch "
+            "--worker-hosts`. Fix: set TF_CONFIG on every process, or start the job with "
+            "srun or `kerasmgpu launch`."
+        )
+    return resolvers.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": workers}), task_type="worker",
+        task_id=environment.global_rank(), rpc_layer="grpc")
+
+
 class MirroredEngine(Engine):
     route = Route.MIRRORED
+    engine_name = "tf.distribute.MirroredStrategy"
+    reports_all_reduce_class = True  # TensorFlow reports e.g. CollectiveAllReduce
+    feed_kind = FeedKind.TF  # TensorFlow's strategies consume datasets
+    device_lister = staticmethod(devices_module.tf_devices)
+    # The micro-batches are fed as a Python sequence, which several TF workers cannot
+    # share out (`distribute_feed`); not tested there.
+    accumulates_in_processes = False
+
+    # A worker's MultiWorkerMirroredStrategy, made by `start` the moment TensorFlow was
+    # imported (or why it could not be), for the engine built later in that process.
+    _worker_strategy: ClassVar[Any] = None
+    _worker_error: ClassVar[Optional[BaseException]] = None
+
+    @classmethod
+    def start(cls, environment: ClusterEnvironment) -> None:
+        """The worker's MultiWorkerMirroredStrategy, the moment TensorFlow is imported
+        ("Collective ops must be configured at program startup")."""
+        try:
+            import tensorflow as tf
+
+            gpus = tf.config.list_physical_devices("GPU")
+            if len(gpus) > 1 and one_gpu_each(environment):
+                tf.config.set_visible_devices(gpus[environment.local_rank() % len(gpus)], "GPU")
+            cls._worker_strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=_tf_resolver(tf, environment))
+        except Exception as exc:  # reported by parallelize(), never at import
+            cls._worker_error = exc
+        ending.framework_started()
+
+    @classmethod
+    def worker_strategy(cls) -> Any:
+        """The worker's MultiWorkerMirroredStrategy (created when TF was imported)."""
+        if cls._worker_strategy is not None:
+            return cls._worker_strategy
+        if isinstance(cls._worker_error, InvalidClusterError):
+            raise cls._worker_error
+        if cls._worker_error is not None:
+            raise too_late("TensorFlow", cls._worker_error) from cls._worker_error
+        raise too_late("TensorFlow", "no strategy was created at import")
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        if multi_process:
+            return Explanation(
+                "tf.distribute.MultiWorkerMirroredStrategy",
+                "CollectiveAllReduce across processes",
+                "one process per device group: TensorFlow's collective ops all-reduce "
+                "gradients between processes - NCCL between GPUs, a ring over gRPC between "
+                "CPUs.")
+        if gpus >= 2 and platform.startswith("linux"):
+            return Explanation(
+                cls.engine_name, "NCCL (NcclAllReduce)",
+                "MirroredStrategy's default for several GPUs on Linux: NCCL sums the "
+                "gradients GPU to GPU (NVLink or PCIe), without going through the CPU.")
+        if gpus >= 2:
+            return Explanation(
+                cls.engine_name, "hierarchical copy (HierarchicalCopyAllReduce)",
+                "NCCL exists only on Linux, so MirroredStrategy sums gradients by copying "
+                "them between GPUs in a tree.")
+        return Explanation(
+            cls.engine_name, "reduction on the CPU",
+            "CPU devices have no NCCL: gradients are summed in host memory (a CPU "
+            "collective or ReductionToOneDevice, as the TensorFlow version picks).")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -76,9 +172,11 @@ class MirroredEngine(Engine):
 
         self.multi_worker = environment.multi_process()
         if self.multi_worker:
-            if adapter.keras3:
+            if not registry.active().entry_or_raise().starts_at_import:
+                # The registry's fact: no MultiWorkerMirroredStrategy is made at import
+                # for this line (Keras 3 on TensorFlow).
                 raise NotYetSupportedError(MULTI_WORKER_KERAS3)
-            self.strategy = startup.tf_strategy()
+            self.strategy = self.worker_strategy()
         else:
             # Each strategy gets its own collective key range: a second one of another
             # size in this process would otherwise join the first one's groups.
@@ -199,7 +297,7 @@ class MirroredEngine(Engine):
         return [self.strategy.experimental_local_results(value)[0].numpy()
                 for value in results]
 
-    def parallelize(self, model: Any) -> Any:
+    def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         theirs = self.adapter.distribution_strategy_of(model)
         if theirs is not None and theirs is not self.strategy:
             raise bad_value(
@@ -221,7 +319,7 @@ class MirroredEngine(Engine):
                 f"upgrade Keras to >= {KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE}, train with "
                 "Keras 3 on JAX or PyTorch (KERAS_BACKEND), or drop activity_regularizer",
                 raw=True)
-        return super().parallelize(model)
+        return super().parallelize(model, options)
 
     def refuse_compiled(self, model: Any) -> None:
         """Compile settings this route cannot train with, refused before any step."""

@@ -29,10 +29,12 @@ import numpy as np
 from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters.keras23 import GroupPlan, Keras23
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
+from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.options import DEFAULT_OPTIONS, Options
+from kerasmgpu.registry import Route
 from kerasmgpu.training import model as parallel_model
 from kerasmgpu.training import sync
 
@@ -40,6 +42,17 @@ from kerasmgpu.training import sync
 class MultiGpuModelEngine(Engine):
     route = Route.MULTI_GPU_MODEL
     pads_remainders = False  # Keras's own get_slice: the last replica takes the remainder
+    device_lister = staticmethod(devices_module.tf_devices)
+    slices_in_graph = True  # Keras's multi_gpu_model graph slices the batch itself
+    engine_name = "keras.utils.multi_gpu_model (Keras <= 2.3)"
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name, "none: outputs merged on the CPU",
+            "Keras 2.3's multi_gpu_model runs one replica per GPU on a slice of each batch, "
+            "concatenates the outputs on the CPU and computes one loss over the whole "
+            "batch: one set of weights, so nothing to all-reduce.")
     adapter: Keras23
 
     def __init__(self, adapter: Keras23, devices: Sequence[Device],
@@ -66,9 +79,9 @@ class MultiGpuModelEngine(Engine):
         count = len(self.available_devices(self.adapter, self.environment))
         return self.adapter.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
 
-    def parallelize(self, model: Any) -> Any:
+    def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         if len(self.devices) == 1:
-            return self._on_one_device(model)
+            return self._on_one_device(model, options)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
         keras_multi_gpu_model = self.adapter.keras_multi_gpu_model()
@@ -82,7 +95,7 @@ class MultiGpuModelEngine(Engine):
             with tf.device("/cpu:0"):
                 inner = self.adapter.keras.models.clone_model(model)
             inner.set_weights(model.get_weights())
-        if parallel_model.requested_sync_batchnorm():
+        if options.sync_batchnorm:
             # BatchNormalization over the global batch: the replicas built layer by
             # layer (Keras's own builds them one after the other), as layers of the
             # parallel model, whose updates Keras gathers by their flags itself.
@@ -95,17 +108,17 @@ class MultiGpuModelEngine(Engine):
                     inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
                 )
             updates.built(parallel)
-        parallel_model.hold(parallel, model, self, self.adapter)
+        parallel_model.hold(parallel, model, self, self.adapter, options)
         follow = _Follow(parallel, model, self.adapter)
         mirror = None
         if inner is not model:
             mirror = sync.link(model, inner, self.adapter, self, with_optimizer=False,
                                recompile=follow.recompile)
         _calls(parallel, self.adapter, follow, mirror)
-        _accumulate(parallel, self.adapter)
+        _accumulate(parallel, self.adapter, options.accumulate_steps)
         return parallel
 
-    def _on_one_device(self, model: Any) -> Any:
+    def _on_one_device(self, model: Any, options: Options) -> Any:
         """`gpus=[k]`: Keras's multi_gpu_model needs two GPUs or more, so a copy of the
         template is built, compiled and run under `tf.device(k)` - graph mode fixes an
         op's device when the op is made, and Keras 2.3 makes its training, test and
@@ -117,12 +130,12 @@ class MultiGpuModelEngine(Engine):
         with tf.device(device):
             replica = self.adapter.keras.models.clone_model(model)
             replica.set_weights(model.get_weights())
-        parallel_model.hold(replica, model, self, self.adapter)
+        parallel_model.hold(replica, model, self, self.adapter, options)
         follow = _Follow(replica, model, self.adapter, device)
         mirror = sync.link(model, replica, self.adapter, self, with_optimizer=False,
                            recompile=follow.recompile)
         _calls(replica, self.adapter, follow, mirror, device)
-        _accumulate(replica, self.adapter)
+        _accumulate(replica, self.adapter, options.accumulate_steps)
         return replica
 
     def describe(self) -> Dict[str, str]:
@@ -198,14 +211,13 @@ _EVALUATION_CALLS = ("evaluate", "evaluate_generator", "test_on_batch")
 _OTHER_CALLS = _EVALUATION_CALLS + ("predict", "predict_generator", "predict_on_batch")
 
 
-def _accumulate(model: Any, adapter: Keras23) -> None:
+def _accumulate(model: Any, adapter: Keras23, steps: int) -> None:
     """parallelize(accumulate_steps=k): k batches of `fit()` make one optimizer step over
     their rows (README, Semantics). Keras 2.3 slices each batch itself, unpadded, so
     every micro-batch's loss is its real rows' mean; it is weighted by its share of its
     group's rows, which a callback (first of fit's) tells the train function from
     fit's own batch plan (`samples`, `batch_size`, the batch's index and size)."""
     held = parallel_model.state_of(model)
-    steps = parallel_model.requested_accumulate_steps()
     if held is None or steps == 1:
         return
     held.accumulate_steps = steps

@@ -21,6 +21,12 @@ process per device and, in each, `parallelize(model)`:
 * keeps non-trainable state (e.g. BatchNorm statistics) equal by broadcasting rank 0's
   at every epoch end.
 
+Its life: `TorchDDPEngine.start`, the moment torch is imported in a process of a job,
+gives the process its GPU (local rank) and registers the process group's teardown at a
+normal end; `parallelize()` joins the group (`torch_process_group`: torchrun's store, or
+rank 0's own on loopback for one machine), every wait bounded by
+`KERASMGPU_COLLECTIVE_TIMEOUT`.
+
 Outside `kerasmgpu launch`, asking for more than one device is an error that says how
 to launch; `gpus=1` / `gpus=[0]` is the model as it is, and any other single device an
 error that says how to make it the process's first (`_one_device_hint`).
@@ -29,18 +35,22 @@ error that says how to make it the process's first (`_one_device_hint`).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
+import socket
+import sys
 import threading
 import types
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 from kerasmgpu._errors import explain
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.engines import startup
-from kerasmgpu.engines.base import Engine
+from kerasmgpu.engines.base import Engine, Explanation
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import TIMEOUT_ENV, ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.routes import Route
+from kerasmgpu.process import ending
+from kerasmgpu.registry import Route
 
 _local = threading.local()
 
@@ -81,9 +91,127 @@ def _one_device_hint(device: Device) -> str:
     )
 
 
+def _teardown_torch() -> None:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # at exit there is nobody left to report to
+        pass
+
+
+def _loopback_interface() -> Optional[str]:
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    return next((name for name in names if name == "lo" or name.startswith("lo")), None)
+
+
+def torch_process_group(environment: ClusterEnvironment) -> Any:
+    """Join (once) the torch.distributed group of `environment`'s job; gloo on CPU, nccl
+    on GPUs (or what the launcher chose).
+
+    Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.
+    Elsewhere rank 0 serves the store itself, on loopback when the job runs on this
+    machine only; every wait (the store, each collective) is bounded by
+    `KERASMGPU_COLLECTIVE_TIMEOUT`.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist
+    backend = environment.torch_backend() or ("nccl" if _torch_has_gpu() else "gloo")
+    timeout = datetime.timedelta(seconds=environment.collective_timeout())
+    rank, world = environment.global_rank(), environment.world_size()
+    if backend == "gloo" and not environment.multi_node():
+        # gloo listens on the address the host name resolves to unless told otherwise.
+        interface = _loopback_interface()
+        if interface:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    at = environment.torch_store()
+    if at is None:
+        restarted = _torchrun_attempt_store(dist, environment, world, timeout)
+        if restarted is not None:
+            dist.init_process_group(backend=backend, store=restarted, rank=rank,
+                                    world_size=world, timeout=timeout)
+            return dist
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                world_size=world, timeout=timeout)
+        return dist
+    host, port = at
+    store = _tcp_store(dist, host, port, rank, world, environment.bind_host(), timeout)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                            timeout=timeout)
+    return dist
+
+
+def _torchrun_attempt_store(dist: Any, environment: ClusterEnvironment, world: int,
+                            timeout: datetime.timedelta) -> Any:
+    """torchrun's store, with this run's keys apart from an earlier run's (None: not a
+    torchrun worker on its agent's store).
+
+    torchrun (torch 2.13) keeps its agent's store across `--max-restarts` runs, and env://
+    joins it without a run's prefix: a restarted process could read the address an
+    earlier run's rank 0 published and wait on it until gloo gives up ("Connection
+    refused", measured 2 of 4 restarted jobs on a loaded machine).
+    """
+    agent = environment.torch_agent_store()
+    if agent is None:
+        return None
+    host, port, run = agent
+    store = dist.TCPStore(host, port, world, False, timeout)
+    return dist.PrefixStore(f"kerasmgpu/run_{run}", store)
+
+
+def _tcp_store(dist: Any, host: str, port: int, rank: int, world: int, bind: str,
+               timeout: datetime.timedelta) -> Any:
+    if rank != 0:
+        return dist.TCPStore(host, port, world, False, timeout)
+    # TCPStore itself listens on every interface; handed a socket we bound, it uses that.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((bind, port))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    return dist.TCPStore(host, port, world, True, timeout, master_listen_fd=listener.detach())
+
+
+def _torch_has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.device_count())
+
+
 class TorchDDPEngine(Engine):
     route = Route.TORCH_DDP
     saves_locally = True
+    device_lister = staticmethod(devices_module.torch_devices)
+    # One process per device (gloo or NCCL), started by a launcher.
+    needs_launcher = True
+    metrics_per_process = True
+    engine_name = "torch.distributed, one process per device"
+
+    @classmethod
+    def start(cls, environment: ClusterEnvironment) -> None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            # Each worker sees its own GPUs (`launch --gpus-per-proc`) or all of them.
+            torch.cuda.set_device(environment.local_rank() % torch.cuda.device_count())
+        # What starts also stops: the process group parallelize() joins, at a normal end.
+        ending.framework_started(teardown=_teardown_torch)
+
+    @classmethod
+    def explain(cls, gpus: int, multi_process: bool, platform: str) -> Explanation:
+        return Explanation(
+            cls.engine_name, "nccl" if gpus else "gloo",
+            "torch.distributed all-reduces gradients between processes: nccl between "
+            "GPUs, gloo on the CPU; `kerasmgpu launch --nproc N` starts one process per "
+            "device.")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  environment: ClusterEnvironment) -> None:
@@ -92,7 +220,7 @@ class TorchDDPEngine(Engine):
             if len(devices) == 1:
                 raise ValueError(_one_device_hint(devices[0]))
             raise ValueError(_launch_hint(devices))
-        self.dist = startup.torch_process_group(environment)
+        self.dist = torch_process_group(environment)
         self.timeout = environment.collective_timeout()
         self.world = int(self.dist.get_world_size())
         # Whether the metric states are summed at every step (`note_callbacks`).
@@ -102,7 +230,7 @@ class TorchDDPEngine(Engine):
     def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
                           ) -> List[Device]:
         if not environment.multi_process():
-            return devices_module.list_devices(adapter.line, "torch")
+            return cls.list_devices()
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count():

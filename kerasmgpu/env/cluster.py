@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import zlib
 from typing import ClassVar, List, Mapping, Optional, Tuple, Type
 
@@ -59,15 +60,15 @@ _JOB_PORTS = (15000, 15000)  # first port, how many: below Linux's ephemeral ran
 __all__ = [
     "ClusterEnvironment",
     "ENVIRONMENTS",
-    "collective_timeout",
-    "current",
     "detect",
     "is_chief",
+    "job",
     "join_address",
     "launched",
     "local_process_index",
     "process_count",
     "process_index",
+    "reset",
     "shared_seed",
     "split_address",
 ]
@@ -134,6 +135,12 @@ class ClusterEnvironment:
 
     name: ClassVar[str] = "single process"
     creates_processes_externally: ClassVar[bool] = True
+    # The launcher hands out the GPUs itself (`kerasmgpu launch --gpus-per-proc`); others
+    # leave one GPU per process by local rank to the engines.
+    assigns_devices: ClassVar[bool] = False
+    # Which of TensorFlow's cluster resolvers describes this job: "tf_config" (a
+    # TF_CONFIG), "slurm" (srun's variables), or None (the job's addresses).
+    tf_resolver: ClassVar[Optional[str]] = None
 
     def __init__(self, env: Optional[Mapping[str, str]] = None) -> None:
         self.env: Mapping[str, str] = os.environ if env is None else env
@@ -284,6 +291,8 @@ class KerasmgpuLaunch(ClusterEnvironment):
     """`kerasmgpu launch`: its contract (see kerasmgpu.launch) names every port."""
 
     name = "kerasmgpu launch"
+    assigns_devices = True
+    tf_resolver = "tf_config"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -437,6 +446,7 @@ class Slurm(ClusterEnvironment):
     """
 
     name = "SLURM"
+    tf_resolver = "slurm"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -488,6 +498,7 @@ class TFConfigCluster(ClusterEnvironment):
     `worker` tasks are the ranks, in that order (TensorFlow's own numbering)."""
 
     name = "TF_CONFIG"
+    tf_resolver = "tf_config"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
@@ -573,44 +584,58 @@ def detect(env: Optional[Mapping[str, str]] = None) -> ClusterEnvironment:
     return SingleProcess(env)
 
 
-def current() -> ClusterEnvironment:
-    """`detect()` for this process (cheap: a few dictionary look-ups, read afresh so
-    that what a test or the script sets is seen)."""
-    return detect()
+_job: Optional[ClusterEnvironment] = None
+_job_lock = threading.Lock()
+
+
+def job() -> ClusterEnvironment:
+    """The job this process belongs to, detected once (at `import kerasmgpu` in a
+    launched process, else at first use) and kept: a launcher sets its variables before
+    the process starts, and a process does not change jobs while it runs. Contradictory
+    variables raise here every time, saying which. `reset()` forgets it (tests)."""
+    global _job
+    with _job_lock:
+        if _job is None:
+            # A copy: what the process's environment says later is not this job's.
+            _job = detect(dict(os.environ))
+        return _job
+
+
+def reset() -> None:
+    """Forget this process's job, to detect it again (tests that set launcher
+    variables in-process)."""
+    global _job
+    with _job_lock:
+        _job = None
 
 
 def process_index() -> int:
     """This process's rank in a multi-process job (0 outside one)."""
-    return current().global_rank()
+    return job().global_rank()
 
 
 def process_count() -> int:
     """How many processes the job has (1 outside one)."""
-    return current().world_size()
+    return job().world_size()
 
 
 def is_chief() -> bool:
     """True in the process that writes checkpoints and the template (rank 0)."""
-    return current().is_chief()
+    return job().is_chief()
 
 
 def launched() -> bool:
     """True in a process of a job of several (whichever launcher started it)."""
-    return current().multi_process()
+    return job().multi_process()
 
 
 def local_process_index() -> int:
-    return current().local_rank()
+    return job().local_rank()
 
 
 def shared_seed() -> int:
     """A seed every process of one run agrees on (from what the run's processes share)."""
-    return current().shared_seed()
-
-
-def collective_timeout() -> float:
-    """Seconds a process waits for the others (start-up, collectives, shutdown)."""
-    return _collective_timeout(os.environ)
+    return job().shared_seed()
 
 
 def _collective_timeout(env: Mapping[str, str]) -> float:

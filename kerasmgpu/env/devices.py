@@ -15,12 +15,12 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from kerasmgpu import _hooks, registry
+from kerasmgpu import _hooks
 from kerasmgpu._errors import TooLateError, bad_type, bad_value
-from kerasmgpu.env import versions as env_module
-from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV, KerasLine
+from kerasmgpu.env import versions
+from kerasmgpu.env.versions import VIRTUAL_DEVICES_ENV
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ def apply_environment_request() -> None:
 
 def _apply(n: int, strict: bool) -> None:
     _set_xla_flag(n)
-    if env_module.is_imported("jax"):
+    if versions.is_imported("jax"):
         _apply_jax(n, strict)
-    if env_module.is_imported("tensorflow"):
+    if versions.is_imported("tensorflow"):
         _apply_tf(n, strict)
     else:
         _install_tf_hook()
@@ -128,7 +128,7 @@ def _set_xla_flag(n: int) -> None:
 def _apply_jax(n: int, strict: bool) -> None:
     import jax
 
-    if env_module.jax_has_num_cpu_devices_option():
+    if versions.jax_has_num_cpu_devices_option():
         try:
             jax.config.update("jax_num_cpu_devices", n)
         except RuntimeError as exc:  # the backend already started
@@ -213,16 +213,7 @@ def _install_tf_hook() -> None:
 
 
 # --- Listing and choosing ----------------------------------------------------------------
-
-
-def list_devices(line: KerasLine, backend: str) -> List[Device]:
-    """The devices replicas can use: GPUs if any, else (virtual) CPU devices, as the
-    lister of the line and backend's registry entry sees them ([] for no entry)."""
-    entry = registry.find(line, backend)
-    if entry is None:
-        return []
-    lister: Callable[[Optional[int]], List[Device]] = registry.resolve(entry.devices)
-    return lister(requested())
+# One lister per backend; each engine names its own (`engines.base.Engine.device_lister`).
 
 
 def tf_devices(n: Optional[int]) -> List[Device]:

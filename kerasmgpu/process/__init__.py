@@ -12,8 +12,8 @@ preemption signal - stop the workers, do not restart, exit `status.REQUEUE` - is
 `kerasmgpu.launch`.
 
 Nothing here imports a framework. Starting the frameworks' multi-process runtimes stays
-with the engines (`kerasmgpu.engines.startup`): what each one needs (a
-MultiWorkerMirroredStrategy, `jax.distributed`, a torch process group) is engine
-knowledge, and the engines ask it for those objects; it calls `ending` once a framework
+with the engines (`Engine.start`, registered by `kerasmgpu.engines.startup`): what each
+one needs (a MultiWorkerMirroredStrategy, `jax.distributed`, a torch process group) is
+engine knowledge, kept by the engine that made it; each calls `ending` once its framework
 has started.
 """

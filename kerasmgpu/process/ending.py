@@ -33,7 +33,8 @@ process notes the instant it fails (before printing its traceback) in the file t
 `KERASMGPU_FAILURE_FILE` names: that instant precedes the failures it causes.
 
 Nothing here imports a framework; `kerasmgpu.engines.startup` calls `watch` when the
-job's process starts and `framework_started` once each framework is imported.
+job's process starts, and each engine's start-up `framework_started` once its framework
+is imported.
 """
 
 from __future__ import annotations
@@ -152,8 +153,12 @@ def _at_exit() -> None:
     code = _ending.failure
     if code:
         _leave(code)
+    environment = _ending.environment
+    # The job's own bound (its KERASMGPU_COLLECTIVE_TIMEOUT, read when it was detected).
+    seconds = (environment.collective_timeout() if environment is not None
+               else cluster.DEFAULT_TIMEOUT)
     for teardown in _ending.teardowns:
-        _bounded(teardown, cluster.collective_timeout())
+        _bounded(teardown, seconds)
 
 
 def _leave(code: int) -> NoReturn:

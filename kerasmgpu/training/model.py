@@ -24,13 +24,13 @@ import inspect
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
-from kerasmgpu.registry import Route
+from kerasmgpu.options import Options
 from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
@@ -91,33 +91,6 @@ class ParallelState:
         return self.engine.distribute_feed(feed)
 
 
-_options = threading.local()
-
-
-@contextlib.contextmanager
-def options(accumulate_steps: int = 1, sync_batchnorm: bool = False,
-            verify: bool = False) -> Iterator[None]:
-    """What `parallelize()` asked for beyond the devices, for the parallel models made
-    in here (the engines make them; they need not know these options)."""
-    previous = (getattr(_options, "accumulate_steps", 1),
-                getattr(_options, "sync_batchnorm", False), getattr(_options, "verify", False))
-    _options.accumulate_steps, _options.sync_batchnorm = accumulate_steps, sync_batchnorm
-    _options.verify = verify
-    try:
-        yield
-    finally:
-        _options.accumulate_steps, _options.sync_batchnorm, _options.verify = previous
-
-def requested_accumulate_steps() -> int:
-    """accumulate_steps of the `parallelize()` call under way (1 outside one)."""
-    return int(getattr(_options, "accumulate_steps", 1))
-
-
-def requested_sync_batchnorm() -> bool:
-    """sync_batchnorm of the `parallelize()` call under way (False outside one)."""
-    return bool(getattr(_options, "sync_batchnorm", False))
-
-
 def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
     """A resumed fit's feed without the batches its restored epoch already trained."""
     skip = position.skip_steps(feed.steps)
@@ -134,13 +107,13 @@ def state_of(model: Any) -> Optional[ParallelState]:
     return getattr(model, "__dict__", {}).get(STATE_ATTR)
 
 
-def hold(parallel: Any, template: Any, engine: EngineOps, adapter: Adapter) -> ParallelState:
+def hold(parallel: Any, template: Any, engine: EngineOps, adapter: Adapter,
+         options: Options) -> ParallelState:
     """Mark `parallel` as the parallel model of `template` on `engine`, for a model
     whose steps are Keras's own (Keras 2.3's multi_gpu_model feeds itself, so no step
     report and no hooks): `state_of`, `describe()` and `route_for()` then see it."""
     state = ParallelState(template=template, engine=engine, adapter=adapter,
-                          verify=getattr(_options, "verify", False),
-                          sync_batchnorm=getattr(_options, "sync_batchnorm", False))
+                          verify=options.verify, sync_batchnorm=options.sync_batchnorm)
     parallel.__dict__[STATE_ATTR] = state
     if state.verify:
         _checked_calls(parallel, state)
@@ -415,7 +388,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     position = resume.plan(state.adapter, user_callbacks,
                            rank=environment.global_rank() if environment.multi_process() else 0,
                            alone=not environment.multi_process(),
-                           own_metrics=state.engine.route is Route.TORCH_DDP,
+                           own_metrics=state.engine.metrics_per_process,
                            layout=resume.Layout.of(self, state.engine.planner.process_count,
                                                    state.engine.planner.replicas,
                                                    _global_batch(x, batch_size)))
@@ -725,7 +698,8 @@ _REPLACED: Dict[str, Callable[..., Any]] = {
 }
 
 
-def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> Any:
+def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
+           options: Options) -> Any:
     """Make `replica` the parallel model for `template` on `engine`; returns `replica`."""
     if is_parallel(replica):
         raise bad_value(
@@ -735,9 +709,8 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     klass = type(replica)
     report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__)
     state = ParallelState(template=template, engine=engine, adapter=adapter, report=report,
-                          accumulate_steps=getattr(_options, "accumulate_steps", 1),
-                          verify=getattr(_options, "verify", False),
-                          sync_batchnorm=getattr(_options, "sync_batchnorm", False))
+                          accumulate_steps=options.accumulate_steps,
+                          verify=options.verify, sync_batchnorm=options.sync_batchnorm)
     names = list(_REPLACED) + ["train_step", "test_step", "predict_step", "compute_loss",
                                "compute_metrics"]
     for name in names:
@@ -753,7 +726,7 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter) -> 
     for name, fn in _REPLACED.items():
         replica.__dict__[name] = types.MethodType(fn, replica)
     _install_steps(replica)
-    _synchronized_batchnorm(replica, adapter, getattr(_options, "sync_batchnorm", False))
+    _synchronized_batchnorm(replica, adapter, options.sync_batchnorm)
     engine.prepare_replica(replica)
     return replica
 
@@ -847,23 +820,24 @@ def _is_keras_own(function: Any) -> bool:
     return module.split(".")[0] in ("keras", "tf_keras", "tensorflow")
 
 
-def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any) -> Any:
+def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any, options: Options
+                  ) -> Any:
     """Copy `template` into the engine's scope, copy its state, compile like it."""
     with engine.scope():
         replica = adapter.clone_model(template)
         if template.weights:
             replica.set_weights(template.get_weights())
         adapter.carry_state(template, replica)
-    attach(replica, template, engine, adapter)
+    attach(replica, template, engine, adapter, options)
     if adapter.is_compiled(template):
         compile_replica(replica, adapter.compile_args(template))
     _link(replica)
     return replica
 
 
-def adopt(engine: EngineOps, adapter: Adapter, model: Any) -> Any:
+def adopt(engine: EngineOps, adapter: Adapter, model: Any, options: Options) -> Any:
     """A model built in the engine's scope trains as it is: no copy, weights shared."""
-    attach(model, model, engine, adapter)
+    attach(model, model, engine, adapter, options)
     if adapter.is_compiled(model):
         # Compiled in scope by the user (maybe through its own compile signature, as a
         # GAN's): hook what is there, recompile nothing. The optimizer is made to

@@ -18,10 +18,11 @@ class EngineOps(Protocol):
     """An engine as training sees it (see `kerasmgpu.engines.base.Engine` for each)."""
 
     route: ClassVar[Route]
+    feed_kind: ClassVar[FeedKind]
+    metrics_per_process: ClassVar[bool]
+    slices_in_graph: ClassVar[bool]
+    one_program: ClassVar[bool]
     environment: ClusterEnvironment
-
-    @property
-    def feed_kind(self) -> FeedKind: ...
 
     @property
     def planner(self) -> Planner: ...

@@ -41,7 +41,6 @@ from kerasmgpu._errors import VerificationError, bad_type, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.data.bundle import split
-from kerasmgpu.registry import Route
 from kerasmgpu.training import steps as step_hooks
 
 VERIFY_ENV = "KERASMGPU_VERIFY"
@@ -52,9 +51,6 @@ _log = logging.getLogger("kerasmgpu.verify")
 _RANDOM = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D",
            "GaussianDropout", "GaussianNoise", "AlphaDropout")
 _BATCH_STATISTICS = ("BatchNormalization",)
-# Routes whose check computes training-mode batch statistics without assigning them: a
-# synchronized BatchNormalization is compared in training mode there.
-_STATELESS = (Route.KERAS_DISTRIBUTION, Route.MULTI_GPU_MODEL)
 
 Figures = Tuple[float, List[Any]]
 
@@ -81,6 +77,13 @@ def tolerance(model: Any) -> float:
     policy = getattr(model, "dtype_policy", None)
     dtype = str(getattr(policy, "compute_dtype", None) or getattr(model, "dtype", "float32"))
     return 1e-2 if "16" in dtype else 1e-5
+
+
+def _stateless(engine: Any) -> bool:
+    """Whether the check computes training-mode batch statistics without assigning them
+    (Keras's own slicing graph, or one program over the global batch): a synchronized
+    BatchNormalization is compared in training mode there."""
+    return bool(engine.slices_in_graph or engine.one_program)
 
 
 def _inexact_layers(adapter: Adapter, model: Any, sync_batchnorm: bool, stateless: bool
@@ -137,7 +140,7 @@ def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
         return
     x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
     inexact = _inexact_layers(state.adapter, state.template, sync_batchnorm,
-                              state.engine.route in _STATELESS)
+                              _stateless(state.engine))
     training = not inexact
     how = ("in training mode" if training else "in inference mode (training=False), since "
            f"{', '.join(inexact)} cannot agree exactly between one device and replicas")
@@ -216,7 +219,7 @@ def _reference(state: Any, batch: Tuple[Any, Any, Any], class_weight: Any,
     of several processes)."""
     adapter, template = state.adapter, state.template
     x, y, sample_weight = batch
-    if state.engine.route is Route.MULTI_GPU_MODEL:
+    if state.engine.slices_in_graph:
         # Keras 2.3 takes class_weight itself; nothing is padded on this route.
         figures = adapter.loss_and_gradients(template, x, y, sample_weight, training,
                                              class_weight=class_weight)
@@ -249,12 +252,12 @@ def _replicas_loss(state: Any, replica: Any, batch: Tuple[Any, Any, Any],
     (see the module doc, per route)."""
     adapter, engine = state.adapter, state.engine
     x, y, sample_weight = batch
-    if engine.route is Route.MULTI_GPU_MODEL:
+    if engine.slices_in_graph:
         figures = adapter.loss_and_gradients(replica, x, y, sample_weight, training,
                                              class_weight=class_weight)
         assert figures is not None
         return figures
-    if engine.route is Route.KERAS_DISTRIBUTION:
+    if engine.one_program:
         # One program over the global batch: in a job of several processes each runs
         # it on the same (whole) batch, as the step's global array holds it.
         rx, ry, rsw, packed = _padded(state, x, y, sample_weight, class_weight,
@@ -338,11 +341,11 @@ def _parallel_outputs(state: Any, replica: Any, x: Any,
     (`kept`: the same `run` every time, its computation kept as the loss's is)."""
     engine = state.engine
     rows = _rows(x)
-    if engine.route is Route.MULTI_GPU_MODEL:
+    if engine.slices_in_graph:
         return [np.asarray(a) for a in run(replica, x)]
     replicas = engine.planner.replicas
     rx, _, _, packed = _padded(state, x, None, None, None, replicas=replicas)
-    if engine.route is Route.KERAS_DISTRIBUTION:
+    if engine.one_program:
         with engine.scope(), step_hooks.active(packed):
             return [state.adapter.numpy(a)[:rows] for a in run(replica, rx)]
     parts, rebuild = _replica_parts((rx, packed), replicas)
@@ -404,7 +407,7 @@ def _locate(state: Any, replica: Any, x: Any, tol: float) -> str:
                     f"({type(layer).__name__}), by {off:.3g} relative.")
     built = (", or in a value a layer read when the parallel model's graph was built (a "
              "Python attribute changed since the template's graph was)"
-             if state.engine.route is Route.MULTI_GPU_MODEL else "")
+             if state.engine.slices_in_graph else "")
     return ("No layer's output differs in inference mode: the difference is in the loss's "
             "weighting of the batch (padding rows, sample weights) or in training-mode "
             f"behaviour{built}.")

@@ -306,7 +306,7 @@ prediction = pmodel.predict(x[:7], verbose=0)
 # Every process asks to save the template: only the chief may write it.
 model.save_weights(os.path.join(args.out, f"template-from-rank{rank}.weights.h5"))
 if args.listeners:
-    job = cluster.current()
+    job = cluster.job()
     store = job.torch_store()
     with open(os.path.join(args.out, f"listeners{rank}.json"), "w") as f:
         json.dump({"sockets": listening_sockets(),
@@ -325,7 +325,7 @@ np.savez(
     evaluation=np.asarray(evaluation),
     prediction=np.asarray(prediction),
     replicas=np.asarray(kerasmgpu.describe(model=pmodel).get("replicas", "1"), dtype=object),
-    cluster=np.asarray(cluster.current().describe(), dtype=object),
+    cluster=np.asarray(cluster.job().describe(), dtype=object),
 )
 print(f"rank {rank} of {kerasmgpu.process_count()}: done, loss {history.history['loss']}",
       flush=True)
