@@ -49,6 +49,27 @@ def test_virtual_device_request_imports_no_framework() -> None:
     assert set(result["third_party"]) <= {"packaging"}, result["third_party"]
 
 
+CLI_CODE = f"""
+import json, sys
+before = set(sys.modules)
+import kerasmgpu.cli.doctor.facts, kerasmgpu.cli.doctor.checks, kerasmgpu.cli.doctor.report
+import kerasmgpu.cli.doctor, kerasmgpu.cli.bench.measure, kerasmgpu.cli.bench.output
+import kerasmgpu.cli.bench
+new = {{m.split(".")[0] for m in set(sys.modules) - before}}
+imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
+third_party = sorted(new - set(sys.stdlib_module_names) - {{"kerasmgpu", "_distutils_hack"}})
+print(json.dumps(dict(imported=imported, third_party=third_party)))
+"""
+
+
+def test_doctor_and_bench_modules_import_no_framework() -> None:
+    """`kerasmgpu doctor` reports a broken framework, so importing it (every module of
+    it) must not import one; bench's modules import theirs only when they run."""
+    result = _run(CLI_CODE)
+    assert result["imported"] == []
+    assert set(result["third_party"]) <= {"packaging"}, result["third_party"]
+
+
 MIGRATE_CODE = f"""
 import json, sys
 before = set(sys.modules)
