@@ -117,7 +117,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     """
     from kerasmgpu import registry
     from kerasmgpu.env import cluster
-    from kerasmgpu.env import versions as detection
+    from kerasmgpu.env import versions
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
@@ -131,7 +131,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     values.update(
         keras_line=line.value, keras_version=str(version) if version else None,
         backend=backend,
-        keras=_dist("keras"), tensorflow=_str(detection.tensorflow_version()),
+        keras=_dist("keras"), tensorflow=_str(versions.tensorflow_version()),
         tf_keras=_dist("tf-keras"), jax=_dist("jax"), torch=_dist("torch"),
         variables=dict(variables) if variables is not None else user_variables(),
     )
