@@ -116,8 +116,7 @@ def collect(verbose: bool = False, virtual_flag: Optional[int] = None,
     start-up log lines are dropped.
     """
     from kerasmgpu import registry
-    from kerasmgpu.env import cluster
-    from kerasmgpu.env import versions
+    from kerasmgpu.env import cluster, versions
 
     internal: List[str] = []
     values: Dict[str, Any] = {}
