@@ -22,11 +22,6 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.registry import Entry, Route
 
 
-def choose_route(line: KerasLine, backend: str) -> Route:
-    """The route for a Keras line and backend (its entry in `kerasmgpu.registry`)."""
-    return registry.lookup(line, backend).route
-
-
 def parse_route(route: Union[str, Route, None]) -> Optional[Route]:
     """`route=` as given by a user: None, a Route, or its name (case-insensitive)."""
     if route is None or isinstance(route, Route):
@@ -62,4 +57,4 @@ def check_route_fits(route: Route, entry: Entry) -> None:
     )
 
 
-__all__ = ["Route", "choose_route", "check_route_fits", "drives", "parse_route"]
+__all__ = ["Route", "check_route_fits", "drives", "parse_route"]

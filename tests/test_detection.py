@@ -15,7 +15,7 @@ from kerasmgpu import registry
 from kerasmgpu.env import cluster
 from kerasmgpu.env import versions as detection
 from kerasmgpu.env.versions import KerasLine
-from kerasmgpu.routes import Route, check_route_fits, choose_route, parse_route
+from kerasmgpu.routes import Route, check_route_fits, parse_route
 
 pytestmark = pytest.mark.core
 
@@ -59,9 +59,10 @@ def test_line_and_route(monkeypatch: pytest.MonkeyPatch, tmp_path, versions, env
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no keras.json: default backend
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    found, _ = detection.detect_keras_line()
-    assert found is line
-    assert choose_route(found, detection.backend_for(found)) is route
+    registry.reset()  # as in a process started with these variables
+    active = registry.active()
+    assert active.line is line
+    assert active.entry_or_raise().route is route
 
 
 def test_backend_from_keras_json(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -76,15 +77,15 @@ def test_backend_from_keras_json(monkeypatch: pytest.MonkeyPatch, tmp_path) -> N
 
 def test_no_keras_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_versions(monkeypatch, {})
-    line, _ = detection.detect_keras_line()
-    assert line is KerasLine.NONE
+    registry.reset()
+    assert registry.active().line is KerasLine.NONE
     with pytest.raises(ValueError, match=r"pip install"):
-        choose_route(line, "")
+        registry.active().entry_or_raise()
 
 
 def test_unusable_backend_is_explained() -> None:
     with pytest.raises(ValueError, match="KERAS_BACKEND='numpy'.*tensorflow, jax or torch"):
-        choose_route(KerasLine.KERAS_3, "numpy")
+        registry.lookup(KerasLine.KERAS_3, "numpy")
 
 
 def test_route_names() -> None:

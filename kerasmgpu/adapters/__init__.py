@@ -16,7 +16,6 @@ from typing import Any, Optional, Tuple, Type
 from kerasmgpu import registry
 from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters.base import Adapter, InternalsChanged
-from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.registry import Active
 
 __all__ = ["Adapter", "InternalsChanged", "load", "check_model", "model_origin"]
@@ -40,7 +39,7 @@ def check_release(active: Active) -> None:
     raise bad_value(
         "keras", why, allowed + " (the releases kerasmgpu's test matrix runs)",
         "install a verified release (see the README's tested versions), e.g. "
-        + _pin_hint(line, span, backend),
+        + _pin_hint(active.entry, span),
         raw=True,
     )
 
@@ -57,15 +56,13 @@ def check_multi_process(active: Active) -> None:
         f"{line.value} {floor} or later for several processes (one process: any verified "
         "release)",
         "install a newer Keras, e.g. "
-        + _pin_hint(line, (floor, below[1] if below else floor), backend)
+        + _pin_hint(active.entry, (floor, below[1] if below else floor))
         + ", or run one process per machine",
         raw=True,
     )
 
 
-def _pin_hint(line: KerasLine, span: Optional[Tuple[Any, Any]],
-              backend: Optional[str] = None) -> str:
-    entry = registry.find(line, backend)
+def _pin_hint(entry: Optional[registry.Entry], span: Optional[Tuple[Any, Any]]) -> str:
     if span is None or entry is None:
         return "`pip install -U keras`"
     return f'`pip install "{entry.dist}>={span[0]},<{span[1]}"`'
