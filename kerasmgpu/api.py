@@ -162,7 +162,7 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     """The options beyond the devices, refused before anything is touched where this
     route cannot honour them exactly (what each engine can do is its class's flags)."""
     from kerasmgpu._errors import bad_type, bad_value
-    from kerasmgpu.training.model import own_accumulation_error
+    from kerasmgpu.training.compiling import own_accumulation_error
 
     if not isinstance(sync_batchnorm, bool):
         raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",

@@ -1,0 +1,85 @@
+"""A parallel model's state: what `kerasmgpu.training.model` attaches to the replica
+(`ParallelState`, read back with `state_of`), and the feeds it builds for each call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+from kerasmgpu.adapters import Adapter
+from kerasmgpu.data import feeds
+from kerasmgpu.training import resume, sync
+from kerasmgpu.training import steps as step_hooks
+from kerasmgpu.training.ops import EngineOps
+
+STATE_ATTR = "_kerasmgpu"
+
+
+@dataclass
+class ParallelState:
+    template: Any
+    engine: EngineOps
+    adapter: Adapter
+    # None on the multi_gpu_model route, where Keras's own multi_gpu_model feeds itself.
+    report: Optional[step_hooks.StepReport] = None
+    has_compiled_loss: bool = False
+    originals: Dict[str, Callable[..., Any]] = field(default_factory=dict)
+    # Keeps the template and the replica equal (set once the replica is compiled).
+    mirror: Optional[sync.Mirror] = None
+    # Step kinds whose step is the user's own ("train", "test"), not Keras's.
+    custom_steps: set = field(default_factory=set)
+    # The train metrics' results, read before fit's validation pass resets them.
+    train_results: Optional[Dict[str, Any]] = None
+    # parallelize(accumulate_steps=k): training batches per optimizer step.
+    accumulate_steps: int = 1
+    # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
+    verify: bool = False
+    sync_batchnorm: bool = False
+    # The self-check's per-replica computations, kept while what they read stays (an
+    # engine that traces them - TensorFlow - then traces each once, not once a fit).
+    checks: Dict[Any, Any] = field(default_factory=dict)
+
+    def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
+             position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
+        """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
+        after epoch by fit()."""
+        if kwargs.get("shuffle"):
+            # Every process must shuffle alike, or their shares would overlap.
+            kwargs.setdefault("seed", self.engine.shuffle_seed())
+        inputs = self.adapter.model_inputs(model) if model is not None else None
+        if kind == "train":
+            kwargs["accumulate_steps"] = self.accumulate_steps
+        feed = feeds.build(self.adapter, self.engine.feed_kind, self.engine.planner, x,
+                           inputs=inputs, predict=kind == "predict", **kwargs)
+        if kind != "predict" and self.report is not None:
+            self.report.feeding(kind, feed.pads, feed.padding_example)
+        if training:
+            # Keras re-creates a dataset's iterator every epoch unless it is told the
+            # steps (for a distributed dataset that costs as much as half an epoch of a
+            # small model); one repeated iterator reads the epochs of kerasmgpu's own
+            # pipelines back to back. A user's tf.data pipeline is read as Keras reads
+            # it on one device (`Feed.per_epoch_iterators`).
+            feed = feeds.repeated(feed)
+        if position is not None:
+            feed = _skip_trained(feed, position)
+        return self.engine.distribute_feed(feed)
+
+
+def _skip_trained(feed: feeds.Feed, position: resume.Plan) -> feeds.Feed:
+    """A resumed fit's feed without the batches its restored epoch already trained."""
+    skip = position.skip_steps(feed.steps)
+    if not skip:
+        return feed
+    skipped = feeds.skipped(feed, skip)
+    if skipped is None:
+        position.cannot_skip()
+        return feed
+    return skipped
+
+
+def state_of(model: Any) -> Optional[ParallelState]:
+    return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def is_parallel(model: Any) -> bool:
+    return state_of(model) is not None
