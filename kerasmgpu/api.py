@@ -50,14 +50,14 @@ def _engine_key(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...]
 
 
 def _engine(cls: type[Engine], adapter: Adapter, devices: Tuple[Device, ...],
-            environment: cluster.ClusterEnvironment) -> Engine:
-    """The engine of this route over these devices, made once (a process's cluster
-    environment does not change while it runs)."""
+            job: cluster.ClusterEnvironment) -> Engine:
+    """The engine of this route over these devices, made once (a process's job does
+    not change while it runs)."""
     key = _engine_key(cls, adapter, devices)
     with _lock:
         engine = _engines.get(key)
     if engine is None:
-        engine = cls(adapter, devices, environment=environment)
+        engine = cls(adapter, devices, job=job)
         with _lock:
             engine = _engines.setdefault(key, engine)
     return engine
@@ -92,8 +92,8 @@ def _prepare(
     chosen = parse_route(route)
     active = registry.active()
     adapters.check_release(active)
-    environment = cluster.job()
-    if environment.multi_process():
+    job = cluster.job()
+    if job.multi_process():
         adapters.check_multi_process(active)
     entry = active.entry_or_raise()
     if chosen is not None:
@@ -108,8 +108,8 @@ def _prepare(
                 "call parallelize() once, on the model you built",
             )
     cls = engines.load(entry)
-    selected = devices_module.resolve_gpus(gpus, cls.available_devices(adapter, environment))
-    return adapter, cls, selected, environment
+    selected = devices_module.resolve_gpus(gpus, cls.available_devices(adapter, job))
+    return adapter, cls, selected, job
 
 
 def parallelize(
@@ -150,11 +150,11 @@ def parallelize(
         from kerasmgpu._errors import bad_type
 
         raise bad_type("model", None, "a Keras model", "pass the model you built")
-    adapter, cls, selected, environment = _prepare(gpus, route, model)
+    adapter, cls, selected, job = _prepare(gpus, route, model)
     _check_options(adapter, cls, model, steps, sync_batchnorm,
-                   several=environment.multi_process())
+                   several=job.multi_process())
     options = Options(accumulate_steps=steps, sync_batchnorm=sync_batchnorm, verify=checked)
-    return _parallelize(model, gpus, adapter, cls, selected, environment, options)
+    return _parallelize(model, gpus, adapter, cls, selected, job, options)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -199,7 +199,7 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
 
 def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
                  cls: type[Engine], selected: Tuple[Device, ...],
-                 environment: cluster.ClusterEnvironment, options: Options) -> ModelT:
+                 job: cluster.ClusterEnvironment, options: Options) -> ModelT:
     steps = options.accumulate_steps
     scoped = _engines.get(_engine_key(cls, adapter, selected))
     if scoped is not None and scoped.owns(model):
@@ -209,7 +209,7 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
         _chief_writes_the_template(model, adopted, scoped)
         return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
-            adapter, environment):
+            adapter, job):
         if steps > 1:
             from kerasmgpu._errors import bad_value
 
@@ -221,7 +221,7 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
         if gpus is None and not any(d.kind == "gpu" for d in selected):
             _warn_single_device(selected)
         return model
-    engine = _engine(cls, adapter, selected, environment)
+    engine = _engine(cls, adapter, selected, job)
     parallel: ModelT = engine.parallelize(model, options)
     _chief_writes_the_template(model, parallel, engine)
     _saves_replace_atomically(model, parallel, engine)
@@ -236,8 +236,8 @@ def _saves_replace_atomically(model: Any, parallel: Any, engine: Engine) -> None
     from kerasmgpu.process import backups
 
     owners = [parallel] if parallel is not model else []
-    environment = engine.environment
-    if environment.multi_process() and environment.is_chief():
+    job = engine.job
+    if job.multi_process() and job.is_chief():
         owners.append(model)
     for owner in owners:
         for name in ("save", "save_weights"):
@@ -256,8 +256,8 @@ def _chief_writes_the_template(model: Any, parallel: Any, engine: Engine) -> Non
     (TensorFlow reads its synchronised variables with every worker): then every process
     must save. On torch the template is the parallel model and saves locally.
     """
-    environment = engine.environment
-    if not environment.multi_process() or environment.is_chief():
+    job = engine.job
+    if not job.multi_process() or job.is_chief():
         return
     if parallel is model and not engine.saves_locally:
         return
@@ -265,7 +265,7 @@ def _chief_writes_the_template(model: Any, parallel: Any, engine: Engine) -> Non
 
     def skipper(name: str) -> Any:
         def skip(self: Any, *args: Any, **kwargs: Any) -> None:
-            _tell_save_skipped(environment, name, args[0] if args else kwargs.get("filepath"))
+            _tell_save_skipped(job, name, args[0] if args else kwargs.get("filepath"))
         return skip
 
     for name in ("save", "save_weights"):
@@ -279,14 +279,14 @@ class KerasMGPUSaveSkipped(UserWarning):
 _told_save_skipped = False
 
 
-def _tell_save_skipped(environment: cluster.ClusterEnvironment, name: str, target: Any
+def _tell_save_skipped(job: cluster.ClusterEnvironment, name: str, target: Any
                        ) -> None:
     global _told_save_skipped
     if _told_save_skipped:
         return
     _told_save_skipped = True
     warnings.warn(
-        f"kerasmgpu: process {environment.global_rank()} of {environment.world_size()} did "
+        f"kerasmgpu: process {job.global_rank()} of {job.world_size()} did "
         f"not write {name}({target!r}): in a job of several processes only the chief "
         "(process 0) writes the model's files - every process holds the same weights. "
         "Nothing is lost; to skip the call yourself, guard it with "
@@ -303,8 +303,8 @@ def scope(
     ``with kerasmgpu.scope(): model = build(); model.compile(...)`` then
     ``kerasmgpu.parallelize(model)`` adopts that model as it is.
     """
-    adapter, cls, selected, environment = _prepare(gpus, route)
-    active = _engine(cls, adapter, selected, environment)
+    adapter, cls, selected, job = _prepare(gpus, route)
+    active = _engine(cls, adapter, selected, job)
     with active.scope():
         yield active
 
@@ -346,12 +346,12 @@ def describe(gpus: devices_module.GpusArg = None, *, model: Any = None) -> Dict[
     if state is not None:
         return _described(state.engine)
     try:
-        adapter, cls, selected, environment = _prepare(gpus, None)
+        adapter, cls, selected, job = _prepare(gpus, None)
         if devices_module.default_device_only(selected) and cls.single_device_passthrough(
-                adapter, environment):
+                adapter, job):
             return {"route": "none (one device: the model trains as it is)",
                     "replicas": "1", "devices": ", ".join(str(d) for d in selected)}
-        return _described(_engine(cls, adapter, selected, environment))
+        return _described(_engine(cls, adapter, selected, job))
     except Exception as exc:  # doctor reports it; nothing else should see this path fail
         return {"error": f"{type(exc).__name__}: {exc}"}
 

@@ -58,10 +58,10 @@ def _migration_hint() -> None:
 
 
 
-def _available(engine: Any, adapter: Any, environment: cluster.ClusterEnvironment
+def _available(engine: Any, adapter: Any, job: cluster.ClusterEnvironment
                ) -> List[Any]:
     """The devices the active engine can use in this job (a test replaces it)."""
-    return list(engine.available_devices(adapter, environment))
+    return list(engine.available_devices(adapter, job))
 
 
 def _check_flag(name: str, value: Any) -> None:
@@ -127,7 +127,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
     active = registry.active()
-    environment = cluster.job()
+    job = cluster.job()
     adapter = adapters.load(active)
     engine = engines.load(active.entry_or_raise())
     try:
@@ -136,7 +136,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
         # Legacy code catches ValueError to mean "not enough GPUs, use one": a model of
         # another Keras must not be silently trained on one device that way.
         raise TypeError(str(exc)) from exc
-    available = _available(engine, adapter, environment)
+    available = _available(engine, adapter, job)
     ids = _legacy_gpu_ids(gpus, available)
     _migration_hint()
     if engine.slices_in_graph:
@@ -148,7 +148,7 @@ def multi_gpu_model(model: Any, gpus: _GpusArg = None, cpu_merge: bool = True,
 
         assert isinstance(adapter, keras23.Keras23)
         legacy = MultiGpuModelEngine(adapter, [available[i] for i in ids], cpu_merge=cpu_merge,
-                                    cpu_relocation=cpu_relocation, environment=environment)
+                                    cpu_relocation=cpu_relocation, job=job)
         # KERASMGPU_VERIFY=1 turns the self-check on here too (a CI job of legacy code).
         checked = verify.resolve(None, os.environ.get(verify.VERIFY_ENV, ""))
         return legacy.parallelize(model, Options(verify=checked))

@@ -38,11 +38,11 @@ from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import FeedKind, Route
 
 
-def one_gpu_each(environment: ClusterEnvironment) -> bool:
+def one_gpu_each(job: ClusterEnvironment) -> bool:
     """Several processes per machine started by another launcher: one GPU each, by local
     rank (what torchrun, srun and JAX's own cluster detection assume). `kerasmgpu
     launch` hands out GPUs itself (`--gpus-per-proc`)."""
-    return not environment.assigns_devices and environment.local_world_size() > 1
+    return not job.assigns_devices and job.local_world_size() > 1
 
 
 def too_late(engine: str, detail: Any) -> RuntimeError:
@@ -99,16 +99,16 @@ class Engine(abc.ABC):
     one_program: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
-                 environment: ClusterEnvironment) -> None:
+                 job: ClusterEnvironment) -> None:
         self.adapter = adapter
         self.devices = tuple(devices)
         # The job this process belongs to, detected once by the caller (`kerasmgpu.api`):
         # engines read the cluster from it, never from environment variables.
-        self.environment = environment
+        self.job = job
 
     @classmethod  # noqa: B027 - optional hook
-    def start(cls, environment: ClusterEnvironment) -> None:
-        """In a process of `environment`'s job, start the framework's multi-process
+    def start(cls, job: ClusterEnvironment) -> None:
+        """In a process of its job, start the framework's multi-process
         runtime right after the framework is imported (`engines.startup`, where the
         registry entry starts at import). Nothing by default."""
 
@@ -131,7 +131,7 @@ class Engine(abc.ABC):
         return cls.device_lister(devices_module.requested())
 
     @classmethod
-    def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
+    def available_devices(cls, adapter: Adapter, job: ClusterEnvironment
                           ) -> List[Device]:
         """Devices this route could place replicas on: its backend's, as listed there."""
         return cls.list_devices()
@@ -150,13 +150,13 @@ class Engine(abc.ABC):
         """Whether `model` was built in this route's scope (then no copy is needed)."""
 
     @classmethod
-    def single_device_passthrough(cls, adapter: Adapter, environment: ClusterEnvironment
+    def single_device_passthrough(cls, adapter: Adapter, job: ClusterEnvironment
                                   ) -> bool:
         """Whether one local device means "return the model unchanged".
 
         Not in a process of a job of several: its one device is one of several replicas.
         """
-        return not environment.multi_process()
+        return not job.multi_process()
 
     @functools.cached_property
     def planner(self) -> Planner:
@@ -165,8 +165,8 @@ class Engine(abc.ABC):
         Built once: the step overrides read it on every `*_on_batch` call, and neither
         the replica count nor the process layout changes during a route's life.
         """
-        return Planner(self.replicas, self.environment.global_rank(),
-                       self.environment.world_size())
+        return Planner(self.replicas, self.job.global_rank(),
+                       self.job.world_size())
 
     def distribute_feed(self, feed: Feed) -> Feed:
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
@@ -233,7 +233,7 @@ class Engine(abc.ABC):
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore
         from - but never write - a BackupAndRestore backup."""
-        if not self.environment.multi_process() or self.environment.is_chief():
+        if not self.job.multi_process() or self.job.is_chief():
             return callbacks
         kept = []
         for callback in callbacks:
@@ -251,7 +251,7 @@ class Engine(abc.ABC):
 
         if self.owns(model):
             return parallel_model.adopt(self, self.adapter, model, options)
-        if self.environment.multi_process() and model.weights:
+        if self.job.multi_process() and model.weights:
             # Each process built its own template, with its own random initial weights
             # unless the script seeded them alike: all start from rank 0's.
             model.set_weights(self.broadcast_arrays(model.get_weights()))

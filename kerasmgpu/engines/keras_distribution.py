@@ -22,14 +22,14 @@ from kerasmgpu.process import ending
 from kerasmgpu.registry import Route
 
 
-def _same_seed_everywhere(adapter: Adapter, environment: ClusterEnvironment) -> None:
+def _same_seed_everywhere(adapter: Adapter, job: ClusterEnvironment) -> None:
     """Variables created under a multi-process layout must start equal everywhere.
 
     `keras.distribution.initialize()` agrees on a seed across processes unless one was
     set; we start JAX ourselves (before Keras is imported), so we do the same here.
     """
     if adapter.random_seed() is None:  # type: ignore[attr-defined]
-        adapter.keras.utils.set_random_seed(environment.shared_seed() % (2**31))
+        adapter.keras.utils.set_random_seed(job.shared_seed() % (2**31))
 
 
 @contextlib.contextmanager
@@ -56,20 +56,20 @@ def _save_outside_the_layout(keras: Any, callback: Any) -> None:
         setattr(callback, name, local)
 
 
-def _jax_arguments(jax: Any, environment: ClusterEnvironment) -> dict:
-    timeout = int(environment.collective_timeout())
-    port = environment.jax_coordinator().rsplit(":", 1)[1]
+def _jax_arguments(jax: Any, job: ClusterEnvironment) -> dict:
+    timeout = int(job.collective_timeout())
+    port = job.jax_coordinator().rsplit(":", 1)[1]
     wanted = {
-        "coordinator_address": environment.jax_coordinator(),
-        "num_processes": environment.world_size(),
-        "process_id": environment.global_rank(),
-        "local_device_ids": [environment.local_rank()] if one_gpu_each(environment) else None,
+        "coordinator_address": job.jax_coordinator(),
+        "num_processes": job.world_size(),
+        "process_id": job.global_rank(),
+        "local_device_ids": [job.local_rank()] if one_gpu_each(job) else None,
         # Everything is given: JAX must not replace it with what it guesses itself.
         "cluster_detection_method": "deactivate",
         # Rank 0's coordinator listens on loopback unless other machines take part
         # (JAX's default is every interface).
-        "coordinator_bind_address": (f"{environment.bind_host()}:{port}"
-                                     if not environment.multi_node() else f"[::]:{port}"),
+        "coordinator_bind_address": (f"{job.bind_host()}:{port}"
+                                     if not job.multi_node() else f"[::]:{port}"),
         "initialization_timeout": timeout,
         "heartbeat_timeout_seconds": min(timeout, 100),
         "shutdown_timeout_seconds": timeout,
@@ -88,7 +88,7 @@ class KerasDistributionEngine(Engine):
     _start_error: ClassVar[Optional[BaseException]] = None
 
     @classmethod
-    def start(cls, environment: ClusterEnvironment) -> None:
+    def start(cls, job: ClusterEnvironment) -> None:
         try:
             import jax
 
@@ -97,19 +97,19 @@ class KerasDistributionEngine(Engine):
                 jax.config.update("jax_cpu_collectives_implementation", "gloo")
             except (AttributeError, ValueError):  # older/newer jax: default is fine
                 pass
-            jax.distributed.initialize(**_jax_arguments(jax, environment))
+            jax.distributed.initialize(**_jax_arguments(jax, job))
         except Exception as exc:
             cls._start_error = exc
         ending.framework_started()
 
     @classmethod
-    def ensure_started(cls, environment: ClusterEnvironment) -> None:
-        """Raise when `jax.distributed` did not start for `environment`'s job."""
+    def ensure_started(cls, job: ClusterEnvironment) -> None:
+        """Raise when `jax.distributed` did not start for its job."""
         if cls._start_error is not None:
             raise too_late("JAX", cls._start_error) from cls._start_error
         import jax
 
-        if jax.process_count() != environment.world_size():
+        if jax.process_count() != job.world_size():
             raise too_late("JAX", f"jax.process_count() is {jax.process_count()}")
 
     @classmethod
@@ -122,17 +122,17 @@ class KerasDistributionEngine(Engine):
             + (" - across processes too." if multi_process else "."))
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
-                 environment: ClusterEnvironment) -> None:
-        super().__init__(adapter, devices, environment=environment)
+                 job: ClusterEnvironment) -> None:
+        super().__init__(adapter, devices, job=job)
         import jax
 
         keras = adapter.keras
-        if environment.multi_process():
+        if job.multi_process():
             # Every process's devices, in process order: process p feeds the p-th
             # contiguous slice of each padded global batch (see kerasmgpu.batching.shard).
-            self.ensure_started(environment)
+            self.ensure_started(job)
             self.jax_devices = list(jax.devices())
-            _same_seed_everywhere(adapter, environment)
+            _same_seed_everywhere(adapter, job)
         else:
             gpus = [d for d in jax.devices() if d.platform == "gpu"]
             pool = gpus if gpus else jax.devices("cpu")
@@ -170,7 +170,7 @@ class KerasDistributionEngine(Engine):
         return True
 
     def any_process(self, flag: bool) -> bool:
-        if not self.environment.multi_process():
+        if not self.job.multi_process():
             return flag
         import numpy as np
         from jax.experimental import multihost_utils
@@ -178,7 +178,7 @@ class KerasDistributionEngine(Engine):
         return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
-        if not self.environment.multi_process():
+        if not self.job.multi_process():
             return list(arrays)
         import numpy as np
         from jax.experimental import multihost_utils
@@ -187,7 +187,7 @@ class KerasDistributionEngine(Engine):
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         callbacks = super().worker_callbacks(callbacks)
-        if self.environment.multi_process():
+        if self.job.multi_process():
             for callback in callbacks:
                 if type(callback).__name__ in ("ModelCheckpoint", "BackupAndRestore"):
                     _save_outside_the_layout(self.adapter.keras, callback)

@@ -73,23 +73,23 @@ def _refuse_stateful(adapter: Adapter, model: Any) -> None:
             raw=True)
 
 
-def _tf_resolver(tf: Any, environment: ClusterEnvironment) -> Any:
+def _tf_resolver(tf: Any, job: ClusterEnvironment) -> Any:
     """TensorFlow's view of the job: its own resolvers where they apply."""
     resolvers = tf.distribute.cluster_resolver
-    if environment.tf_resolver == "tf_config":
-        if environment.tf_workers() is not None:
+    if job.tf_resolver == "tf_config":
+        if job.tf_workers() is not None:
             return resolvers.TFConfigClusterResolver()
-    elif environment.tf_resolver == "slurm" and environment.multi_node():
-        most = max(cluster.tasks_per_node(environment.env["SLURM_STEP_TASKS_PER_NODE"]))
+    elif job.tf_resolver == "slurm" and job.multi_node():
+        most = max(cluster.tasks_per_node(job.env["SLURM_STEP_TASKS_PER_NODE"]))
         # GPUs are srun's business (--gpus-per-task); the resolver's own GPU split is
         # turned off, and these counts only satisfy its bookkeeping.
         return resolvers.SlurmClusterResolver(
-            port_base=environment.main_port + 2, gpus_per_node=most, gpus_per_task=1,
+            port_base=job.main_port + 2, gpus_per_node=most, gpus_per_task=1,
             auto_set_gpu=False)
-    workers = environment.tf_workers()
+    workers = job.tf_workers()
     if workers is None:
         raise InvalidClusterError(
-            f"Invalid cluster for TensorFlow: {environment.describe()}. TensorFlow needs "
+            f"Invalid cluster for TensorFlow: {job.describe()}. TensorFlow needs "
             "every process's address, which this launcher does not give. Allowed: one "
             "machine, srun, a TF_CONFIG naming every worker, or `kerasmgpu launch "
             "--worker-hosts`. Fix: set TF_CONFIG on every process, or start the job with "
@@ -97,7 +97,7 @@ def _tf_resolver(tf: Any, environment: ClusterEnvironment) -> Any:
         )
     return resolvers.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": workers}), task_type="worker",
-        task_id=environment.global_rank(), rpc_layer="grpc")
+        task_id=job.global_rank(), rpc_layer="grpc")
 
 
 class MirroredEngine(Engine):
@@ -116,17 +116,17 @@ class MirroredEngine(Engine):
     _worker_error: ClassVar[Optional[BaseException]] = None
 
     @classmethod
-    def start(cls, environment: ClusterEnvironment) -> None:
+    def start(cls, job: ClusterEnvironment) -> None:
         """The worker's MultiWorkerMirroredStrategy, the moment TensorFlow is imported
         ("Collective ops must be configured at program startup")."""
         try:
             import tensorflow as tf
 
             gpus = tf.config.list_physical_devices("GPU")
-            if len(gpus) > 1 and one_gpu_each(environment):
-                tf.config.set_visible_devices(gpus[environment.local_rank() % len(gpus)], "GPU")
+            if len(gpus) > 1 and one_gpu_each(job):
+                tf.config.set_visible_devices(gpus[job.local_rank() % len(gpus)], "GPU")
             cls._worker_strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=_tf_resolver(tf, environment))
+                cluster_resolver=_tf_resolver(tf, job))
         except Exception as exc:  # reported by parallelize(), never at import
             cls._worker_error = exc
         ending.framework_started()
@@ -167,10 +167,10 @@ class MirroredEngine(Engine):
             "collective or ReductionToOneDevice, as the TensorFlow version picks).")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
-                 environment: ClusterEnvironment) -> None:
-        super().__init__(adapter, devices, environment=environment)
+                 job: ClusterEnvironment) -> None:
+        super().__init__(adapter, devices, job=job)
 
-        self.multi_worker = environment.multi_process()
+        self.multi_worker = job.multi_process()
         if self.multi_worker:
             if not registry.active().entry_or_raise().starts_at_import:
                 # The registry's fact: no MultiWorkerMirroredStrategy is made at import

@@ -57,8 +57,8 @@ class MultiGpuModelEngine(Engine):
 
     def __init__(self, adapter: Keras23, devices: Sequence[Device],
                  cpu_merge: bool = True, cpu_relocation: bool = False, *,
-                 environment: ClusterEnvironment) -> None:
-        super().__init__(adapter, devices, environment=environment)
+                 job: ClusterEnvironment) -> None:
+        super().__init__(adapter, devices, job=job)
         self.cpu_merge = cpu_merge
         self.cpu_relocation = cpu_relocation
 
@@ -76,7 +76,7 @@ class MultiGpuModelEngine(Engine):
     def _gpu_names_for_virtual_devices(self) -> ContextManager[Any]:
         if all(d.kind == "gpu" for d in self.devices):
             return contextlib.nullcontext()
-        count = len(self.available_devices(self.adapter, self.environment))
+        count = len(self.available_devices(self.adapter, self.job))
         return self.adapter.shown_gpu_names(["/cpu:0"] + [f"/gpu:{i}" for i in range(count)])
 
     def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:

@@ -7,7 +7,7 @@ framework itself:
 
 * TensorFlow (tf.keras 2.x, tf_keras): a `MultiWorkerMirroredStrategy`, created the
   moment `tensorflow` finishes importing ("Collective ops must be configured at program
-  startup"), with TensorFlow's own cluster resolver where one fits the environment
+  startup"), with TensorFlow's own cluster resolver where one fits the job
   (TF_CONFIG: `TFConfigClusterResolver`; srun on several machines: `SlurmClusterResolver`)
   and the job's addresses otherwise;
 * JAX: gloo CPU collectives and `jax.distributed.initialize` (coordinator, process count
@@ -33,19 +33,19 @@ from kerasmgpu.env import cluster
 from kerasmgpu.process import ending
 
 
-def setup_at_import(environment: cluster.ClusterEnvironment) -> None:
-    """In a process of `environment`'s multi-process job, start the engine of the active
+def setup_at_import(job: cluster.ClusterEnvironment) -> None:
+    """In a process of its multi-process job, start the engine of the active
     Keras (`Engine.start`, where its registry entry starts at import) before its runtime
     does, and learn how the process ends. The engine's module is imported then, after
     its framework: `import kerasmgpu` itself stays light."""
-    if environment.world_size() < 2:
+    if job.world_size() < 2:
         return
-    ending.watch(environment)
+    ending.watch(job)
     entry = registry.active().entry
     if entry is None or not entry.starts_at_import:
         return
 
     def start() -> None:
-        registry.resolve(entry.engine).start(environment)
+        registry.resolve(entry.engine).start(job)
 
     _hooks.after_import(entry.backend, start)

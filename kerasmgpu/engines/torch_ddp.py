@@ -108,8 +108,8 @@ def _loopback_interface() -> Optional[str]:
     return next((name for name in names if name == "lo" or name.startswith("lo")), None)
 
 
-def torch_process_group(environment: ClusterEnvironment) -> Any:
-    """Join (once) the torch.distributed group of `environment`'s job; gloo on CPU, nccl
+def torch_process_group(job: ClusterEnvironment) -> Any:
+    """Join (once) the torch.distributed group of its job; gloo on CPU, nccl
     on GPUs (or what the launcher chose).
 
     Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.
@@ -121,17 +121,17 @@ def torch_process_group(environment: ClusterEnvironment) -> Any:
 
     if dist.is_initialized():
         return dist
-    backend = environment.torch_backend() or ("nccl" if _torch_has_gpu() else "gloo")
-    timeout = datetime.timedelta(seconds=environment.collective_timeout())
-    rank, world = environment.global_rank(), environment.world_size()
-    if backend == "gloo" and not environment.multi_node():
+    backend = job.torch_backend() or ("nccl" if _torch_has_gpu() else "gloo")
+    timeout = datetime.timedelta(seconds=job.collective_timeout())
+    rank, world = job.global_rank(), job.world_size()
+    if backend == "gloo" and not job.multi_node():
         # gloo listens on the address the host name resolves to unless told otherwise.
         interface = _loopback_interface()
         if interface:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
-    at = environment.torch_store()
+    at = job.torch_store()
     if at is None:
-        restarted = _torchrun_attempt_store(dist, environment, world, timeout)
+        restarted = _torchrun_attempt_store(dist, job, world, timeout)
         if restarted is not None:
             dist.init_process_group(backend=backend, store=restarted, rank=rank,
                                     world_size=world, timeout=timeout)
@@ -140,13 +140,13 @@ def torch_process_group(environment: ClusterEnvironment) -> Any:
                                 world_size=world, timeout=timeout)
         return dist
     host, port = at
-    store = _tcp_store(dist, host, port, rank, world, environment.bind_host(), timeout)
+    store = _tcp_store(dist, host, port, rank, world, job.bind_host(), timeout)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
                             timeout=timeout)
     return dist
 
 
-def _torchrun_attempt_store(dist: Any, environment: ClusterEnvironment, world: int,
+def _torchrun_attempt_store(dist: Any, job: ClusterEnvironment, world: int,
                             timeout: datetime.timedelta) -> Any:
     """torchrun's store, with this run's keys apart from an earlier run's (None: not a
     torchrun worker on its agent's store).
@@ -156,7 +156,7 @@ def _torchrun_attempt_store(dist: Any, environment: ClusterEnvironment, world: i
     earlier run's rank 0 published and wait on it until gloo gives up ("Connection
     refused", measured 2 of 4 restarted jobs on a loaded machine).
     """
-    agent = environment.torch_agent_store()
+    agent = job.torch_agent_store()
     if agent is None:
         return None
     host, port, run = agent
@@ -196,12 +196,12 @@ class TorchDDPEngine(Engine):
     engine_name = "torch.distributed, one process per device"
 
     @classmethod
-    def start(cls, environment: ClusterEnvironment) -> None:
+    def start(cls, job: ClusterEnvironment) -> None:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count():
             # Each worker sees its own GPUs (`launch --gpus-per-proc`) or all of them.
-            torch.cuda.set_device(environment.local_rank() % torch.cuda.device_count())
+            torch.cuda.set_device(job.local_rank() % torch.cuda.device_count())
         # What starts also stops: the process group parallelize() joins, at a normal end.
         ending.framework_started(teardown=_teardown_torch)
 
@@ -214,22 +214,22 @@ class TorchDDPEngine(Engine):
             "device.")
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
-                 environment: ClusterEnvironment) -> None:
-        super().__init__(adapter, devices, environment=environment)
-        if not environment.multi_process():
+                 job: ClusterEnvironment) -> None:
+        super().__init__(adapter, devices, job=job)
+        if not job.multi_process():
             if len(devices) == 1:
                 raise ValueError(_one_device_hint(devices[0]))
             raise ValueError(_launch_hint(devices))
-        self.dist = torch_process_group(environment)
-        self.timeout = environment.collective_timeout()
+        self.dist = torch_process_group(job)
+        self.timeout = job.collective_timeout()
         self.world = int(self.dist.get_world_size())
         # Whether the metric states are summed at every step (`note_callbacks`).
         self.sum_every_step = True
 
     @classmethod
-    def available_devices(cls, adapter: Adapter, environment: ClusterEnvironment
+    def available_devices(cls, adapter: Adapter, job: ClusterEnvironment
                           ) -> List[Device]:
-        if not environment.multi_process():
+        if not job.multi_process():
             return cls.list_devices()
         import torch
 

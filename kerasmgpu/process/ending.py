@@ -62,7 +62,7 @@ class _Ending:
     """What this process has learnt about how it ends."""
 
     def __init__(self) -> None:
-        self.environment: Optional[cluster.ClusterEnvironment] = None
+        self.job: Optional[cluster.ClusterEnvironment] = None
         self.failure: Optional[int] = None  # the status of an uncaught failure
         self.handler_registered = False
         self.teardowns: List[Callable[[], None]] = []
@@ -72,12 +72,12 @@ class _Ending:
 _ending = _Ending()
 
 
-def watch(environment: cluster.ClusterEnvironment) -> None:
-    """Learn how this process of `environment`'s job ends: uncaught exceptions and
+def watch(job: cluster.ClusterEnvironment) -> None:
+    """Learn how this process of its job ends: uncaught exceptions and
     `sys.exit(n)`. Once per process; later calls change nothing."""
-    if _ending.environment is not None:
+    if _ending.job is not None:
         return
-    _ending.environment = environment
+    _ending.job = job
     previous = sys.excepthook
 
     def excepthook(kind: Any, value: Any, traceback: Any) -> None:
@@ -153,9 +153,9 @@ def _at_exit() -> None:
     code = _ending.failure
     if code:
         _leave(code)
-    environment = _ending.environment
+    job = _ending.job
     # The job's own bound (its KERASMGPU_COLLECTIVE_TIMEOUT, read when it was detected).
-    seconds = (environment.collective_timeout() if environment is not None
+    seconds = (job.collective_timeout() if job is not None
                else cluster.DEFAULT_TIMEOUT)
     for teardown in _ending.teardowns:
         _bounded(teardown, seconds)
@@ -165,8 +165,8 @@ def _leave(code: int) -> NoReturn:
     # The others may be blocked in a collective with this process, and the framework's
     # own shutdown would wait for them: leave now, so that the launcher sees this
     # process fail and stops the rest.
-    environment = _ending.environment
-    rank = environment.global_rank() if environment is not None else 0
+    job = _ending.job
+    rank = job.global_rank() if job is not None else 0
     try:
         sys.stderr.write(f"kerasmgpu: process {rank} failed (exit status {code}); "
                          "exiting without waiting for the other processes\n")

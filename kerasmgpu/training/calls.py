@@ -79,10 +79,10 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     # Before the chief-only ones are dropped: every process must decide alike.
     state.engine.note_callbacks(list(callbacks or []))  # fit's validation passes included
     user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
-    environment = state.engine.environment
+    job = state.engine.job
     position = resume.plan(state.adapter, user_callbacks,
-                           rank=environment.global_rank() if environment.multi_process() else 0,
-                           alone=not environment.multi_process(),
+                           rank=job.global_rank() if job.multi_process() else 0,
+                           alone=not job.multi_process(),
                            own_metrics=state.engine.metrics_per_process,
                            layout=resume.Layout.of(self, state.engine.planner.process_count,
                                                    state.engine.planner.replicas,
@@ -192,7 +192,7 @@ def _fixed_results(state: ParallelState, model: Any, results: Any, return_dict: 
 def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
              steps: Any = None, callbacks: Any = None, **kwargs: Any) -> Any:
     held = state_of(self)
-    if held is not None and held.engine.environment.multi_process():
+    if held is not None and held.engine.job.multi_process():
         # Each worker would only see its own rows; every worker holds all the weights,
         # so each predicts everything on its own (on the template, one device, as it
         # is: a change made on one process alone reaches the others at the next call

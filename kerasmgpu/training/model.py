@@ -183,5 +183,5 @@ def _link(replica: Any) -> None:
     assert state is not None
     state.mirror = sync.link(
         state.template, replica, state.adapter, state.engine,
-        job=state.engine.environment.multi_process(),
+        job=state.engine.job.multi_process(),
         recompile=lambda args: compile_replica(replica, args))

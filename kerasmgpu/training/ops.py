@@ -22,7 +22,7 @@ class EngineOps(Protocol):
     metrics_per_process: ClassVar[bool]
     slices_in_graph: ClassVar[bool]
     one_program: ClassVar[bool]
-    environment: ClusterEnvironment
+    job: ClusterEnvironment
 
     @property
     def planner(self) -> Planner: ...
