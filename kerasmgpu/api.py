@@ -149,17 +149,19 @@ def parallelize(
 
 
 # Routes where kerasmgpu accumulates gradients (`kerasmgpu.accumulation`): Keras 3's
-# optimizer accumulates there (on TensorFlow kerasmgpu does, `adapters.keras3`), and
-# kerasmgpu weighs the batches. On the mirrored route (Keras 3, tf.keras, tf_keras)
-# kerasmgpu accumulates itself (`adapters.tensorflow.Accumulation`); on Keras 2.3's
-# multi_gpu_model it builds the train function twice (`adapters.keras23`).
+# optimizer accumulates there (on TensorFlow kerasmgpu does,
+# `adapters.keras3_tensorflow`), and kerasmgpu weighs the batches. On the mirrored route
+# (Keras 3, tf.keras, tf_keras) kerasmgpu accumulates itself
+# (`adapters.tensorflow.Accumulation`); on Keras 2.3's multi_gpu_model it builds the
+# train function twice (`adapters.keras23`).
 _ACCUMULATING_ROUTES = (Route.KERAS_DISTRIBUTION, Route.TORCH_DDP, Route.MIRRORED,
                         Route.MULTI_GPU_MODEL)
 # Routes with synchronized BatchNorm: on JAX a step is one program over the global batch
 # (the padding rows are left out of the moments), on TensorFlow and PyTorch the masked
-# moments are all-reduced over the replicas / processes (`adapters.keras3`,
-# `adapters.tfkeras2`); on Keras 2.3 multi_gpu_model's replicas are built layer by layer
-# so one BatchNormalization node sees them all (`adapters.keras23_batchnorm`).
+# moments are all-reduced over the replicas / processes (`adapters.keras3_tensorflow`,
+# `adapters.keras3_torch`, `adapters.tfkeras2`); on Keras 2.3 multi_gpu_model's
+# replicas are built layer by layer so one BatchNormalization node sees them all
+# (`adapters.keras23_batchnorm`).
 _SYNC_BATCHNORM_ROUTES = (Route.KERAS_DISTRIBUTION, Route.MIRRORED, Route.TORCH_DDP,
                           Route.MULTI_GPU_MODEL)
 

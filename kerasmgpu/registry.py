@@ -108,12 +108,12 @@ ENTRIES: Tuple[Entry, ...] = (
     # No start-up: Keras 3 cannot train under MultiWorkerMirroredStrategy
     # (keras-team/keras#20585).
     Entry(KerasLine.KERAS_3, "tensorflow", Route.MIRRORED,
-          adapter=f"{_ADAPTERS}.keras3:Keras3", engine=_MIRRORED,
+          adapter=f"{_ADAPTERS}.keras3_tensorflow:Keras3TensorFlow", engine=_MIRRORED,
           devices=f"{_DEVICES}:tf_devices", feed=FeedKind.TF,
           verified=(v.KERAS3_TF_MIN, v.KERAS3_VERIFIED_BELOW),
           keras=("keras",), dist="keras"),
     Entry(KerasLine.KERAS_3, "jax", Route.KERAS_DISTRIBUTION,
-          adapter=f"{_ADAPTERS}.keras3:Keras3",
+          adapter=f"{_ADAPTERS}.keras3_jax:Keras3Jax",
           engine=f"{_ENGINES}.keras_distribution:KerasDistributionEngine",
           devices=f"{_DEVICES}:jax_devices", feed=FeedKind.PYTHON,
           verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
@@ -121,7 +121,7 @@ ENTRIES: Tuple[Entry, ...] = (
           startup=f"{_STARTUP}:start_jax",
           multi_process_floor=v.KERAS3_JAX_MULTI_PROCESS_MIN),
     Entry(KerasLine.KERAS_3, "torch", Route.TORCH_DDP,
-          adapter=f"{_ADAPTERS}.keras3:Keras3",
+          adapter=f"{_ADAPTERS}.keras3_torch:Keras3Torch",
           engine=f"{_ENGINES}.torch_ddp:TorchDDPEngine",
           devices=f"{_DEVICES}:torch_devices", feed=FeedKind.PYTHON,
           verified=(v.KERAS3_MIN, v.KERAS3_VERIFIED_BELOW),
