@@ -1,8 +1,9 @@
 """Adapters: the one place that knows each Keras line's internals.
 
 `load(active)` returns the adapter of the active Keras (`registry.active()`, handed
-in) - `keras3.Keras3`, `tfkeras2.TfKeras2` (tf.keras 2.x and tf_keras) or
-`keras23.Keras23`, as its registry entry names it; `check_release` checks the release
+in) - one `keras3.Keras3` subclass per backend (`keras3_tensorflow.Keras3TensorFlow`,
+`keras3_jax.Keras3Jax`, `keras3_torch.Keras3Torch`), `tfkeras2.TfKeras2` (tf.keras 2.x
+and tf_keras) or `keras23.Keras23`, as its registry entry names it; `check_release` checks the release
 against the range that entry is verified on. Everything above this package (feeds,
 training hooks, engines) goes through an adapter; a test (tests/test_layers.py) fails if
 a private name of Keras, TF or JAX appears elsewhere.

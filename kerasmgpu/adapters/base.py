@@ -24,6 +24,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 from packaging.version import Version
 
 from kerasmgpu._errors import bad_type, bad_value
+from kerasmgpu.adapters.python_dataset import batches_class
 from kerasmgpu.env.versions import KerasLine
 
 # Hooks are recorded on the objects they wrap under this attribute, so that a second
@@ -97,7 +98,8 @@ def following_save(save: Callable[..., Any], on_save: Callable[[Callable[[str], 
 
 
 class Adapter:
-    """One Keras line as kerasmgpu sees it. Subclasses: keras3, tfkeras2, keras23."""
+    """One Keras line as kerasmgpu sees it. Subclasses: keras3 (one per backend:
+    keras3_tensorflow, keras3_jax, keras3_torch), tfkeras2, keras23."""
 
     # [min, below): the releases of this line the tox matrix verifies (set per instance:
     # it depends on the line and backend).
@@ -221,11 +223,18 @@ class Adapter:
         """Data as Keras hands it to a step: `x`, `(x,)`, `(x, y)` or `(x, y, sw)`."""
         return self.keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
 
-    def python_dataset_type(self) -> type:
-        """`keras.utils.PyDataset` on Keras 3, `Sequence` on Keras 2."""
-        utils = self.keras.utils
-        base: type = getattr(utils, "PyDataset", None) or utils.Sequence
-        return base
+    def python_dataset(self, source: Any, workers: int = 1, use_multiprocessing: bool = False,
+                       max_queue_size: int = 10) -> Any:
+        """`source` (a length, batches by index, maybe `on_epoch_end`) as the
+        `keras.utils.Sequence` fit reads. The reader options are a Keras 3 PyDataset's
+        (`Keras3Data`); the Keras 2 lines take theirs from fit's arguments."""
+        return batches_class(self.keras.utils.Sequence)(source)
+
+    # Whether a Python batch that needs no padding may carry an empty packing
+    # (`bundle.unpadded`) and run the engine's plain step: Keras 3 takes Python batches
+    # one at a time and kerasmgpu's step tells that packing by its static shape. On the
+    # Keras 2 lines every batch carries its packing.
+    even_batches_run_plain = False
 
     def fresh_optimizer(self, optimizer: Any) -> Any:
         """A new optimizer with the same configuration, to be built inside a scope.

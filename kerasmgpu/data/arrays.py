@@ -130,6 +130,25 @@ class ArrayPlan:
         return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
 
 
+class ArrayBatches:
+    """The batches of an `ArrayPlan` by index, as Keras reads a PyDataset / Sequence
+    (the adapter's `python_dataset` hands them to Keras)."""
+
+    def __init__(self, plan: ArrayPlan, predict: bool, plain_even: bool) -> None:
+        self.plan, self.predict, self.plain_even = plan, predict, plain_even
+
+    def __len__(self) -> int:
+        return len(self.plan.sizes) if self.predict else self.plan.steps
+
+    def __getitem__(self, index: int) -> Any:
+        if self.predict:
+            return self.plan.batch(index, True)
+        return self.plan.fed_batch(index, self.plain_even)
+
+    def on_epoch_end(self) -> None:
+        self.plan.reshuffle()
+
+
 class Arrays(Input):
     """Numpy-like arrays (and lists/dicts of them), with targets and weights beside."""
 
@@ -159,34 +178,16 @@ class Arrays(Input):
                               1 if predict else request.accumulate_steps)
 
     def python_feed(self) -> Feed:
-        plan, predict, plain_even = self.plan, self.predict, self.plain_even
-        base = self.adapter.python_dataset_type()
-        keras3 = self.adapter.keras3
-
-        class ArrayBatches(base):  # type: ignore[misc, valid-type]
-            def __init__(self) -> None:
-                if keras3:
-                    super().__init__(workers=1, use_multiprocessing=False)
-
-            def __len__(self) -> int:
-                return len(plan.sizes) if predict else plan.steps
-
-            def __getitem__(self, index: int) -> Any:
-                if predict:
-                    return plan.batch(index, predict)
-                return plan.fed_batch(index, plain_even)
-
-            def on_epoch_end(self) -> None:
-                plan.reshuffle()
-
+        plan, predict = self.plan, self.predict
+        batches = ArrayBatches(plan, predict, self.plain_even)
         pads, example = plan.padding()
         steps = len(plan.sizes) if predict else plan.steps
         micro = None if predict else plan.micro
         stopped = None if micro is None else (
             lambda fed: accumulation.stopped_group(micro, plan.sizes, fed,
                                                    plan.accumulate_steps))
-        return Feed(ArrayBatches(), steps=steps, pads=pads, padding_example=example,
-                    stopped_group=stopped)
+        return Feed(self.adapter.python_dataset(batches), steps=steps, pads=pads,
+                    padding_example=example, stopped_group=stopped)
 
     def tf_feed(self) -> Feed:
         import tensorflow as tf

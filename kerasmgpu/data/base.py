@@ -77,7 +77,8 @@ class Input:
         self.predict = request.predict
         # Whether each batch that divides by the replica count carries an empty packing
         # (`bundle.unpadded`: the engine's plain step) - decided per batch where Python
-        # batches reach Keras 3 one at a time (JAX, torch). A tf.data pipeline's elements
+        # batches reach Keras one at a time (the adapter's `even_batches_run_plain`:
+        # Keras 3 on JAX and torch). A tf.data pipeline's elements
         # share one traced step, so the TensorFlow array feed decides once per feed
         # (`bundle.plain`).
         self.plain_even = False
@@ -86,7 +87,7 @@ class Input:
         """The padded feed in the form an engine of `kind` consumes."""
         if kind is FeedKind.TF:
             return self.tf_feed()
-        self.plain_even = self.adapter.keras3 and not self.predict
+        self.plain_even = self.adapter.even_batches_run_plain and not self.predict
         return self.python_feed()
 
     def tf_feed(self) -> Feed:

@@ -71,33 +71,36 @@ class Indexed(Input):
         return self._batches(request.x)
 
     def _batches(self, source: Any) -> Feed:
-        weigh, planner, predict = self.weigh, self.planner, self.predict
-        keras3, plain_even = self.adapter.keras3, self.plain_even
-        base = self.adapter.python_dataset_type()
         if len(source) == 0:
             raise bad_value("x", f"a {type(source).__name__} of length 0", "at least one batch",
                             "check its __len__ (the data it reads may be empty)", raw=True)
+        padded = PaddedBatches(source, self.weigh, self.planner, self.predict, self.plain_even)
+        data = self.adapter.python_dataset(
+            padded, workers=getattr(source, "workers", 1),
+            use_multiprocessing=getattr(source, "use_multiprocessing", False),
+            max_queue_size=getattr(source, "max_queue_size", 10))
+        return Feed(data, steps=len(source), keras_shuffles=True)
 
-        class PaddedBatches(base):  # type: ignore[misc, valid-type]
-            def __init__(self) -> None:
-                if keras3:
-                    super().__init__(
-                        workers=getattr(source, "workers", 1),
-                        use_multiprocessing=getattr(source, "use_multiprocessing", False),
-                        max_queue_size=getattr(source, "max_queue_size", 10),
-                    )
 
-            def __len__(self) -> int:
-                return len(source)
+class PaddedBatches:
+    """An indexable source's batches, each padded as Keras reads it (the adapter's
+    `python_dataset` hands them to Keras as a PyDataset / Sequence)."""
 
-            def __getitem__(self, index: int) -> Any:
-                return pad_element(source[index], weigh, planner, predict, index, plain_even)
+    def __init__(self, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
+                 plain_even: bool) -> None:
+        self.source, self.weigh, self.planner = source, weigh, planner
+        self.predict, self.plain_even = predict, plain_even
 
-            def on_epoch_end(self) -> None:
-                if hasattr(source, "on_epoch_end"):
-                    source.on_epoch_end()
+    def __len__(self) -> int:
+        return len(self.source)
 
-        return Feed(PaddedBatches(), steps=len(source), keras_shuffles=True)
+    def __getitem__(self, index: int) -> Any:
+        return pad_element(self.source[index], self.weigh, self.planner, self.predict, index,
+                           self.plain_even)
+
+    def on_epoch_end(self) -> None:
+        if hasattr(self.source, "on_epoch_end"):
+            self.source.on_epoch_end()
 
 
 class Generator(Input):
