@@ -15,8 +15,6 @@ unless the user opts in.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import weakref
 from types import ModuleType
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
@@ -24,12 +22,10 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 from packaging.version import Version
 
 from kerasmgpu._errors import bad_type, bad_value
+from kerasmgpu.adapters.copying import ModelCopying
 from kerasmgpu.adapters.python_dataset import batches_class
+from kerasmgpu.adapters.step_ops import StepOps
 from kerasmgpu.env.versions import KerasLine
-
-# Hooks are recorded on the objects they wrap under this attribute, so that a second
-# install (a recompile, a second fit) never stacks a wrapper on a wrapper.
-HOOKED = "_kerasmgpu_hooked"
 
 COMPILE_KEYS = (
     "optimizer",
@@ -41,11 +37,6 @@ COMPILE_KEYS = (
     "steps_per_execution",
     "jit_compile",
 )
-
-
-def _is_graph_model(model: Any) -> bool:
-    """A Sequential or functional model (Keras 3 and tf.keras name their classes so)."""
-    return any(cls.__name__ in ("Functional", "Sequential") for cls in type(model).__mro__)
 
 
 class InternalsChanged(RuntimeError):
@@ -97,7 +88,7 @@ def following_save(save: Callable[..., Any], on_save: Callable[[Callable[[str], 
     return saved
 
 
-class Adapter:
+class Adapter(ModelCopying, StepOps):
     """One Keras line as kerasmgpu sees it. Subclasses: keras3 (one per backend:
     keras3_tensorflow, keras3_jax, keras3_torch), tfkeras2, keras23."""
 
@@ -349,103 +340,6 @@ class Adapter:
         if build is not None:
             build(variables)
 
-    def clone_model(self, model: Any) -> Any:
-        """A structural copy of `model` (weights are copied by the caller; what its
-        layers hold besides, `carry_state`)."""
-        graph = _is_graph_model(model)
-        try:
-            if graph:
-                # Each layer rebuilt from its config, then given the plain attributes
-                # the config misses, before it is called on the copy's graph: an
-                # adapted Discretization's bins decide the shapes after it.
-                clone = self.keras.models.clone_model(model, clone_function=self._copy_of)
-            else:
-                clone = self.keras.models.clone_model(model)
-            if len(clone.weights) != len(model.weights) and model.weights:
-                self.build_like(clone, model)
-            if len(clone.weights) != len(model.weights):
-                raise ValueError(
-                    f"the copy has {len(clone.weights)} weights, the model {len(model.weights)}"
-                )
-        except (NotImplementedError, TypeError, ValueError, AttributeError) as exc:
-            raise self._uncopiable(model, graph, exc) from exc
-        # Imported here, not at the top: layer_state needs numpy, and the package's
-        # __init__ runs for `kerasmgpu migrate` too (adapters.keras23_names), which runs
-        # where only libcst is installed.
-        from kerasmgpu.adapters import layer_state
-
-        for layer, copy in self.layer_pairs(model, clone):
-            layer_state.carry_attributes(layer, copy)
-        return clone
-
-    def _copy_of(self, layer: Any) -> Any:
-        from kerasmgpu.adapters import layer_state  # numpy: see clone_model
-
-        copy = self.copy_layer(layer)
-        layer_state.carry_attributes(layer, copy)
-        return copy
-
-    def copy_layer(self, layer: Any) -> Any:
-        """A new layer like `layer`, from its config (Keras's own default)."""
-        return layer.__class__.from_config(layer.get_config())
-
-    def layer_pairs(self, model: Any, clone: Any) -> List[Tuple[Any, Any]]:
-        """Each layer of `model` with its counterpart in `clone` (by position, where
-        both are of one class and name)."""
-        pairs = list(zip(self.layers_of(model), self.layers_of(clone)))
-        return [(a, b) for a, b in pairs
-                if type(a) is type(b) and getattr(a, "name", None) == getattr(b, "name", None)]
-
-    def carry_state(self, model: Any, clone: Any) -> None:
-        """After the copy took `model`'s weights: what its adapted preprocessing layers
-        hold besides (derived tensors, vocabularies), as Keras's saving restores it."""
-        from kerasmgpu.adapters import layer_state  # numpy: see clone_model
-
-        pairs = [(a, b) for a, b in self.layer_pairs(model, clone) if layer_state.adaptable(a)]
-        layer_state.carry_adapted(pairs)
-
-    def _uncopiable(self, model: Any, graph: bool, exc: Exception) -> Exception:
-        # Ours first: the fix must not sit below twenty lines of Keras's message.
-        fix = ("build and compile it inside `with kerasmgpu.scope():` and pass it to "
-               "parallelize() (no copy is made then)")
-        if graph:
-            culprit = self._uncopiable_layer(model)
-            received = (f"a {type(model).__name__} model whose layer "
-                        f"{culprit} cannot be rebuilt from its get_config()"
-                        if culprit else f"a {type(model).__name__} model that cannot be copied")
-            error = bad_type(
-                "model", received,
-                "layers that from_config(get_config()) rebuilds (a layer holding another "
-                "layer, as an output projection tied to an Embedding, needs its "
-                "get_config() and from_config() to rebuild what it holds)",
-                fix + ", or give that layer a get_config() and from_config() that rebuild it",
-                raw=True)
-        else:
-            error = bad_type(
-                "model",
-                f"a subclassed model that cannot be copied ({type(model).__qualname__})",
-                "a Sequential or functional model, or a subclassed model whose get_config() "
-                "and from_config() rebuild it",
-                fix + ", or implement get_config()",
-                raw=True,
-            )
-        detail = " ".join(str(exc).split())
-        error.args = (f"{error.args[0]}\n(What Keras said when copying it: "
-                      f"{type(exc).__name__}: {detail[:400]})",)
-        return error
-
-    def _uncopiable_layer(self, model: Any) -> Optional[str]:
-        for layer in self.layers_of(model)[1:]:
-            try:
-                self.copy_layer(layer)
-            except Exception:
-                return f"{layer.name!r} ({type(layer).__name__})"
-        return None
-
-    def build_like(self, clone: Any, model: Any) -> None:
-        """Build a subclassed clone for the shapes the original was built for."""
-        raise NotImplementedError
-
     # --- class_weight: Keras's own rule, per Keras line ---------------------------------
 
     def class_weigher(self, class_weight: Any, kind: str
@@ -592,62 +486,6 @@ class Adapter:
         """The tf.distribute strategy an optimizer was created under (None off TF)."""
         return None
 
-    # --- tensor ops used inside steps ---------------------------------------------------
-
-    @functools.cached_property
-    def _tf(self) -> Any:
-        import tensorflow as tf
-
-        return tf
-
-    def rank(self, x: Any) -> Optional[int]:
-        shape = getattr(x, "shape", None)
-        if shape is None:
-            return 0
-        try:
-            return len(shape)
-        except (TypeError, ValueError):  # a TF shape of unknown rank
-            return None
-
-    def static_rows(self, x: Any) -> Optional[int]:
-        shape = getattr(x, "shape", None)
-        try:
-            value = shape[0] if shape is not None and len(shape) else None
-        except (TypeError, ValueError, IndexError):
-            return None
-        return None if value is None else int(value)
-
-    def column(self, packed: Any, index: int) -> Any:
-        return packed[:, index]
-
-    def to_float(self, x: Any, like: Any = None) -> Any:
-        raise NotImplementedError
-
-    def multiply(self, a: Any, b: Any) -> Any:
-        return a * b
-
-    def expand_to_rank(self, w: Any, rank: int) -> Any:
-        raise NotImplementedError
-
-    def broadcast_like(self, w: Any, like: Any, rank: int) -> Any:
-        """Per-row `w` broadcast to the first `rank` axes of `like`'s shape."""
-        raise NotImplementedError
-
-    def unscale_for_replicas(self, loss: Any) -> Any:
-        """A loss as one device computes it, from what Keras's compiled loss returned
-        inside a replica (identity where Keras does not scale for distribution)."""
-        return loss
-
-    def loss_reading_as_one_device(self, loss: Any) -> Any:
-        """The loss `compute_loss` returned inside a replica, reading as one device's
-        while its gradient stays the replica's own (identity where Keras does not scale
-        for distribution): a user's train_step tracks what it reads and differentiates
-        what the all-reduce sums."""
-        return loss
-
-    def ones_like_rows(self, packed: Any) -> Any:
-        raise NotImplementedError
-
     # --- hooks the training layer installs -----------------------------------------------
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
@@ -670,48 +508,6 @@ class Adapter:
     def has_call_time_losses(self, model: Any) -> bool:
         """Whether the last call added losses computed from its inputs (add_loss)."""
         raise NotImplementedError
-
-    def metric_leaves(self, model: Any) -> List[Any]:
-        """Every Metric object of the model, containers flattened."""
-        out: List[Any] = []
-        seen: set = set()
-
-        def visit(metric: Any) -> None:
-            if id(metric) in seen:
-                return
-            seen.add(id(metric))
-            inner = self.inner_metrics(metric)
-            if inner:
-                for m in inner:
-                    visit(m)
-            else:
-                out.append(metric)
-
-        for metric in list(getattr(model, "metrics", None) or []):
-            visit(metric)
-        return out
-
-    def inner_metrics(self, metric: Any) -> List[Any]:
-        """The metrics a container metric holds ([] for a plain metric)."""
-        return []
-
-    def wrap_update_state(self, metric: Any,
-                          make: Callable[[Callable[..., Any], List[str]], Callable[..., Any]]
-                          ) -> bool:
-        """Replace `metric.update_state` by `make(original, params)`, once.
-
-        `params` names update_state's parameters as the class declares them (tf.keras
-        wraps the bound method on each instance, hiding its signature). Returns True if
-        the metric was wrapped now.
-        """
-        if metric.__dict__.get(HOOKED):
-            return False
-        params = [name for name in inspect.signature(type(metric).update_state).parameters
-                  if name != "self"]
-        original = metric.update_state
-        metric.__dict__["update_state"] = make(original, params)
-        metric.__dict__[HOOKED] = True
-        return True
 
     def check_internals(self, model: Any) -> None:
         """Raise `InternalsChanged` if an internal the hooks need is not where expected."""

@@ -36,9 +36,10 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from kerasmgpu.adapters.base import COMPILE_KEYS, HOOKED
+from kerasmgpu.adapters.base import COMPILE_KEYS
 from kerasmgpu.adapters.keras3_backup import Keras3Backups
 from kerasmgpu.adapters.keras3_data import Keras3Data
+from kerasmgpu.adapters.step_ops import HOOKED
 from kerasmgpu.env.versions import KERAS3_ACCUMULATION_COUNTS_STEPS
 from kerasmgpu.registry import verified_range
 

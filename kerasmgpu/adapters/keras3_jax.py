@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Tuple
 
-from kerasmgpu.adapters.base import HOOKED, Held, StateReader
+from kerasmgpu.adapters.base import Held, StateReader
 from kerasmgpu.adapters.keras3 import Keras3
+from kerasmgpu.adapters.step_ops import HOOKED
 
 
 class Keras3Jax(Keras3):

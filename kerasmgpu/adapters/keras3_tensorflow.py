@@ -27,8 +27,9 @@ from typing import Any, Callable, List, Optional
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
-from kerasmgpu.adapters.base import HOOKED, StateReader
+from kerasmgpu.adapters.base import StateReader
 from kerasmgpu.adapters.keras3 import Keras3
+from kerasmgpu.adapters.step_ops import HOOKED
 from kerasmgpu.env.versions import KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE
 
 

@@ -41,12 +41,12 @@ from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
-    HOOKED,
     Adapter,
     StateReader,
     class_weight_error,
     following_save,
 )
+from kerasmgpu.adapters.step_ops import HOOKED
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
