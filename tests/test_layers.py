@@ -352,3 +352,68 @@ def test_no_long_function_in_the_tools() -> None:
     long = {name: n for name, n in _longest().items()
             if name.startswith(TOOLS) and n > MAX_TOOL_FUNCTION_LINES}
     assert not long, f"functions over {MAX_TOOL_FUNCTION_LINES} lines (split them by job): {long}"
+
+
+# --- one choice per process, made in one place ---------------------------------------------
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_long_module() -> None:
+    long = {name: n for name, path, _ in _files()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def _called(node: ast.AST) -> str:
+    if isinstance(node, ast.Call):
+        func = node.func
+        return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return ""
+
+
+def _choices_outside_their_place(files: Iterator[Tuple[str, Path, ast.Module]]
+                                 ) -> List[str]:
+    """Where a module decides what only the registry, the engines and the adapters
+    decide: the Keras line detected (`registry.active()` only), a route compared
+    (registry, routes, engines), the backend compared inside a Keras 3 adapter (one
+    class per backend), the Keras line read by data/ (the adapter hands it what differs)."""
+    found = []
+    for name, _, tree in files:
+        for node in ast.walk(tree):
+            where = f"{name}:{getattr(node, 'lineno', '?')}"
+            if _called(node) == "detect_keras_line" and name != "kerasmgpu.registry":
+                found.append(f"{where} detects the Keras line")
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                routes = [o for o in operands if isinstance(o, ast.Attribute)
+                          and isinstance(o.value, ast.Name) and o.value.id == "Route"]
+                if routes and not (name in ("kerasmgpu.registry", "kerasmgpu.routes")
+                                   or name.startswith("kerasmgpu.engines.")):
+                    found.append(f"{where} compares a route")
+                backends = [o for o in operands if isinstance(o, ast.Attribute)
+                            and o.attr == "backend"]
+                if backends and name.startswith("kerasmgpu.adapters.keras3"):
+                    found.append(f"{where} compares the backend")
+            if (isinstance(node, ast.Attribute) and node.attr == "keras3"
+                    and name.startswith("kerasmgpu.data")):
+                found.append(f"{where} reads the Keras line")
+    return found
+
+
+def test_choices_are_made_in_their_place() -> None:
+    assert not _choices_outside_their_place(_files())
+
+
+def test_the_choice_check_can_fail() -> None:
+    code = ("line = versions.detect_keras_line()\n"
+            "if engine.route == Route.MIRRORED:\n    pass\n"
+            "flag = adapter.keras3\n"
+            "same = self.backend == 'torch'\n")
+    tree = ast.parse(code)
+    found = _choices_outside_their_place(iter([
+        ("kerasmgpu.data.arrays", Path("x.py"), tree),
+        ("kerasmgpu.adapters.keras3_jax", Path("y.py"), tree)]))
+    assert sum("detects" in f for f in found) == 2 and sum("route" in f for f in found) == 2
+    assert any("keras3_jax" in f and "backend" in f for f in found)
+    assert any("data.arrays" in f and "Keras line" in f for f in found)
