@@ -11,7 +11,6 @@ import copy
 import gc
 import importlib
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ import types
 import warnings
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+import jobs
 import numpy as np
 import pytest
 from helpers import wait_until
@@ -515,9 +515,7 @@ def test_import_builds_no_framework() -> None:
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERASMGPU_")}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
+    done = jobs.run([sys.executable, "-c", code], env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
+import jobs
 import numpy as np
 import pytest
 from helpers import BACKEND, IN_PROCESS, ON_LEGACY, requires
@@ -603,10 +604,9 @@ def test_demo_on_torch_outside_launch_trains_one_device(
 @requires(torch=True)
 def test_demo_under_launch_on_torch_says_what_ddp_did(tmp_path: Path) -> None:
     env = fresh_env(KERAS_BACKEND="torch")
-    done = subprocess.run(
-        [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", "2", "--timeout", "240",
-         "-m", "kerasmgpu", "demo", "--epochs", "1", "--json"], capture_output=True,
-        text=True, timeout=SUBPROCESS_TIMEOUT, env=env, cwd=str(tmp_path))
+    done = jobs.run(jobs.launch_command(["-m", "kerasmgpu", "demo", "--epochs", "1", "--json"],
+                                        nproc=2, timeout=240, grace=None),
+                    timeout=SUBPROCESS_TIMEOUT, env=env, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     # Rank 0 prints the JSON object; `launch` prefixes its lines with "[rank 0] ".
     text = "\n".join(line.split("] ", 1)[1] if line.startswith("[rank 0]") else ""

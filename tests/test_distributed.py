@@ -29,16 +29,18 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import jobs
 import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_LEGACY, ON_TORCH, requires, wait_until
+from jobs import group_members, runs_args, weights, worker_env
 from packaging.version import Version
 
 import kerasmgpu
 from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
 from kerasmgpu.registry import below_multi_process_floor
 
-WORKERS = Path(__file__).parent / "workers"
+WORKERS = jobs.WORKERS
 WORKER = str(WORKERS / "train.py")
 # Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).
 MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
@@ -59,43 +61,27 @@ LOCAL_DEVICES = 2 if ON_JAX else 1
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
-    if LOCAL_DEVICES > 1:
-        env["KERASMGPU_VIRTUAL_DEVICES"] = str(LOCAL_DEVICES)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p
-    )
-    return env
+    return worker_env(**({"KERASMGPU_VIRTUAL_DEVICES": str(LOCAL_DEVICES)}
+                         if LOCAL_DEVICES > 1 else {}))
 
 
 def _single(out: Path, *args: str, env: Optional[Dict[str, str]] = None
             ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, WORKER, str(out), *args],
-                          env={**_env(), **(env or {})},
-                          capture_output=True, text=True, timeout=300)
+    return jobs.run([sys.executable, WORKER, str(out), *args], env={**_env(), **(env or {})},
+                    timeout=300)
 
 
 def _launch(out: Path, *args: str, nproc: int = 2, timeout: int = 240, worker: str = WORKER,
             env: Optional[Dict[str, str]] = None, restarts: int = 0
             ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
-    command: List[str] = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
-                          "--timeout", str(timeout), "--grace", "3",
-                          "--max-restarts", str(restarts), worker, str(out), *args]
-    return subprocess.run(command, env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout + 60)
-
-
-def _weights(path: Path) -> List[np.ndarray]:
-    data = np.load(path, allow_pickle=True)
-    return [data[k] for k in sorted((k for k in data.files if k.startswith("arr_")),
-                                    key=lambda k: int(k[4:]))]
+    return jobs.launch([worker, str(out), *args], nproc=nproc, timeout=timeout,
+                       restarts=restarts, env={**_env(), **(env or {})})
 
 
 def _paired_weights(a: Path, b: Path) -> List[Tuple[np.ndarray, np.ndarray]]:
-    wa, wb = _weights(a), _weights(b)
+    wa, wb = weights(a), weights(b)
     assert len(wa) == len(wb) > 0, (len(wa), len(wb))  # zip() alone would hide a missing one
     return list(zip(wa, wb))
 
@@ -156,14 +142,6 @@ REFERENCES: Dict[str, List[str]] = {
 }
 
 
-def _several(runs: Dict[str, List[str]]) -> List[str]:
-    """tests/workers/runs.py's arguments for these runs."""
-    args: List[str] = []
-    for name, run in runs.items():
-        args += ["--", name, *run] if args else [name, *run]
-    return args
-
-
 _REFERENCE_ROOT: List[Path] = []  # computed once a session (test_launchers.py shares it)
 
 
@@ -171,9 +149,8 @@ def one_process_references(factory: pytest.TempPathFactory) -> Path:
     """The folder of REFERENCES' results (NAME/rank0.npz), trained in one process."""
     if not _REFERENCE_ROOT:
         root = factory.mktemp("one-process")
-        single = subprocess.run([sys.executable, str(WORKERS / "runs.py"), str(root),
-                                 *_several(REFERENCES)],
-                                env=_env(), capture_output=True, text=True, timeout=420)
+        single = jobs.run([sys.executable, str(WORKERS / "runs.py"), str(root),
+                           *runs_args(REFERENCES)], env=_env(), timeout=420)
         assert single.returncode == 0, single.stderr[-3000:]
         _REFERENCE_ROOT.append(root)
     return _REFERENCE_ROOT[0]
@@ -192,7 +169,7 @@ Job = Tuple[Path, subprocess.CompletedProcess]
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     """The two-process job of RUNS, launched once for the module's tests."""
     root = tmp_path_factory.mktemp("two-processes")
-    run = _launch(root, *_several(RUNS), worker=str(WORKERS / "runs.py"), timeout=480)
+    run = _launch(root, *runs_args(RUNS), worker=str(WORKERS / "runs.py"), timeout=480)
     return root, run
 
 
@@ -394,7 +371,7 @@ def test_a_dying_worker_stops_the_run_and_the_run_resumes(tmp_path: Path, one: P
     assert returned - died < 60, f"launch returned {returned - died:.0f} s after rank 1 died"
     assert not (out / "rank0.npz").exists()
     pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
-    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    assert wait_until(lambda: not group_members(pids)), f"left behind: {group_members(pids)}"
     # Relaunch: training resumes from the last backup and ends where an uninterrupted
     # run (one process, 3 epochs) ends (at most one epoch is redone).
     resumed = _launch(out, "--epochs", "3", "--backup", str(backup))
@@ -477,9 +454,9 @@ def _assert_faulted_job(out: Path, run: subprocess.CompletedProcess, faults: Lis
                                                            for c in checks]
     replaced = [r for r, f in enumerate(faults) if ":replace@" in f]
     assert all((out / f"checkpoint-check.run{r + 1}.txt").exists() for r in replaced), checks
-    pids = [int(p.read_text()) for p in out.glob("pid*.run*")]
+    pids = jobs.pids(out, "pid*.run*")
     assert len(pids) == nproc * (len(faults) + 1), sorted(p.name for p in out.glob("pid*"))
-    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    assert wait_until(lambda: not group_members(pids)), f"left behind: {group_members(pids)}"
     got = out / "rank0.npz"
     _assert_same(expected, got, keys=("evaluation",))
     ours, theirs = np.load(got, allow_pickle=True), np.load(expected, allow_pickle=True)
@@ -544,7 +521,7 @@ def test_a_preempted_job_run_again_resumes_exactly(tmp_path: Path,
     assert preempted.returncode == 143, (preempted.stdout + preempted.stderr)[-4000:]
     assert not (out / "rank0.npz").exists()
     pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
-    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    assert wait_until(lambda: not group_members(pids)), f"left behind: {group_members(pids)}"
     # The chief wrote a backup of the step SIGTERM came in (epoch 1, 6 steps done), not
     # only the last periodic one (5 steps done) - except where every worker takes part
     # in a backup (tf.keras's MultiWorkerMirroredStrategy) or keeps its own share of
@@ -579,24 +556,7 @@ def test_a_backup_of_one_process_is_refused_by_two(tmp_path: Path) -> None:
         output[-4000:]
     assert not (tmp_path / "two" / "rank0.npz").exists()
     pids = [int((tmp_path / "two" / f"pid{rank}").read_text()) for rank in (0, 1)]
-    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
-
-
-def _group_members(pgids: List[int]) -> List[int]:
-    """Live processes in any of these process groups (each worker leads its own)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2:].split()
-        if int(fields[2]) in pgids and fields[0] not in (b"Z", b"X"):
-            found.append(int(entry))
-    return found
+    assert wait_until(lambda: not group_members(pids)), f"left behind: {group_members(pids)}"
 
 
 # How a worker fails -> (train.py options, launch's exit status, how launch says it).
@@ -625,7 +585,7 @@ def test_a_failing_worker_ends_the_job(tmp_path: Path, failure: str) -> None:
     assert returned - died < 60, f"launch returned {returned - died:.0f} s after rank 1 failed"
     assert not (out / "rank0.npz").exists()
     pids = [int((out / f"pid{rank}").read_text()) for rank in (0, 1)]
-    assert wait_until(lambda: not _group_members(pids)), f"left behind: {_group_members(pids)}"
+    assert wait_until(lambda: not group_members(pids)), f"left behind: {group_members(pids)}"
 
 
 @trains_in_processes
@@ -661,7 +621,7 @@ MISUSES: Dict[str, List[str]] = {"uncompiled": ["misuse.py", "uncompiled"],
 @pytest.fixture(scope="module")
 def misuse(tmp_path_factory: pytest.TempPathFactory) -> Job:
     root = tmp_path_factory.mktemp("misuse")
-    run = _launch(root, *_several(MISUSES), worker=str(WORKERS / "runs.py"),
+    run = _launch(root, *runs_args(MISUSES), worker=str(WORKERS / "runs.py"),
                   env={"KERASMGPU_COLLECTIVE_TIMEOUT": "10"})
     return root, run
 

@@ -12,7 +12,8 @@ The docs' SLURM batch script (docs/processes.md), preempted with USR1 and requeu
 uninterrupted run ends (the last section).
 
 A launcher that is not installed here is skipped, and the skip says how to get it.
-Every run is bounded (`timeout`), in its own process group, and checked for leftovers.
+Every run is bounded (`timeout`), in its own process group, and checked for leftovers
+(tests/jobs.py).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import jobs
 import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_TORCH, wait_until
+from jobs import alive, group_members
 from test_distributed import (
     LOCAL_DEVICES,
     MID_EPOCH,
@@ -39,7 +42,6 @@ from test_distributed import (
     _assert_resumed_exactly,
     _assert_same,
     _env,
-    _group_members,
     _loopback,
     _paired_weights,
     one_process_references,
@@ -129,31 +131,14 @@ def _command(launcher: str, out: Path, *args: str) -> List[str]:
 
 def _run(command: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess:
     """Run a launcher in its own process group, killed with everything in it on timeout."""
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{command[0]} still running after {RUN_TIMEOUT} s:\n{(out + err)[-3000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return jobs.run(command, env=env, timeout=RUN_TIMEOUT)
 
 
 def _assert_nothing_left(out: Path) -> None:
-    pids = [int(p.read_text()) for p in out.glob("pid*")]
+    pids = jobs.pids(out)
     assert pids
-    assert wait_until(lambda: not _group_members(pids) and not any(
-        os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in pids)), "left behind"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+    assert wait_until(lambda: not group_members(pids) and not any(
+        os.path.exists(f"/proc/{pid}") and alive(pid) for pid in pids)), "left behind"
 
 
 @pytest.fixture(scope="module")
@@ -236,22 +221,16 @@ def test_a_cluster_tf_config_trains_as_one_job(tmp_path: Path, reference: Path) 
     out.mkdir()
     port = free_port_block(2)
     workers = [f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"]
-    procs = []
-    for index in range(2):
-        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(subprocess.Popen(
-            [sys.executable, WORKER, str(out), "--listeners"],
-            env={**_env(), "TF_CONFIG": json.dumps(config)}, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True))
-    try:
-        results = [proc.communicate(timeout=RUN_TIMEOUT) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for proc, (stdout, stderr) in zip(procs, results):
-        assert proc.returncode == 0, (stdout + stderr)[-4000:]
+    with jobs.Job() as job:
+        procs = []
+        for index in range(2):
+            config = {"cluster": {"worker": workers},
+                      "task": {"type": "worker", "index": index}}
+            procs.append(job.start([sys.executable, WORKER, str(out), "--listeners"],
+                                   env={**_env(), "TF_CONFIG": json.dumps(config)}))
+        results = [job.wait(proc, RUN_TIMEOUT) for proc in procs]
+    for result in results:
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     _check_job(out, reference, "TF_CONFIG")
     _assert_nothing_left(out)
 
@@ -316,7 +295,7 @@ def _processes_mentioning(text: str) -> List[int]:
                 found.append(int(entry.name))
         except OSError:
             continue
-    return [pid for pid in found if _alive(pid) and pid != os.getpid()]
+    return [pid for pid in found if alive(pid) and pid != os.getpid()]
 
 
 def _sbatch_script(out: Path, *args: str) -> str:

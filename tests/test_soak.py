@@ -24,21 +24,20 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
+import jobs
 import numpy as np
 import pytest
 from helpers import LINE, ON_JAX, ON_TORCH, wait_until
+from jobs import group_members
 from test_distributed import (
     LOCAL_DEVICES,
     MULTI_WORKER_LINES,
     WORKER,
     _env,
-    _group_members,
     _single,
     trains_in_processes,
 )
@@ -76,13 +75,11 @@ def _trial(root: Path, nproc: int, rank: int, rng: random.Random) -> Dict[str, o
     out, backup = root / "run", root / "backup"
     out.mkdir(parents=True)
     env = {**_env(), **({"KERASMGPU_VIRTUAL_DEVICES": "2"} if nproc == 1 else {})}
-    command = [sys.executable, "-m", "kerasmgpu", "launch", "--nproc", str(nproc),
-               "--timeout", "900", "--grace", "3", "--max-restarts", "1", WORKER, str(out),
-               *OPTIONS, "--backup", str(backup)]
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+    command = jobs.launch_command([WORKER, str(out), *OPTIONS, "--backup", str(backup)],
+                                  nproc=nproc, timeout=900, restarts=1)
     record: Dict[str, object] = {}
-    try:
+    with jobs.Job() as launched:
+        job = launched.start(command, env=env, merge_stderr=True)
         # The instant: a backup drawn from the fit's (one a step), then 0-50 ms into the
         # step after it - its compute, or its backup's write. A time drawn from a
         # fixed window instead fell after the end of a fit this short on an idle machine.
@@ -101,18 +98,14 @@ def _trial(root: Path, nproc: int, rank: int, rng: random.Random) -> Dict[str, o
         record.update(rank=rank, after_backup=target,
                       after_it_s=round(time.time() - began, 3), killed=killed,
                       a_write_under_way=writing)
-        output, _ = job.communicate(timeout=1200)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
+        output = launched.wait(job, 1200).stdout
     record["status"] = job.returncode
     record["restarted"] = "restarting the whole job" in output
     resumed = [line for line in output.splitlines() if "resuming from backup" in line]
     record["resumed"] = resumed[0].split("kerasmgpu: ")[-1] if resumed else None
-    pids = [int(p.read_text()) for p in out.glob("pid*.run*")]
-    record["left_behind"] = [] if wait_until(lambda: not _group_members(pids)) else \
-        _group_members(pids)
+    pids = jobs.pids(out, "pid*.run*")
+    record["left_behind"] = [] if wait_until(lambda: not group_members(pids)) else \
+        group_members(pids)
     record["output_tail"] = output[-1500:] if job.returncode else ""
     return record
 

@@ -15,12 +15,11 @@ device, without the option each replica's slice has its own moments (the check c
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, List
 
+import jobs
 import numpy as np
 import pytest
 from helpers import (
@@ -208,7 +207,7 @@ def test_keras23_sync_batchnorm_refuses_a_nested_batchnorm_before_anything() -> 
         np.testing.assert_array_equal(a, b)
 
 
-RUNS = str(Path(__file__).parent / "workers" / "runs.py")
+RUNS = str(jobs.WORKERS / "runs.py")
 
 
 def _run(root: Path, nproc: int = 0, **runs: List[str]) -> None:
@@ -217,26 +216,19 @@ def _run(root: Path, nproc: int = 0, **runs: List[str]) -> None:
     another in the same processes: tests/workers/runs.py) writes root/NAME."""
     root.mkdir(parents=True, exist_ok=True)
     # One device per process (conftest's virtual devices would make the reference 3).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [str(Path(__file__).parent.parent), env.get("PYTHONPATH", "")] if p)
-    launch: List[str] = [] if not nproc else [
-        "-m", "kerasmgpu", "launch", "--nproc", str(nproc), "--timeout", "300", "--grace", "3"]
-    several: List[str] = []
-    for name, options in runs.items():
-        several += [*(["--"] if several else []), name, "train.py", "--batchnorm",
-                    "--rows", str(ROWS), "--epochs", "2", *options]
-    run = subprocess.run([sys.executable, *launch, RUNS, str(root), *several],
-                         env=env, capture_output=True, text=True, timeout=420)
+    env = jobs.worker_env()
+    program = [RUNS, str(root), *jobs.runs_args({
+        name: ["train.py", "--batchnorm", "--rows", str(ROWS), "--epochs", "2", *options]
+        for name, options in runs.items()})]
+    command = ([sys.executable, *program] if not nproc else
+               jobs.launch_command(program, nproc=nproc, timeout=300))
+    run = jobs.run(command, env=env, timeout=420)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
 
 
 def _saved(out: Path) -> Any:
     data = np.load(out / "rank0.npz", allow_pickle=True)
-    weights = [data[k] for k in sorted((k for k in data.files if k.startswith("arr_")),
-                                       key=lambda k: int(k[4:]))]
-    return weights, data
+    return jobs.weights(out / "rank0.npz"), data
 
 
 # Multi-process routes: torch_ddp, tf.keras / tf_keras multi-worker mirrored, Keras 3 on
