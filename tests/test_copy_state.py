@@ -25,13 +25,14 @@ from helpers import (
 from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine, detect_keras_line
+from kerasmgpu import registry
+from kerasmgpu.env.versions import KerasLine
 
 pytestmark = requires(in_process=True)
 if IN_PROCESS:
     keras = keras_module()
 KERAS3 = LINE is KerasLine.KERAS_3
-VERSION = detect_keras_line()[1]
+VERSION = registry.active().version
 
 RNG = np.random.default_rng(3)
 ROWS = 53  # batches of 20: the last one uneven

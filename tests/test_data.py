@@ -185,9 +185,9 @@ def _combines_class_and_sample_weights() -> bool:
     Keras 3 refuses them."""
     if KERAS3:
         return False
-    from kerasmgpu.env.versions import detect_keras_line
+    from kerasmgpu import registry
 
-    return detect_keras_line()[1].release[:2] == (2, 12)
+    return registry.active().version.release[:2] == (2, 12)
 
 
 @pytest.mark.core

@@ -37,14 +37,15 @@ from jobs import group_members, runs_args, weights, worker_env
 from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine, detect_keras_line
+from kerasmgpu import registry
+from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine
 from kerasmgpu.registry import below_multi_process_floor
 
 WORKERS = jobs.WORKERS
 WORKER = str(WORKERS / "train.py")
 # Lines whose multi-process route trains (Keras 3 on TF fails upstream: keras#20585).
 MULTI_WORKER_LINES = [KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY]
-_VERSION = detect_keras_line()[1]
+_VERSION = registry.active().version
 # Keras 3 on JAX trains in several processes from 3.11; kerasmgpu refuses older releases.
 JAX_TOO_OLD = ON_JAX and below_multi_process_floor(LINE, _VERSION) is not None
 trains_in_processes = pytest.mark.skipif(

@@ -37,7 +37,8 @@ from helpers import (
 )
 
 import kerasmgpu
-from kerasmgpu.env.versions import KerasLine, detect_keras_line
+from kerasmgpu import registry
+from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.registry import below_multi_process_floor
 
 TF_KERAS_2 = LINE in (KerasLine.TF_KERAS, KerasLine.TF_KERAS_LEGACY)
@@ -234,7 +235,7 @@ def _saved(out: Path) -> Any:
 # Multi-process routes: torch_ddp, tf.keras / tf_keras multi-worker mirrored, Keras 3 on
 # JAX from 3.11 (Keras 3 on TensorFlow fails upstream in several processes: keras#20585).
 MULTI_PROCESS = ON_TORCH or TF_KERAS_2 or (
-    ON_JAX and below_multi_process_floor(LINE, detect_keras_line()[1]) is None)
+    ON_JAX and below_multi_process_floor(LINE, registry.active().version) is None)
 
 
 @pytest.mark.core
