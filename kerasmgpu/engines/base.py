@@ -108,7 +108,7 @@ class Engine(abc.ABC):
 
     @classmethod  # noqa: B027 - optional hook
     def start(cls, job: ClusterEnvironment) -> None:
-        """In a process of its job, start the framework's multi-process
+        """In a process of `job`, start the framework's multi-process
         runtime right after the framework is imported (`engines.startup`, where the
         registry entry starts at import). Nothing by default."""
 

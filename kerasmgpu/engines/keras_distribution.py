@@ -104,7 +104,7 @@ class KerasDistributionEngine(Engine):
 
     @classmethod
     def ensure_started(cls, job: ClusterEnvironment) -> None:
-        """Raise when `jax.distributed` did not start for its job."""
+        """Raise when `jax.distributed` did not start for `job`."""
         if cls._start_error is not None:
             raise too_late("JAX", cls._start_error) from cls._start_error
         import jax

@@ -34,7 +34,7 @@ from kerasmgpu.process import ending
 
 
 def setup_at_import(job: cluster.ClusterEnvironment) -> None:
-    """In a process of its multi-process job, start the engine of the active
+    """In a process of `job`, a job of several processes, start the engine of the active
     Keras (`Engine.start`, where its registry entry starts at import) before its runtime
     does, and learn how the process ends. The engine's module is imported then, after
     its framework: `import kerasmgpu` itself stays light."""

@@ -109,7 +109,7 @@ def _loopback_interface() -> Optional[str]:
 
 
 def torch_process_group(job: ClusterEnvironment) -> Any:
-    """Join (once) the torch.distributed group of its job; gloo on CPU, nccl
+    """Join (once) the torch.distributed group of `job`; gloo on CPU, nccl
     on GPUs (or what the launcher chose).
 
     Under torchrun (or a PyTorchJob) torch's own env:// joins the launcher's store.

@@ -73,7 +73,7 @@ _ending = _Ending()
 
 
 def watch(job: cluster.ClusterEnvironment) -> None:
-    """Learn how this process of its job ends: uncaught exceptions and
+    """Learn how this process of `job` ends: uncaught exceptions and
     `sys.exit(n)`. Once per process; later calls change nothing."""
     if _ending.job is not None:
         return
