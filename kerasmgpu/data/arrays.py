@@ -226,15 +226,23 @@ class Arrays(Input):
         if (self.request.parts and not predict and planner.process_count == 1
                 and (full == 0 or plan.batch_size % planner.replicas == 0)):
             return self._tf_parts(tf, x, y, weights)
-        # Every batch padded and masked, or several processes: one pipeline. With
-        # several, the packing is what gives each process its own slice of the global
-        # batch (auto-sharding is off); a plain element made every tf.keras worker train
-        # on the whole global batch (tests/test_distributed.py,
-        # test_every_sample_once_per_epoch, measured on tf_keras 2.21).
+        # One pipeline (every batch padded, several processes, several steps per call):
+        # its elements share one traced step, the plain one only when no batch of the
+        # epoch needs padding. One process only: with several, the packing is what
+        # gives each process its own slice of the global batch (auto-sharding is off); a
+        # plain element made every tf.keras worker train on the whole global batch
+        # (tests/test_distributed.py, test_every_sample_once_per_epoch, tf_keras 2.21).
         pads, example = plan.padding()
+        plain_all = not predict and not pads and planner.process_count == 1
         indices = self._tf_permutation(tf).batch(plan.batch_size).enumerate()
 
         def fetch(number: Any, ids: Any) -> Any:
+            if plain_all:
+                def same(structure: Any) -> Any:
+                    return map_structure(lambda t: tf.gather(t, ids), structure,
+                                         skip_none=True)
+
+                return plain(same(x), same(y), same(weights))
             rows, packed = tf_pad(tf, tf.size(ids), planner)
             take = tf.gather(ids, rows)
 
