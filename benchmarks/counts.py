@@ -729,6 +729,37 @@ def table(rows: List[Tuple[str, str, Dict[str, Any]]], backend: str) -> List[str
     return lines
 
 
+def markdown(rows: List[Tuple[str, str, Dict[str, Any]]], route: str, backend: str
+             ) -> List[str]:
+    """The rows of docs/performance.md's table for this route: hand-written -> kerasmgpu."""
+    def pair(hand: Any, ours: Any) -> str:
+        return f"{hand:g}" if hand == ours else f"{hand:g} -> {ours:g}"
+
+    lines = []
+    for model, case, result in rows:
+        h, o = result["hand"], result["ours"]
+        if backend == "torch":
+            ops = pair(h["ops"]["step"], o["ops"]["step"])
+            padded = "-"
+        else:
+            full_h, full_o = h["full_program"] or {}, o["full_program"] or {}
+            ops = pair(full_h.get("compute", 0), full_o.get("compute", 0))
+            last_h, last_o = h["last_program"] or {}, o["last_program"] or {}
+            padded = (pair(last_h.get("compute", 0), last_o.get("compute", 0))
+                      if case == "padded" else "-")
+        extra = ", ".join(f"{o['collectives'][w] - h['collectives'][w]:+g}/{w}"
+                          for w in ("fit", "epoch"))
+        lines.append(
+            f"| {route} | {model} {case} | {pair(h['collectives']['step'], o['collectives']['step'])}"
+            f" ({pair(h['coll_bytes']['step'], o['coll_bytes']['step'])} B); {extra} | "
+            f"{o['new_programs']['total']:g} | {ops} | {padded} | "
+            f"{o['masked']['step']:g} / {o['masked']['once']:g} | "
+            f"{h['calls']['step']:.0f} -> {o['calls']['step']:.0f} "
+            f"({o['calls']['step'] / h['calls']['step']:.3f}x) | "
+            f"{pair(h['transfers']['step'], o['transfers']['step'])} |")
+    return lines
+
+
 # --- running it -------------------------------------------------------------------------------
 
 
@@ -797,6 +828,8 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--cases", default="even,padded")
     parser.add_argument("--json", help="also write the raw figures to this file")
+    parser.add_argument("--markdown", action="store_true",
+                        help="also print the rows of docs/performance.md's table")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     env = kerasmgpu.environment()
@@ -820,6 +853,9 @@ def main() -> int:
           "step = (9-step fit - 3-step fit) / 6")
     lines = table(rows, env.backend)
     print("\n".join(lines), flush=True)
+    if args.markdown:
+        route = f"{env.keras_line.value} {env.keras_version} ({env.backend})"
+        print("\n".join(markdown(rows, route, env.backend)), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

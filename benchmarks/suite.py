@@ -86,7 +86,9 @@ def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
         return InScope()
     import tensorflow as tf
 
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    # The GPUs where there are any (as kerasmgpu takes them), else the virtual CPUs.
+    listed = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    devices = [d.name for d in listed][:replicas]
     with tf.distribute.MirroredStrategy(devices).scope():
         return compile_model(keras, build())
 

@@ -21,7 +21,8 @@ wrapped here:
 * With accumulate_steps: the optimizer's public `apply_gradients` (its
   `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
   the instance; the model's `make_train_function` / `train_function` and
-  `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
+  `_steps_per_execution` (tested on 2.12, 2.15, 2.21), which also tells whether a feed
+  may come in parts (`steps_per_call`: one step per call).
 * verify=True: the public `compute_loss(x, y, y_pred, sample_weight)` and `metrics`
   (the loss trackers it updates are read and written back per replica copy).
 * `BatchNormalization._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`
