@@ -403,11 +403,19 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
         def stateless_step(self: Any, state: Any, data: Any) -> Any:
             return run(self, data, lambda d: original(self, state, d))
 
-        return stateless_step
+        return _named(stateless_step, original)
 
     def step(self: Any, data: Any) -> Any:
         return run(self, data, lambda d: original(self, d))
 
+    return _named(step, original)
+
+
+def _named(step: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """`step` under the name of the step it runs: JAX names the compiled program after
+    it (`jit_train_step`, as on one device), and so do profiles and tracebacks."""
+    step.__name__ = getattr(original, "__name__", step.__name__)
+    step.__qualname__ = getattr(original, "__qualname__", step.__qualname__)
     return step
 
 
