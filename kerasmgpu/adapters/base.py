@@ -138,6 +138,13 @@ class Adapter(ModelCopying, StepOps):
         return False
 
     @property
+    def output_losses_weigh_steps(self) -> bool:
+        """One device's per-output loss trackers weigh every step alike: Keras weighs
+        them by the static batch size, and one device's step has none (Keras 3 on TF:
+        the feed's last batch may be short, so the batch dimension is unknown)."""
+        return False
+
+    @property
     def counts_per_replica(self) -> bool:
         """Each replica reduces its own rows (tf.distribute, torch DDP), so a count a loss
         divides by is the replica's, not the global batch's."""

@@ -274,6 +274,11 @@ def tracker_update(adapter: Adapter, total: bool = True
             frame = current()
             if frame is None:
                 return original(values, sample_weight=sample_weight, **kwargs)
+            if not total and adapter.output_losses_weigh_steps:
+                # Every replica's value weighs 1, as one device's step does (a padded
+                # replica's is 0 and the real one's carries the scale: their mean is the
+                # step's value).
+                sample_weight = None
             if sample_weight is None:
                 # A step of the user's own tracks the loss itself (the Keras guides:
                 # `metric.update_state(loss)`). What it got from Keras's compiled loss
