@@ -19,6 +19,10 @@ Runs, each in its own subprocess with a timeout (`--timeout`, seconds per step):
              (JAX psum, or a tf.distribute all-reduce), 1 MiB to 256 MiB of float32
     suite    benchmarks/suite.py --replicas N: kerasmgpu against the engine by hand,
              four model shapes, even and padded batches (its table, not JSON)
+    counts   benchmarks/counts.py --json BENCH_DIR-counts.json: the same four shapes on
+             2 GPUs, each step counted beside the engine by hand - collectives and
+             bytes, programs, ops, Python calls, transfers - with the gates of
+             docs/performance.md (the figures go into the JSON file under this step)
 
 and writes everything (commands, exit codes, seconds, parsed JSON, output tails) into
 ONE JSON file, then prints a short summary. Exit 0 when every step exited 0.
@@ -51,7 +55,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 STEPS = ("doctor", "demo", "bench", "monitor", "cnn", "lstm", "transformer", "allreduce",
-         "suite")
+         "suite", "counts")
 MODEL_STEPS = ("cnn", "lstm", "transformer")  # bench --model M (bench itself: the mlp)
 DEFAULT_OUTPUT = "gpu-check.json"
 DEFAULT_BENCH_DIR = "gpu-check-bench"
@@ -136,7 +140,14 @@ def build_commands(python: str, gpus: int, bench_dir: str, script: str,
         "allreduce": [python, script, "--allreduce-run"],
         "suite": [python, os.path.join(os.path.dirname(script), "suite.py"),
                   "--replicas", str(max(2, gpus))],
+        "counts": [python, os.path.join(os.path.dirname(script), "counts.py"), "--json",
+                   counts_file(bench_dir)],
     }
+
+
+def counts_file(bench_dir: str) -> str:
+    """Where the counts step writes its figures (read into the report)."""
+    return f"{bench_dir}-counts.json"
 
 
 def parse_json_output(text: Optional[str]) -> Any:
@@ -247,6 +258,10 @@ def summarize(report: Mapping[str, Any]) -> List[str]:
                 detail = "; ".join(
                     f"{r['replicas']}: {r['samples_per_s']:.0f}/s ({100 * r['efficiency']:.0f}%)"
                     for r in data.get("results", []))
+            elif name == "counts":
+                verdicts = [ln for ln in (step.get("stdout_tail") or "").splitlines()
+                            if "gate" in ln and not ln.startswith(" ")]
+                detail = verdicts[-1] if verdicts else ""
             elif name == "monitor" and data:
                 last = (data.get("summary") or [{}])[-1]
                 utils = [f"{k.split('_')[0]} {v:.0f}%" for k, v in sorted(last.items())
@@ -395,6 +410,9 @@ def main(argv: Optional[Sequence[str]] = None, runner: Runner = run_step) -> int
     for name in args.steps:
         print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
         report["steps"][name] = runner(name, commands[name], args.timeout, env)
+        if name == "counts" and os.path.exists(counts_file(args.bench_dir)):
+            with open(counts_file(args.bench_dir), encoding="utf-8") as handle:
+                report["steps"][name]["json"] = json.load(handle)
         report["ok"] = all(s["returncode"] == 0 for s in report["steps"].values())
         # Written after every step: a later hang or crash keeps what was measured.
         with open(args.output, "w", encoding="utf-8") as handle:

@@ -42,7 +42,9 @@ def native(keras: os.PathLike, replicas: int) -> object:
         return InScope()
     import tensorflow as tf
 
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    # The GPUs where there are any (as kerasmgpu takes them), else the virtual CPUs.
+    listed = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    devices = [d.name for d in listed][:replicas]
     strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
         return compile_model(keras, mlp(keras))

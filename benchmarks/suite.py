@@ -76,6 +76,9 @@ def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
             model = compile_model(keras, build())
 
         class InScope:
+            def __init__(self) -> None:
+                self.model = model  # for benchmarks/counts.py
+
             def fit(self, *args: Any, **kwargs: Any) -> Any:
                 with dist.scope():
                     return model.fit(*args, **kwargs)
@@ -83,7 +86,9 @@ def by_hand(keras: Any, build: Callable[[], Any], replicas: int) -> Any:
         return InScope()
     import tensorflow as tf
 
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    # The GPUs where there are any (as kerasmgpu takes them), else the virtual CPUs.
+    listed = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    devices = [d.name for d in listed][:replicas]
     with tf.distribute.MirroredStrategy(devices).scope():
         return compile_model(keras, build())
 
@@ -121,6 +126,9 @@ def _torch_by_hand(keras: Any, build: Callable[[], Any]) -> Any:
     shares: Dict[Any, Any] = {}
 
     class Shares:
+        def __init__(self) -> None:
+            self.model = model  # for benchmarks/counts.py
+
         def fit(self, x: Any, y: Any, batch_size: int, **kwargs: Any) -> Any:
             import numpy as np
 

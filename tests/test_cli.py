@@ -899,6 +899,7 @@ def test_gpu_check_runs_every_step_into_one_file(
                                  "gpu_util_mean": 90.0}]},
         "allreduce": {"results": [{"bytes": 16 << 20, "busbw_gbs": 80.0}]},
         "suite": None,
+        "counts": None,
     }
     for model in gpu_check.MODEL_STEPS:
         canned[model] = canned["bench"]

@@ -41,13 +41,17 @@ if IN_PROCESS:
 
 @pytest.fixture
 def taken(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[Any]]:
-    """The steps run (or traced): 'plain' per fast-path step, 'masked' per packing
-    activated by a train/test step (its packing's shape)."""
+    """The steps run (or traced): 'plain' per fast-path step (the rows of its x),
+    'masked' per packing activated by a train/test step (its packing's shape)."""
     seen: Dict[str, List[Any]] = {"plain": [], "masked": []}
     plain_step, active = steps.plain_step, steps.active
 
     def counted_plain(data: Any, call: Any) -> Any:
-        seen["plain"].append(True)
+        # The rows of its x as the step sees them (static in a trace, else None).
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        leaf = next(iter(x.values())) if isinstance(x, dict) else x
+        rows = getattr(leaf, "shape", [None])[0]
+        seen["plain"].append(None if rows is None else int(rows))
         return plain_step(data, call)
 
     def counted_active(packed: Any) -> Iterator[Any]:
@@ -101,20 +105,17 @@ def test_user_weights_on_even_batches_stay_the_users(replicas: int,
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_a_padded_last_batch_takes_the_masked_step(replicas: int,
                                                    taken: Dict[str, List[Any]]) -> None:
-    """The last batch of an epoch needs padding: it (and only it, where batches reach
-    Keras one at a time) takes the masked step, exactly."""
+    """The last batch of an epoch needs padding: it, and only it, takes the masked
+    step, exactly; the full batches take the plain one."""
     batch = 20 * replicas
     _fit_both(replicas, rows=batch * 12 + 1, batch=batch)
     assert taken["masked"], "the padded batch never took the masked step"
     assert all(shape[-1] == 2 for shape in taken["masked"]), taken["masked"]
-    if ON_JAX:
-        # Per batch: the full batches stay on the plain step; the padded one's step is
-        # traced (train, test) once for its own shape.
-        assert taken["plain"], "the full batches did not take the plain step"
-        assert {shape[0] for shape in taken["masked"]} == {replicas}, taken["masked"]
-    if ON_TF:
-        # A tf.data pipeline has one traced step: decided per feed, every batch masked.
-        assert taken["plain"] == []
+    assert taken["plain"], "the full batches did not take the plain step"
+    # Its step is traced (train, test) for its own static shape, which no full batch
+    # has: JAX's one program over the padded global batch, a TF replica's one row.
+    padded_rows = replicas if ON_JAX else 1
+    assert {shape[0] for shape in taken["masked"]} == {padded_rows}, taken["masked"]
 
 
 @pytest.mark.core
@@ -178,8 +179,7 @@ def test_sync_batchnorm_on_even_batches_takes_the_plain_step(
     template = _norm_model()
     parallel = kerasmgpu.parallelize(template, gpus=3, sync_batchnorm=True)
     h_par = parallel.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
-    if rows == 48 or ON_JAX:
-        assert taken["plain"], "the even batches did not take the plain step"
+    assert taken["plain"], "the full batches did not take the plain step"
     assert bool(taken["masked"]) == (rows == 47), taken["masked"]
     assert_history_close(h_one, h_par, rtol=1e-4)
     for a, b in zip(one.get_weights(), template.get_weights()):  # moving statistics too
@@ -187,3 +187,105 @@ def test_sync_batchnorm_on_even_batches_takes_the_plain_step(
     np.testing.assert_allclose(one.evaluate(x, y, verbose=0),
                                parallel.evaluate(x, y, batch_size=12, verbose=0),
                                rtol=1e-4, atol=1e-5)
+
+
+# --- what a step costs, counted (issue 32) -------------------------------------------------
+# Counts are exact under any load, so they catch what no exactness test sees: a retrace
+# per epoch, a second collective per step, the masked step on full batches, an extra
+# transfer, more Python per step. benchmarks/counts.py counts the same on the suite's
+# four models; here a small MLP, one padded case.
+
+
+@pytest.mark.core
+def test_a_fit_traces_each_step_once_and_full_batches_statically(
+        taken: Dict[str, List[Any]]) -> None:
+    """Later fits and epochs trace (JAX: compile) nothing new; the full batches' step
+    has the static batch shape of a hand-written fit, the padded batch a step of its
+    own shape."""
+    replicas, batch = 2, 8
+    x, y = classification_data(6 * batch + 1)
+    pmodel = kerasmgpu.parallelize(mlp(keras, metrics=("accuracy",)), gpus=replicas)
+    pmodel.fit(x[:2 * batch + 1], y[:2 * batch + 1], batch_size=batch, shuffle=False,
+               verbose=0)
+    traced = {kind: list(found) for kind, found in taken.items()}
+    pmodel.fit(x, y, batch_size=batch, epochs=3, shuffle=False, verbose=0)
+    pmodel.fit(x[:3 * batch], y[:3 * batch], batch_size=batch, epochs=2, shuffle=True,
+               verbose=0)
+    assert taken == traced, f"traced again: {taken} after {traced}"
+    full = batch if ON_JAX else batch // replicas  # JAX: one program over the batch
+    assert set(traced["plain"]) == {full}, traced
+    assert {shape[0] for shape in traced["masked"]} == {replicas if ON_JAX else 1}, traced
+
+
+def _counts(case: str) -> Any:
+    """benchmarks/counts.py's figures of a small MLP, kerasmgpu and the hand-written
+    engine on 2 replicas, global batch 8: fits of 2 and 4 steps."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import counts
+
+    replicas, batch = 2, 8
+    probe = counts.probe_for(kerasmgpu.environment().backend)
+    probe.install(keras)
+    try:
+        hand = _hand_written(replicas)
+        ours = kerasmgpu.parallelize(mlp(keras, metrics=("accuracy",)), gpus=replicas)
+        if ON_TF:
+            probe.watch_strategy(ours.distribute_strategy)
+        x, y = classification_data(4 * batch + replicas)
+        results = counts.measure_pair(
+            probe, {"hand": hand, "ours": (ours, ours)}, x, y, batch, case, replicas,
+            fits={"A": (2, 1), "B": (4, 1)})
+    finally:
+        probe.uninstall()
+    return counts, results
+
+
+def _hand_written(replicas: int) -> Any:
+    """(what to fit, its Keras model): the MLP built and fit under the engine by hand."""
+    if ON_JAX:
+        import jax
+
+        layout = keras.distribution.DataParallel(devices=jax.devices()[:replicas])
+        with layout.scope():
+            model = mlp(keras, metrics=("accuracy",))
+
+        class InScope:
+            def fit(self, *args: Any, **kwargs: Any) -> Any:
+                with layout.scope():
+                    return model.fit(*args, **kwargs)
+
+        return InScope(), model
+    import tensorflow as tf
+
+    from kerasmgpu.adapters import tensorflow as tf_internals
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    # kerasmgpu's own maker: a strategy with collective keys of its own, as every
+    # strategy of this test process has.
+    with tf_internals.new_mirrored_strategy(devices).scope():
+        model = mlp(keras, metrics=("accuracy",))
+    return model, model
+
+
+@pytest.mark.core
+def test_a_step_costs_what_the_hand_written_step_costs() -> None:
+    """Padded case (the last batch of each fit padded and masked): per full step, the
+    same collectives and bytes, the same transfers, no masked step, Python calls within
+    1.10x the hand-written fit's, and on TensorFlow the same ops; the masked step once
+    per epoch, within 1.50x the ops of the hand-written step of that batch."""
+    counts, results = _counts("padded")
+    gates = counts.gates(results["hand"], results["ours"], "padded",
+                         kerasmgpu.environment().backend)
+    missed = [f"{gate}: {figures}" for gate, ok, figures in gates if not ok]
+    assert not missed, missed
+    assert {gate for gate, _, _ in gates} >= {
+        "collectives/step", "transfers/step", "masked step only for the padded batch",
+        "Python calls/step <= 1.1x"}
+    if ON_TF:
+        assert results["ours"]["full_program"] is not None
+        assert results["ours"]["collectives"]["step"] > 0  # the gradients, at least
+    # x and y (on TensorFlow: of each of the 2 replicas), nothing of kerasmgpu's.
+    assert results["ours"]["transfers"]["step"] == (4 if ON_TF else 2)

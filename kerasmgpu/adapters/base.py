@@ -138,6 +138,13 @@ class Adapter(ModelCopying, StepOps):
         return False
 
     @property
+    def output_losses_weigh_steps(self) -> bool:
+        """One device's per-output loss trackers weigh every step alike: Keras weighs
+        them by the static batch size, and one device's step has none (Keras 3 on TF:
+        the feed's last batch may be short, so the batch dimension is unknown)."""
+        return False
+
+    @property
     def counts_per_replica(self) -> bool:
         """Each replica reduces its own rows (tf.distribute, torch DDP), so a count a loss
         divides by is the replica's, not the global batch's."""
@@ -221,11 +228,24 @@ class Adapter(ModelCopying, StepOps):
         (`Keras3Data`); the Keras 2 lines take theirs from fit's arguments."""
         return batches_class(self.keras.utils.Sequence)(source)
 
-    # Whether a Python batch that needs no padding may carry an empty packing
-    # (`bundle.unpadded`) and run the engine's plain step: Keras 3 takes Python batches
-    # one at a time and kerasmgpu's step tells that packing by its static shape. On the
-    # Keras 2 lines every batch carries its packing.
+    # Whether a Python batch that needs no padding runs the engine's plain step - as
+    # the user's data where the feed's batches may change structure
+    # (`allow_changing_structure`), else with an empty packing (`bundle.unpadded`):
+    # Keras 3 takes Python batches one at a time and kerasmgpu's step tells that
+    # packing by its static shape. On the Keras 2 lines every batch carries its packing.
     even_batches_run_plain = False
+
+    def steps_per_call(self, model: Any) -> int:
+        """Steps one call of the model's step function runs (`steps_per_execution`)."""
+        return int(getattr(model, "steps_per_execution", 1) or 1)
+
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+        """Whether the batches of `dataset`, a PyDataset of kerasmgpu's, may change
+        structure from one batch to the next (a full batch as the user's data, a padded
+        one as `(x, bundle)`), `kind_of(batch)` telling the kinds apart; arranged here
+        where Keras needs it. Asked only where `even_batches_run_plain`; False keeps one
+        structure per feed (an empty packing on full batches): slower, never wrong."""
+        return False
 
     def fresh_optimizer(self, optimizer: Any) -> Any:
         """A new optimizer with the same configuration, to be built inside a scope.

@@ -169,6 +169,13 @@ class Keras3(Keras3Data, Keras3Backups):
             def build_then_hook(*args: Any, **kwargs: Any) -> Any:
                 out = build(*args, **kwargs)
                 self._hook_loss_values(container, values)
+                # The per-output loss trackers are made here too, inside the first
+                # traced step: hooked now, before this step updates them, or that
+                # program would keep Keras's own weighting for every step it runs.
+                on_tracker = container.__dict__.get(HOOKED + "_tracker_fn")
+                if on_tracker is not None:
+                    for tracker in list(getattr(container, "metrics", None) or []):
+                        on_tracker(tracker)
                 return out
 
             container.__dict__["build"] = build_then_hook
@@ -246,6 +253,9 @@ class Keras3(Keras3Data, Keras3Backups):
         return self.keras.ops.divide_no_nan(a, b)
 
     def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
+        losses = self._compile_loss(model)
+        if losses is not None:  # its trackers, as `install_loss_hook`'s build makes them
+            losses.__dict__[HOOKED + "_tracker_fn"] = on_metric
         container = getattr(model, "_compile_metrics", None)
         if container is None:
             return

@@ -14,11 +14,27 @@ every backend shares are in `keras3`. What is read or wrapped here:
 * change tokens (`state_reader`): `variable._value`, the JAX array the public `value`
   returns (outside an autocast or stateless scope, where it is a copy), replaced by
   every assign.
+* `JAXEpochIterator._get_distributed_iterator` (Keras 3.8+): how a Python feed's batches
+  reach the devices (`allow_changing_structure`). kerasmgpu hands a batch that needs no
+  padding to the step as the user's data, `(x, y)`, and only a padded one as
+  `(x, bundle)` (`kerasmgpu.data.bundle`): a full batch then sends what a one-device fit
+  sends, no packing beside it. Keras 3.8+ lays an epoch's batches out on the devices
+  with the layouts of its *first* batch (one `distribution.get_data_layout` per leaf,
+  then every later batch is mapped against them), so a padded batch after full ones
+  fails there ("... a subtree of different type"). The wrapped method makes each run of
+  batches of one kind its own layout pass, for kerasmgpu's own PyDatasets only (marked
+  with `KIND_ATTR`); Keras 3.3 lays each batch out by itself (`_distribute_data(data)`
+  with no layouts) and needs nothing. Read in the sources of Keras 3.3, 3.8 and 3.15
+  (the same method in 3.8-3.15); where the method is not what was read, the answer is
+  False and kerasmgpu keeps one structure per feed (an empty packing on full batches):
+  slower, never wrong.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+import importlib
+import inspect
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from kerasmgpu.adapters.base import Held, StateReader
 from kerasmgpu.adapters.keras3 import Keras3
@@ -36,6 +52,9 @@ class Keras3Jax(Keras3):
     @property
     def identity_tokens(self) -> bool:
         return True  # see state_reader
+
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+        return _allow_changing_structure(dataset, kind_of)
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
                           values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
@@ -82,3 +101,80 @@ class Keras3Jax(Keras3):
             values(model.metrics_variables), x, y, sample_weight, training=training,
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
+
+# --- a Python feed whose batches change structure (allow_changing_structure) ---------
+
+# Set on a kerasmgpu PyDataset whose batches may change structure: the function that
+# tells the kind of a batch (batches of one kind have one structure).
+KIND_ATTR = "kerasmgpu_batch_kind"
+_PATCHED_ATTR = "kerasmgpu_per_kind"
+
+_END = object()
+
+
+def _trainer() -> Optional[Any]:
+    try:
+        return importlib.import_module("keras.src.backend.jax.trainer")
+    except ImportError:
+        return None
+
+
+def _allow_changing_structure(dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+    """Whether the batches of `dataset` (a kerasmgpu PyDataset) may change structure
+    from one batch to the next on Keras 3 with JAX; arranges it where needed."""
+    trainer = _trainer()
+    if trainer is None:
+        return False
+    epoch_iterator: Any = getattr(trainer, "JAXEpochIterator", None)
+    method = getattr(epoch_iterator, "_get_distributed_iterator", None)
+    if method is None:
+        # Keras 3.3: `_distribute_data(data)` lays out every batch by itself.
+        distribute = getattr(trainer, "_distribute_data", None)
+        return distribute is not None and list(inspect.signature(distribute).parameters) == [
+            "data"]
+    if not getattr(method, _PATCHED_ATTR, False):
+        if list(inspect.signature(method).parameters) != ["self", "distribution"]:
+            return False
+        epoch_iterator._get_distributed_iterator = _per_kind(method)
+    try:
+        setattr(dataset, KIND_ATTR, kind_of)
+    except (AttributeError, TypeError):  # a generator: Keras reads no `py_dataset` of it
+        return False
+    return True
+
+
+class _Source:
+    """What Keras's `_get_distributed_iterator` reads of its epoch iterator: one run."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self.data_adapter = self
+        self._batches = batches
+
+    def get_jax_iterator(self) -> Iterator[Any]:
+        return self._batches
+
+
+def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def per_kind(self: Any, distribution: Any) -> Iterator[Any]:
+        kind_of = getattr(getattr(self.data_adapter, "py_dataset", None), KIND_ATTR, None)
+        if kind_of is None:  # not kerasmgpu's: Keras's own method, untouched
+            yield from original(self, distribution)
+            return
+        batches = iter(self.data_adapter.get_jax_iterator())
+        pending = [next(batches, _END)]
+
+        def run(kind: Any) -> Iterator[Any]:
+            yield pending[0]
+            for batch in batches:
+                if kind_of(batch) != kind:
+                    pending[0] = batch
+                    return
+                yield batch
+            pending[0] = _END
+
+        while pending[0] is not _END:
+            yield from original(_Source(run(kind_of(pending[0]))), distribution)
+
+    setattr(per_kind, _PATCHED_ATTR, True)
+    return per_kind

@@ -60,6 +60,15 @@ class Keras3TensorFlow(Keras3):
         return True
 
     @property
+    def output_losses_weigh_steps(self) -> bool:
+        # Keras 3 (3.5 - 3.15) updates a per-output loss tracker with
+        # `sample_weight=y_pred.shape[0]`: None in one device's traced step, whose feed
+        # batches rows without `drop_remainder`, so each step weighs 1 whatever its rows.
+        # kerasmgpu's full batches have a static size and its last batch a step of its
+        # own: weighing them by rows would weigh the short batch less than one device.
+        return True
+
+    @property
     def whole_batch_on_batch(self) -> bool:
         # Keras 3 on TF (3.10 - 3.15): `train_on_batch` / `test_on_batch` run the step
         # through `strategy.run` on their arguments as they are, one whole batch per

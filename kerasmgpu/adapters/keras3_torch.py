@@ -29,6 +29,9 @@ class Keras3Torch(Keras3):
     def identity_tokens(self) -> bool:
         return True  # see state_reader
 
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+        return True  # Keras 3 on torch reads every batch as it comes
+
     @property
     def counts_per_replica(self) -> bool:
         return True

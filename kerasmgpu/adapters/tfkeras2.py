@@ -21,7 +21,8 @@ wrapped here:
 * With accumulate_steps: the optimizer's public `apply_gradients` (its
   `skip_gradients_aggregation=`) and `aggregate_gradients`, `apply_gradients` wrapped on
   the instance; the model's `make_train_function` / `train_function` and
-  `_steps_per_execution` (tested on 2.12, 2.15, 2.21).
+  `_steps_per_execution` (tested on 2.12, 2.15, 2.21), which also tells whether a feed
+  may come in parts (`steps_per_call`: one step per call).
 * verify=True: the public `compute_loss(x, y, y_pred, sample_weight)` and `metrics`
   (the loss trackers it updates are read and written back per replica copy).
 * `BatchNormalization._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`
@@ -353,6 +354,11 @@ class TfKeras2(Adapter):
         tf_internals.finish_group(optimizer.__dict__[HOOKED + "_accumulation"], optimizer,
                                   list(model.trainable_variables), factor)
 
+    def steps_per_call(self, model: Any) -> int:
+        # `_steps_per_execution`: the variable compile makes (2.12 - 2.21).
+        value = getattr(model, "_steps_per_execution", None)
+        return 1 if value is None else int(value.numpy())
+
     def accumulate_by_calls(self, model: Any) -> None:
         """`Model.make_train_function` wrapped on the instance (see
         `tensorflow.switching_train_function`); `_steps_per_execution` is the variable
@@ -366,14 +372,10 @@ class TfKeras2(Adapter):
             raise self.fail("`make_train_function` / `train_function` are missing",
                             "accumulate_steps")
 
-        def steps_per_execution() -> int:
-            value = getattr(model, "_steps_per_execution", None)
-            return 1 if value is None else int(value.numpy())
-
         model.__dict__["make_train_function"] = tf_internals.switching_train_function(
             model, original,
             lambda: getattr(model, "optimizer", None).__dict__.get(HOOKED + "_accumulation"),
-            steps_per_execution)
+            lambda: self.steps_per_call(model))
         model.__dict__[HOOKED + "_calls"] = True
 
     def mask_batch_statistics(self, model: Any, row_mask: Callable[[], Any],

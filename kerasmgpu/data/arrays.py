@@ -7,7 +7,7 @@ plan comes from `kerasmgpu.batching` through `tf.numpy_function`), elsewhere thr
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import PACKING_KEY, bundle, order_key, plain, unpadded
+from kerasmgpu.data.bundle import PACKING_KEY, bundle, even_batch, order_key, plain
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -64,6 +64,7 @@ class ArrayPlan:
         self.planner = planner
         self.rng = np.random.default_rng(seed)
         self.order = np.arange(self.rows)
+        self._shares: Dict[int, Tuple[batching.ProcessShard, Optional[np.ndarray]]] = {}
         self.sizes = batching.batch_sizes(self.rows, batch_size)
         self.accumulate_steps = accumulate_steps
         # With accumulation the feed is read by micro-batches (`kerasmgpu.accumulation`).
@@ -92,7 +93,7 @@ class ArrayPlan:
         """Batches fed per epoch (micro-batches, fillers included, when accumulating)."""
         return len(self.sizes) if self.micro is None else len(self.micro)
 
-    def fed_batch(self, index: int, plain_even: bool = False) -> Tuple[Any, ...]:
+    def fed_batch(self, index: int, even: Optional[str] = None) -> Tuple[Any, ...]:
         """Training batch `index` of the feed: the epoch's batch, or with accumulation its
         micro-batch, weighted for the group's optimizer step.
 
@@ -101,7 +102,7 @@ class ArrayPlan:
         not 1, and a filler's rows are all masked - the packing carries both.
         """
         if self.micro is None:
-            return self.batch(index, False, plain_even)
+            return self.batch(index, False, even)
         micro = self.micro[index]
         x, packed = self.batch(micro.batch, False)
         packed = dict(packed)
@@ -114,19 +115,30 @@ class ArrayPlan:
         packed[PACKING_KEY] = column
         return x, packed
 
-    def batch(self, index: int, predict: bool, plain_even: bool = False) -> Tuple[Any, ...]:
-        """Batch `index` as `(x, bundle)`; with `plain_even`, one that needs no padding
-        carries an empty packing (`bundle.unpadded`)."""
+    def _share(self, size: int) -> Tuple[batching.ProcessShard, Optional[np.ndarray]]:
+        """The plan of a batch of `size` rows and the rows it feeds (None: all of them,
+        in order), planned once per size: a fit has two sizes at most."""
+        found = self._shares.get(size)
+        if found is None:
+            share = self.planner.plan(size)
+            rows = share.source_rows()
+            whole = len(rows) == size and bool(np.all(rows == np.arange(size)))
+            found = self._shares[size] = (share, None if whole else rows)
+        return found
+
+    def batch(self, index: int, predict: bool, even: Optional[str] = None) -> Tuple[Any, ...]:
+        """Batch `index` as `(x, bundle)`; with `even` (a `bundle.even_batch` form), one
+        that needs no padding as that form."""
         start = index * self.batch_size
         ids = self.order[start : start + self.batch_size]
-        share = self.planner.plan(len(ids))
-        take = ids[share.source_rows()]
+        share, rows = self._share(len(ids))
+        take = ids if rows is None else ids[rows]
         x = gather(self.x, take)
         if predict:
             return (x, bundle(share.packed(), order=order_key(index, len(take))))
-        if plain_even and not share.plan.pad:
-            return (x, bundle(unpadded(len(take)), gather(self.y, take),
-                              gather(self.weights, take)))
+        if even is not None and not share.plan.pad:
+            return even_batch(even, len(take), x, gather(self.y, take),
+                              gather(self.weights, take))
         return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
 
 
@@ -134,8 +146,11 @@ class ArrayBatches:
     """The batches of an `ArrayPlan` by index, as Keras reads a PyDataset / Sequence
     (the adapter's `python_dataset` hands them to Keras)."""
 
-    def __init__(self, plan: ArrayPlan, predict: bool, plain_even: bool) -> None:
-        self.plan, self.predict, self.plain_even = plan, predict, plain_even
+    def __init__(self, plan: ArrayPlan, predict: bool) -> None:
+        self.plan, self.predict = plan, predict
+        # How a batch without padding reaches Keras (`Input.even_form`), set once the
+        # adapter made the PyDataset.
+        self.even: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.plan.sizes) if self.predict else self.plan.steps
@@ -143,7 +158,7 @@ class ArrayBatches:
     def __getitem__(self, index: int) -> Any:
         if self.predict:
             return self.plan.batch(index, True)
-        return self.plan.fed_batch(index, self.plain_even)
+        return self.plan.fed_batch(index, self.even)
 
     def on_epoch_end(self) -> None:
         self.plan.reshuffle()
@@ -179,14 +194,16 @@ class Arrays(Input):
 
     def python_feed(self) -> Feed:
         plan, predict = self.plan, self.predict
-        batches = ArrayBatches(plan, predict, self.plain_even)
+        batches = ArrayBatches(plan, predict)
+        data = self.adapter.python_dataset(batches)
+        batches.even = self.even_form(data)
         pads, example = plan.padding()
         steps = len(plan.sizes) if predict else plan.steps
         micro = None if predict else plan.micro
         stopped = None if micro is None else (
             lambda fed: accumulation.stopped_group(micro, plan.sizes, fed,
                                                    plan.accumulate_steps))
-        return Feed(self.adapter.python_dataset(batches), steps=steps, pads=pads,
+        return Feed(data, steps=steps, pads=pads,
                     padding_example=example, stopped_group=stopped)
 
     def tf_feed(self) -> Feed:
@@ -205,20 +222,19 @@ class Arrays(Input):
         y = None if predict else tensors(plan.y)
         weights = None if predict else tensors(plan.weights)
         planner = plan.planner
+        full = plan.rows // plan.batch_size
+        if (self.request.parts and not predict and planner.process_count == 1
+                and (full == 0 or plan.batch_size % planner.replicas == 0)):
+            return self._tf_parts(tf, x, y, weights)
+        # One pipeline (every batch padded, several processes, several steps per call):
+        # its elements share one traced step, the plain one only when no batch of the
+        # epoch needs padding. One process only: with several, the packing is what
+        # gives each process its own slice of the global batch (auto-sharding is off); a
+        # plain element made every tf.keras worker train on the whole global batch
+        # (tests/test_distributed.py, test_every_sample_once_per_epoch, tf_keras 2.21).
         pads, example = plan.padding()
-        # A traced step sees one structure for every element of a pipeline: the user's
-        # data alone (`bundle.plain`: the engine's plain step) when no batch of the epoch
-        # needs padding. One process only: with several, the packing is what gives each
-        # process its own slice of the global batch (auto-sharding is off), and a plain
-        # element made every tf.keras worker train on the whole global batch - the same
-        # weights, each process doing all the work (tests/test_distributed.py,
-        # test_every_sample_once_per_epoch, measured on tf_keras 2.21).
         plain_all = not predict and not pads and planner.process_count == 1
-        indices = tf.data.Dataset.range(plan.rows)
-        if plan.shuffle:
-            indices = indices.shuffle(plan.rows, seed=self.request.seed,
-                                      reshuffle_each_iteration=True)
-        indices = indices.batch(plan.batch_size).enumerate()
+        indices = self._tf_permutation(tf).batch(plan.batch_size).enumerate()
 
         def fetch(number: Any, ids: Any) -> Any:
             if plain_all:
@@ -240,3 +256,53 @@ class Arrays(Input):
         data = indices.map(fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
         return Feed(no_autoshard(tf, data), steps=len(plan.sizes), pads=pads,
                     padding_example=example)
+
+    def _tf_permutation(self, tf: Any) -> Any:
+        """The rows of an epoch in order: shuffled anew every epoch when asked (the same
+        permutations in every pipeline made with the seed)."""
+        indices = tf.data.Dataset.range(self.plan.rows)
+        if self.plan.shuffle:
+            indices = indices.shuffle(self.plan.rows, seed=self.request.seed,
+                                      reshuffle_each_iteration=True)
+        return indices
+
+    def _tf_parts(self, tf: Any, x: Any, y: Any, weights: Any) -> Feed:
+        """The epoch in parts, each with the static shape of its batches: the full
+        batches, which divide by the replicas, as the user's data (`bundle.plain`: the
+        engine's plain step, the program a one-device-style fit traces), and a last
+        batch of another size - as the user's data too when it divides, else padded and
+        masked - in a pipeline of its own (`Feed.tail`), which only that batch's step
+        reads. A pipeline's elements share one traced step: in one pipeline a short
+        batch left the batch axis unknown in every step, and a padded one put the
+        masked step on every batch of the epoch. Both pipelines draw the same
+        permutation of the rows each epoch."""
+        plan = self.plan
+        size = plan.batch_size
+        full, rest = divmod(plan.rows, size)
+
+        def part(indices: Any, rows: int) -> Any:
+            share = plan.planner.plan(rows)
+            if share.plan.pad:
+                source = tf.constant(share.source_rows())
+                packed = tf.constant(share.packed())
+
+            def fetch(ids: Any) -> Any:
+                def pick(structure: Any, take: Any) -> Any:
+                    return map_structure(lambda t: tf.gather(t, take), structure,
+                                         skip_none=True)
+
+                if not share.plan.pad:
+                    return plain(pick(x, ids), pick(y, ids), pick(weights, ids))
+                take = tf.gather(ids, source)
+                return pick(x, take), bundle(packed, pick(y, take), pick(weights, take))
+
+            data = indices.batch(rows, drop_remainder=True).map(
+                fetch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+            return no_autoshard(tf, data)
+
+        pads, example = plan.padding()
+        head = part(self._tf_permutation(tf).take(full * size), size) if full else None
+        tail = part(self._tf_permutation(tf).skip(full * size), rest) if rest else None
+        if head is None:
+            head, tail = tail, None
+        return Feed(head, steps=len(plan.sizes), pads=pads, padding_example=example, tail=tail)

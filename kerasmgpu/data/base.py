@@ -17,6 +17,7 @@ import numpy as np
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
+from kerasmgpu.data import bundle
 from kerasmgpu.data.structure import is_array_like, leaves, map_structure
 from kerasmgpu.registry import FeedKind
 
@@ -45,6 +46,13 @@ class Feed:
     # new iterator draws the next reshuffle (`shuffle(seed=s)`) and restarts seeded
     # random ops; one repeated iterator would see other permutations and numbers.
     per_epoch_iterators: bool = False
+    # A tf.data feed in parts (`arrays.Arrays._tf_parts`): the pipeline of the epoch's
+    # last batch, which has a shape (or a padding) of its own and so a step program of
+    # its own. Keras reads `data`, `steps - 1` batches per epoch; the `steps`-th step
+    # of every `steps` - counted from `offset` steps already taken - must read this
+    # one (`training.parts`).
+    tail: Any = None
+    offset: int = 0
     # Accumulating: after n micro-batches of a fit that stops there, the factor of the
     # incomplete group's gradient (`accumulation.stopped_group`), None when it is whole.
     stopped_group: Optional[Callable[[int], Optional[float]]] = None
@@ -65,6 +73,9 @@ class Request:
     inputs: InputSpecs = None
     # Training batches per optimizer step (`kerasmgpu.accumulation`); arrays only.
     accumulate_steps: int = 1
+    # Whether a tf.data array feed may come in parts (`Feed.tail`): the model's step
+    # function runs one step per call and the engine reads a second pipeline.
+    parts: bool = False
 
 
 class Input:
@@ -75,12 +86,10 @@ class Input:
         self.planner = planner
         self.request = request
         self.predict = request.predict
-        # Whether each batch that divides by the replica count carries an empty packing
-        # (`bundle.unpadded`: the engine's plain step) - decided per batch where Python
-        # batches reach Keras one at a time (the adapter's `even_batches_run_plain`:
-        # Keras 3 on JAX and torch). A tf.data pipeline's elements
-        # share one traced step, so the TensorFlow array feed decides once per feed
-        # (`bundle.plain`).
+        # Whether a batch that divides by the replica count takes the engine's plain
+        # step - decided per batch where Python batches reach Keras one at a time (the
+        # adapter's `even_batches_run_plain`: Keras 3 on JAX and torch; `even_form`).
+        # The TensorFlow array feed decides per part of its epoch (`arrays.Arrays.tf_feed`).
         self.plain_even = False
 
     def feed(self, kind: FeedKind) -> Feed:
@@ -89,6 +98,17 @@ class Input:
             return self.tf_feed()
         self.plain_even = self.adapter.even_batches_run_plain and not self.predict
         return self.python_feed()
+
+    def even_form(self, dataset: Any) -> Optional[str]:
+        """How the PyDataset `dataset` hands a batch without padding rows to Keras
+        (`bundle.even_batch`), None for the masked step: as the user's data where its
+        batches may change structure (the adapter's `allow_changing_structure`), else
+        with an empty packing."""
+        if not self.plain_even:
+            return None
+        if self.adapter.allow_changing_structure(dataset, bundle.is_padded):
+            return bundle.PLAIN
+        return bundle.EMPTY_PACKING
 
     def tf_feed(self) -> Feed:
         """For TensorFlow's strategies (a tf.data pipeline where the input allows)."""

@@ -34,16 +34,38 @@ def bundle(packed: Any, y: Any = None, sample_weight: Any = None, order: Any = N
     return out
 
 
+# How a Python feed hands Keras a batch that needs no padding (`even_batch`): as the
+# user's data (`plain`), what a one-device fit sends; or, where the batches of a feed
+# must keep one structure, with an empty packing (`unpadded`). Either way the step is
+# the engine's plain one (`steps.make_step`).
+PLAIN = "plain"
+EMPTY_PACKING = "empty packing"
+
+
 def unpadded(rows: int) -> np.ndarray:
     """The packing of a batch that needs no padding: (rows, 0), no column at all.
 
     Its shape is static in a JAX trace (and in torch), so the step tells the fast
     path from it without looking at a value (`steps.make_step`): the engine's plain
-    step, no weight or mask of kerasmgpu's. The bundle keeps its structure (Keras 3 on
-    JAX fixes the data layout from an epoch's first batch), and JAX traces one step per
-    packing shape: even and padded, two at most per batch size.
+    step, no weight or mask of kerasmgpu's. Only where a feed's batches must keep one
+    structure (a generator on Keras 3.8+ with JAX, which lays an epoch's batches out
+    like its first); JAX traces one step per packing shape there.
     """
     return np.zeros((rows, 0), np.float32)
+
+
+def even_batch(form: str, rows: int, x: Any, y: Any, sample_weight: Any) -> Tuple[Any, ...]:
+    """A batch of `rows` rows without padding in the feed's `form` (PLAIN or
+    EMPTY_PACKING)."""
+    if form == PLAIN:
+        return plain(x, y, sample_weight)
+    return (x, bundle(unpadded(rows), y, sample_weight))
+
+
+def is_padded(batch: Any) -> bool:
+    """Whether a fed batch carries a packing (`(x, bundle)`), as opposed to the user's
+    data: the two kinds of batch a feed's structure may change between."""
+    return isinstance(batch, tuple) and len(batch) == 2 and is_bundle(batch[1])
 
 
 def plain(x: Any, y: Any = None, sample_weight: Any = None) -> Tuple[Any, ...]:

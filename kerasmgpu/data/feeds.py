@@ -56,6 +56,7 @@ def build(
     seed: Optional[int] = None,
     inputs: InputSpecs = None,
     accumulate_steps: int = 1,
+    parts: bool = False,
 ) -> Feed:
     """A padded feed for `x` (and `y`, weights), in the form the engine consumes (`kind`).
 
@@ -63,7 +64,7 @@ def build(
     model's declared (name, shape) inputs, to check array features against up front.
     """
     request = Request(x, y, sample_weight, class_weight, batch_size, shuffle, predict, seed,
-                      inputs, accumulate_steps)
+                      inputs, accumulate_steps, parts)
     cls = input_kind(request)
     if accumulate_steps > 1 and cls is not Arrays:
         raise bad_value(
@@ -107,7 +108,8 @@ def repeated(feed: Feed) -> Feed:
     user's own pipelines stay as Keras reads them (`Feed.per_epoch_iterators`)."""
     if feed.steps is None or not is_dataset(feed.data) or feed.per_epoch_iterators:
         return feed
-    return dataclasses.replace(feed, data=feed.data.repeat(), needs_steps=True)
+    tail = None if feed.tail is None else feed.tail.repeat()
+    return dataclasses.replace(feed, data=feed.data.repeat(), tail=tail, needs_steps=True)
 
 
 def skipped(feed: Feed, steps: int) -> Optional[Feed]:
@@ -115,7 +117,12 @@ def skipped(feed: Feed, steps: int) -> Optional[Feed]:
     resume); None for a feed read epoch by epoch, which cannot skip them."""
     if not feed.needs_steps or not is_dataset(feed.data) or feed.per_epoch_iterators:
         return None
-    return dataclasses.replace(feed, data=feed.data.skip(steps))
+    if feed.tail is None:
+        return dataclasses.replace(feed, data=feed.data.skip(steps))
+    assert feed.steps is not None
+    tails = (feed.offset + steps) // feed.steps - feed.offset // feed.steps
+    return dataclasses.replace(feed, data=feed.data.skip(steps - tails),
+                               tail=feed.tail.skip(tails), offset=feed.offset + steps)
 
 
 def split_validation(

@@ -9,7 +9,7 @@ elsewhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
@@ -26,14 +26,14 @@ from kerasmgpu.data.base import (
     num_rows,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, order_key, unpadded
+from kerasmgpu.data.bundle import bundle, even_batch, order_key
 from kerasmgpu.data.structure import as_tuples, to_numpy, unpack
 
 
 def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
-                number: int = 0, plain_even: bool = False) -> Any:
+                number: int = 0, even: Optional[str] = None) -> Any:
     """One element a Python source yields, as `(x, bundle)`, padded and packed; with
-    `plain_even`, a batch that needs no padding with an empty packing (`bundle.unpadded`)."""
+    `even` (a `bundle.even_batch` form), a batch that needs no padding as that form."""
     x, y, sw = unpack(element)
     x, y, sw = to_numpy(x), to_numpy(y), to_numpy(sw)
     weights = None if predict else user_weights(y, sw, weigh)
@@ -42,9 +42,9 @@ def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: 
     take = share.source_rows()
     if predict:
         return gather(x, take), bundle(share.packed(), order=order_key(number, len(take)))
-    if plain_even and not share.plan.pad:
-        return gather(x, take), bundle(unpadded(len(take)), gather(y, take),
-                                       gather(weights, take))
+    if even is not None and not share.plan.pad:
+        return even_batch(even, len(take), gather(x, take), gather(y, take),
+                          gather(weights, take))
     return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take))
 
 
@@ -74,11 +74,12 @@ class Indexed(Input):
         if len(source) == 0:
             raise bad_value("x", f"a {type(source).__name__} of length 0", "at least one batch",
                             "check its __len__ (the data it reads may be empty)", raw=True)
-        padded = PaddedBatches(source, self.weigh, self.planner, self.predict, self.plain_even)
+        padded = PaddedBatches(source, self.weigh, self.planner, self.predict)
         data = self.adapter.python_dataset(
             padded, workers=getattr(source, "workers", 1),
             use_multiprocessing=getattr(source, "use_multiprocessing", False),
             max_queue_size=getattr(source, "max_queue_size", 10))
+        padded.even = self.even_form(data)
         return Feed(data, steps=len(source), keras_shuffles=True)
 
 
@@ -86,17 +87,20 @@ class PaddedBatches:
     """An indexable source's batches, each padded as Keras reads it (the adapter's
     `python_dataset` hands them to Keras as a PyDataset / Sequence)."""
 
-    def __init__(self, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool,
-                 plain_even: bool) -> None:
+    def __init__(self, source: Any, weigh: Weigh, planner: batching.Planner, predict: bool
+                 ) -> None:
         self.source, self.weigh, self.planner = source, weigh, planner
-        self.predict, self.plain_even = predict, plain_even
+        self.predict = predict
+        # How a batch without padding reaches Keras (`Input.even_form`), set once the
+        # adapter made the PyDataset.
+        self.even: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> Any:
         return pad_element(self.source[index], self.weigh, self.planner, self.predict, index,
-                           self.plain_even)
+                           self.even)
 
     def on_epoch_end(self) -> None:
         if hasattr(self.source, "on_epoch_end"):
@@ -116,13 +120,15 @@ class Generator(Input):
 
     def python_feed(self) -> Feed:
         source, weigh, planner, predict = self.request.x, self.weigh, self.planner, self.predict
-        plain_even = self.plain_even
+        even: List[Optional[str]] = [None]
 
         def generate() -> Iterator[Any]:
             for number, element in enumerate(source):
-                yield pad_element(element, weigh, planner, predict, number, plain_even)
+                yield pad_element(element, weigh, planner, predict, number, even[0])
 
-        return Feed(generate())
+        batches = generate()
+        even[0] = self.even_form(batches)
+        return Feed(batches)
 
     def tf_feed(self) -> Feed:
         if self.indexable:

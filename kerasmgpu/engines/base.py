@@ -11,6 +11,7 @@ process group) built for a fixed set of devices, and knows:
   `demo`);
 * `broadcast(value)` - rank 0's integer on every process (one process: the value);
 * `any_process(flag)` - whether the flag is set on any process (one process: the flag);
+  `any_processes(flags)` - the same for several flags, in one collective where it can;
 * `shuffle_seed()` - the seed `fit(shuffle=True)` shuffles with, the same everywhere;
 * `owns_optimizer(optimizer)` - whether an optimizer was made in its scope;
 
@@ -172,6 +173,11 @@ class Engine(abc.ABC):
         """Hand a feed to the engine (multi-worker TF needs a distributed dataset)."""
         return feed
 
+    def step_iterator(self, dataset: Any) -> Any:
+        """An iterator over a tf.data pipeline of a feed in parts (`Feed.tail`), as
+        Keras reads the feed's own under this engine."""
+        return iter(dataset)
+
     def prepare_replica(self, replica: Any) -> None:  # noqa: B027 - optional hook
         """Called once a replica is attached (torch: broadcast the initial weights)."""
 
@@ -197,6 +203,10 @@ class Engine(abc.ABC):
         """Whether `flag` is set on any process of the job (one collective); every
         process must call it together."""
         return flag
+
+    def any_processes(self, flags: Sequence[bool]) -> List[bool]:
+        """`any_process` of each flag (one collective where the engine can)."""
+        return [self.any_process(flag) for flag in flags]
 
     def step_gradients(self, compute: Callable[..., List[Any]],
                        parts: Sequence[Sequence[Any]]) -> List[Any]:
@@ -226,9 +236,15 @@ class Engine(abc.ABC):
         own share of the same global batches - every sample once per epoch."""
         return self.broadcast(int(np.random.randint(0, 2**31 - 1)))
 
-    def note_callbacks(self, callbacks: List[Any]) -> None:  # noqa: B027 - optional hook
-        """The user's callbacks of the fit/evaluate about to run (torch: whether one
-        reads the per-batch logs, which then cost a collective per step)."""
+    def callback_flags(self, callbacks: List[Any]) -> List[bool]:
+        """What the user's callbacks of the fit/evaluate about to run ask of the engine,
+        as this process sees them (torch: whether one reads the per-batch logs, which
+        then cost a collective per step); the job agrees on them
+        (`use_callback_flags`), in the collective that starts every call."""
+        return []
+
+    def use_callback_flags(self, flags: List[bool]) -> None:  # noqa: B027 - optional hook
+        """The flags of `callback_flags`, as the job agreed on them."""
 
     def worker_callbacks(self, callbacks: List[Any]) -> List[Any]:
         """Only the chief writes: other workers keep no ModelCheckpoint, and restore

@@ -177,6 +177,15 @@ class KerasDistributionEngine(Engine):
 
         return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
+    def any_processes(self, flags: Sequence[bool]) -> List[bool]:
+        if not self.job.multi_process():
+            return list(flags)
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        every = multihost_utils.process_allgather(np.asarray(flags, np.int32).reshape(1, -1))
+        return [bool(v) for v in np.any(np.asarray(every).reshape(-1, len(flags)), axis=0)]
+
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.job.multi_process():
             return list(arrays)

@@ -405,6 +405,12 @@ class MirroredEngine(Engine):
         )
         return Feed(distributed_data, steps=feed.steps, needs_steps=True)
 
+    def step_iterator(self, dataset: Any) -> Any:
+        # In the scope, as Keras distributes the feed it reads (one process: a feed in
+        # parts is not made for several).
+        with self.scope():
+            return iter(self.strategy.experimental_distribute_dataset(dataset))
+
     def describe(self) -> Dict[str, str]:
         ops = tf_internals.all_reduce_name(self.strategy)
         return {

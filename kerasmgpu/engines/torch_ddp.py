@@ -19,7 +19,7 @@ process per device and, in each, `parallelize(model)`:
   costs no collective beyond the gradients' (the progress bar shows this process's
   running values);
 * keeps non-trainable state (e.g. BatchNorm statistics) equal by broadcasting rank 0's
-  at every epoch end.
+  at every epoch end (one flat broadcast).
 
 Its life: `TorchDDPEngine.start`, the moment torch is imported in a process of a job,
 gives the process its GPU (local rank) and registers the process group's teardown at a
@@ -223,7 +223,7 @@ class TorchDDPEngine(Engine):
         self.dist = torch_process_group(job)
         self.timeout = job.collective_timeout()
         self.world = int(self.dist.get_world_size())
-        # Whether the metric states are summed at every step (`note_callbacks`).
+        # Whether the metric states are summed at every step (`use_callback_flags`).
         self.sum_every_step = True
 
     @classmethod
@@ -253,13 +253,16 @@ class TorchDDPEngine(Engine):
         return True
 
     def any_process(self, flag: bool) -> bool:
+        return self.any_processes([flag])[0]
+
+    def any_processes(self, flags: Sequence[bool]) -> List[bool]:
         import torch
 
-        value = torch.tensor([int(flag)], dtype=torch.int32)
+        value = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
         if self.dist.get_backend() == "nccl":
             value = value.cuda()
         _collective(self.timeout, self.dist.all_reduce, value, op=self.dist.ReduceOp.MAX)
-        return bool(value.item())
+        return [bool(v) for v in value.tolist()]
 
     def step_gradients(self, compute: Callable[..., List[Any]],
                        parts: Sequence[Sequence[Any]]) -> List[Any]:
@@ -331,13 +334,15 @@ class TorchDDPEngine(Engine):
         replica.__dict__["get_metrics_result"] = types.MethodType(get_metrics_result, replica)
         _mark_steps(replica)
 
-    def note_callbacks(self, callbacks: List[Any]) -> None:
-        # One collective per call: a callback given to the chief alone (TensorBoard
+    def callback_flags(self, callbacks: List[Any]) -> List[bool]:
+        # Agreed by the job: a callback given to the chief alone (TensorBoard
         # `if is_chief()`) must make every process sum at every step, or their
         # collectives would no longer pair up.
         base = self.adapter.keras.callbacks.Callback
-        self.sum_every_step = self.any_process(
-            any(_reads_batch_logs(c, base) for c in callbacks))
+        return [any(_reads_batch_logs(c, base) for c in callbacks)]
+
+    def use_callback_flags(self, flags: List[bool]) -> None:
+        self.sum_every_step = flags[0]
 
     def prepare_compiled(self, replica: Any) -> None:
         # Every compile installs the replica's step methods anew (compute_metrics
@@ -383,7 +388,14 @@ class TorchDDPEngine(Engine):
                 variable.assign(value)
 
     def epoch_end(self, replica: Any) -> None:
-        self._broadcast(replica.non_trainable_weights)
+        # Rank 0's non-trainable state (BatchNorm statistics, which each process moved on
+        # its own rows), in one flat broadcast; none for a model without any.
+        variables = [v for v in replica.non_trainable_weights if hasattr(v, "assign")]
+        if not variables:
+            return
+        values = [v.value.data for v in variables]
+        for variable, value in zip(variables, _broadcast_flat(self.timeout, self.dist, values)):
+            variable.assign(value)
 
     def describe(self) -> Dict[str, str]:
         backend = self.dist.get_backend() if self.dist.is_initialized() else "-"
@@ -447,6 +459,23 @@ def _all_reduce_flat(timeout: float, dist: Any, tensors: Sequence[Any], dtype: A
     _collective(timeout, dist.all_reduce, flat)
     pieces = torch.split(flat, [t.numel() for t in tensors])
     return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
+
+
+def _broadcast_flat(timeout: float, dist: Any, tensors: Sequence[Any]) -> List[Any]:
+    """Rank 0's `tensors`, shaped like them, in one collective (of one dtype each)."""
+    import torch
+
+    out: List[Any] = [None] * len(tensors)
+    groups: Dict[Any, List[int]] = {}
+    for index, tensor in enumerate(tensors):
+        groups.setdefault(tensor.dtype, []).append(index)
+    for members in groups.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in members])
+        _collective(timeout, dist.broadcast, flat, src=0)
+        pieces = torch.split(flat, [tensors[i].numel() for i in members])
+        for i, piece in zip(members, pieces):
+            out[i] = piece.view_as(tensors[i])
+    return out
 
 
 def _collective(timeout: float, operation: Callable[..., Any], *args: Any, **kwargs: Any

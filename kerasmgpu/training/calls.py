@@ -6,12 +6,12 @@ and keep the template equal to the replica (`kerasmgpu.training.sync`)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kerasmgpu import accumulation
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.data import feeds, structure
-from kerasmgpu.training import resume, sync
+from kerasmgpu.training import parts, resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.compiling import (
@@ -27,10 +27,46 @@ from kerasmgpu.training.state import ParallelState, state_of
 
 def _state(model: Any, *, training: bool, collective: bool = True) -> ParallelState:
     """The model's state, after the template's changes reached the replica."""
+    return _state_agreeing(model, training=training, collective=collective)[0]
+
+
+def _state_agreeing(model: Any, *, training: bool, collective: bool = True,
+                    flags: Sequence[bool] = ()) -> Tuple[ParallelState, List[bool]]:
+    """`_state`, and `flags` of this process as the job agreed on them - in the one
+    collective that starts a call of every process (alone: as they are)."""
     state = state_of(model)
     assert state is not None and state.mirror is not None
-    sync.before_call(state.mirror, training=training, collective=collective)
-    return state
+    agreed = sync.before_call(state.mirror, training=training, collective=collective,
+                              also=flags)
+    return state, agreed
+
+
+def _agreed_callbacks(model: Any, callbacks: List[Any], *, training: bool
+                      ) -> Tuple[ParallelState, bool]:
+    """`_state` of a fit/evaluate, the job agreeing in the same collective on what the
+    engine needs to know of the user's callbacks (`Engine.callback_flags`: before the
+    chief-only ones are dropped, fit's validation passes included) and, for a fit,
+    whether one may change a model (then the template is checked at every epoch end)."""
+    held = state_of(model)
+    assert held is not None
+    flags = held.engine.callback_flags(callbacks)
+    extra = [_callbacks_may_change_models(callbacks)] if training else []
+    state, agreed = _state_agreeing(model, training=training, flags=flags + extra)
+    state.engine.use_callback_flags(agreed[:len(flags)])
+    return state, bool(agreed[len(flags):] and agreed[-1])
+
+
+def _callbacks_may_change_models(callbacks: List[Any]) -> bool:
+    """Whether a callback of the user's may change a model during a fit (then the
+    template and the processes must agree again at every epoch end): any but Keras's
+    progress bar and history, which change nothing."""
+    for callback in callbacks:
+        kind = type(callback)
+        package = kind.__module__.split(".")[0]
+        if not (package in ("keras", "tf_keras", "tensorflow")
+                and kind.__name__ in ("ProgbarLogger", "History")):
+            return True
+    return False
 
 
 def _compiled_for(model: Any, call: str) -> None:
@@ -69,16 +105,15 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
                             f"None with accumulate_steps > 1 here: {problem}",
                             "leave steps_per_epoch out (fit the rows you mean), or upgrade "
                             "Keras 3 to 3.8+")
-    state = _state(self, training=True)
+    callbacks = list(callbacks or [])
+    state, may_change = _agreed_callbacks(self, callbacks, training=True)
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
     if state.verify:
         self_check.before_fit(state, self, x, y, sample_weight, class_weight, batch_size,
                               state.sync_batchnorm)
-    # Before the chief-only ones are dropped: every process must decide alike.
-    state.engine.note_callbacks(list(callbacks or []))  # fit's validation passes included
-    user_callbacks = state.engine.worker_callbacks(list(callbacks or []))
+    user_callbacks = state.engine.worker_callbacks(callbacks)
     job = state.engine.job
     position = resume.plan(state.adapter, user_callbacks,
                            rank=job.global_rank() if job.multi_process() else 0,
@@ -94,7 +129,7 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     )
     if steps_per_epoch is None and train_feed.needs_steps:
         steps_per_epoch = train_feed.steps
-    val_data = None
+    val_data = val_feed = None
     if validation_data is not None:
         vx, vy, vsw = structure.unpack(validation_data)
         val_feed = state.feed(
@@ -105,11 +140,14 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
     before, after = position.callbacks() if position is not None else ([], [])
+    # Without callbacks of the user's nothing changes the template during the fit: no
+    # check (and, in a job, no collective) at its epoch ends.
     callbacks = (before + [_logs_callback(state, self), _to_template(state, self)]
-                 + user_callbacks + after + [_from_template(state)]
+                 + user_callbacks + after + ([_from_template(state)] if may_change else [])
                  + _stopped_group(state, self, train_feed))
     preemption = position.preemption() if position is not None else contextlib.nullcontext()
-    with state.engine.scope(), preemption:
+    with state.engine.scope(), preemption, parts.split_steps(
+            state.engine, self, {"train": train_feed, "test": val_feed}):
         history = state.originals["fit"](
             self, train_feed.data, epochs=epochs, verbose=verbose, callbacks=callbacks,
             validation_data=val_data, shuffle=bool(shuffle) and train_feed.keras_shuffles,
@@ -146,15 +184,14 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
         return _fixed_results(state, self, results, return_dict)
-    state = _state(self, training=False)
+    state, _ = _agreed_callbacks(self, list(callbacks or []), training=False)
     if state.verify:
         self_check.check_outputs(state, self, x, batch_size, "evaluate")
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
         steps = feed.steps
-    state.engine.note_callbacks(list(callbacks or []))
-    with state.engine.scope():
+    with state.engine.scope(), parts.split_steps(state.engine, self, {"test": feed}):
         results = state.originals["evaluate"](
             self, feed.data, verbose=verbose, steps=steps, callbacks=callbacks,
             return_dict=return_dict or "test" in state.custom_steps, **kwargs,

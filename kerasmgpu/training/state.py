@@ -49,16 +49,19 @@ class ParallelState:
         inputs = self.adapter.model_inputs(model) if model is not None else None
         if kind == "train":
             kwargs["accumulate_steps"] = self.accumulate_steps
+        # A feed in parts needs a step function that runs one step per call.
+        parts = model is not None and self.adapter.steps_per_call(model) == 1
         feed = feeds.build(self.adapter, self.engine.feed_kind, self.engine.planner, x,
-                           inputs=inputs, predict=kind == "predict", **kwargs)
+                           inputs=inputs, predict=kind == "predict", parts=parts, **kwargs)
         if kind != "predict" and self.report is not None:
             self.report.feeding(kind, feed.pads, feed.padding_example)
-        if training:
+        if training or feed.tail is not None:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a
             # small model); one repeated iterator reads the epochs of kerasmgpu's own
             # pipelines back to back. A user's tf.data pipeline is read as Keras reads
-            # it on one device (`Feed.per_epoch_iterators`).
+            # it on one device (`Feed.per_epoch_iterators`). A feed in parts is read so
+            # always: its step function counts the steps (`training.parts`).
             feed = feeds.repeated(feed)
         if position is not None:
             feed = _skip_trained(feed, position)

@@ -274,6 +274,11 @@ def tracker_update(adapter: Adapter, total: bool = True
             frame = current()
             if frame is None:
                 return original(values, sample_weight=sample_weight, **kwargs)
+            if not total and adapter.output_losses_weigh_steps:
+                # Every replica's value weighs 1, as one device's step does (a padded
+                # replica's is 0 and the real one's carries the scale: their mean is the
+                # step's value).
+                sample_weight = None
             if sample_weight is None:
                 # A step of the user's own tracks the loss itself (the Keras guides:
                 # `metric.update_state(loss)`). What it got from Keras's compiled loss
@@ -403,11 +408,19 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
         def stateless_step(self: Any, state: Any, data: Any) -> Any:
             return run(self, data, lambda d: original(self, state, d))
 
-        return stateless_step
+        return _named(stateless_step, original)
 
     def step(self: Any, data: Any) -> Any:
         return run(self, data, lambda d: original(self, d))
 
+    return _named(step, original)
+
+
+def _named(step: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """`step` under the name of the step it runs: JAX names the compiled program after
+    it (`jit_train_step`, as on one device), and so do profiles and tracebacks."""
+    step.__name__ = getattr(original, "__name__", step.__name__)
+    step.__qualname__ = getattr(original, "__qualname__", step.__qualname__)
     return step
 
 

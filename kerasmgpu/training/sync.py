@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kerasmgpu.adapters import Adapter, layer_state
 from kerasmgpu.adapters.base import StateReader
@@ -54,7 +54,7 @@ class Mirror:
     template: Any
     replica: Any
     adapter: Adapter
-    # The engine: scope(), equalize(replica), any_process(flag), broadcast_arrays(arrays).
+    # The engine: scope(), equalize(replica), any_processes(flags), broadcast_arrays(arrays).
     engine: EngineOps
     # Compiles the replica with the template's compile arguments (None: never needed).
     recompile: Optional[Callable[[Dict[str, Any]], None]] = None
@@ -114,18 +114,25 @@ def relink(mirror: Mirror) -> None:
 # --- before a call: the template's changes into the replica --------------------------------
 
 
-def before_call(mirror: Mirror, *, training: bool, collective: bool) -> None:
+def before_call(mirror: Mirror, *, training: bool, collective: bool,
+                also: Sequence[bool] = ()) -> List[bool]:
     """Bring the template's changes into the replica before a call.
 
     `training`: the call trains (optimizer state and trainable flags matter then);
     `collective`: every process of a job makes this call together, so that they can
-    agree on what changed (predict runs on each process alone).
+    agree on what changed (predict runs on each process alone). `also`: flags of this
+    process the job agrees on in the same collective; returned as agreed (whether any
+    process set each; alone: as they are).
     """
     exchange = collective and mirror.job
     if mirror.shared:
-        if exchange:
-            _follow_the_chief(mirror, training)
-        return
+        if not exchange:
+            return list(also)
+        changed, *agreed = mirror.engine.any_processes(
+            [bool(_changes(mirror, training))] + list(also))
+        if changed:  # the parallel model is the template (torch, or built in scope)
+            _take_the_chiefs(mirror, training)
+        return agreed
     _carry_attributes(mirror)
     if _compiled_anew(mirror):
         _copy_flags(mirror)
@@ -134,12 +141,14 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool) -> None:
         _copy_flags(mirror)
     changes = _changes(mirror, training)
     if exchange:
-        if mirror.engine.any_process(bool(changes)):
+        changed, *agreed = mirror.engine.any_processes([bool(changes)] + list(also))
+        if changed:
             _take_the_chiefs(mirror, training)
-        return
+        return agreed
     for part, indexes, tokens in changes:
         _copy(mirror, part, to_replica=True, indexes=indexes)
         part.seen = tokens
+    return list(also)
 
 
 def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List[Any]]]:
@@ -151,13 +160,6 @@ def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List
         if indexes or len(tokens) != len(part.seen):
             found.append((part, indexes or list(range(len(tokens))), tokens))
     return found
-
-
-def _follow_the_chief(mirror: Mirror, training: bool) -> None:
-    """The parallel model is the template (torch, or built in scope): when any process
-    changed its own, every process takes rank 0's."""
-    if mirror.engine.any_process(bool(_changes(mirror, training))):
-        _take_the_chiefs(mirror, training)
 
 
 def _take_the_chiefs(mirror: Mirror, training: bool) -> None:
