@@ -89,6 +89,37 @@ def test_adapted_preprocessing_layers_train_as_on_one_device() -> None:
     _fit_both(lambda: _adapted(with_tables), x)
 
 
+@pytest.mark.core
+@pytest.mark.parametrize("recompile", [False, True], ids=["as-traced", "recompiled"])
+def test_a_layer_adapted_again_after_parallelize_trains_as_on_one_device(
+        recompile: bool) -> None:
+    # Before: the copy kept the first adaptation (Normalization's derived mean and
+    # variance, a lookup's vocabulary): the second fit normalised new data with the old
+    # statistics, silently.
+    with_tables = ON_TF and _one_device_trains_tables()
+    x = [XN, XI] if with_tables else [XN]
+    shifted = [XN * 3 - 400, (XI + 7) % 25] if with_tables else [XN * 3 - 400]
+    single, template = _adapted(with_tables), _adapted(with_tables)
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    fit = dict(batch_size=20, epochs=1, shuffle=False, verbose=0)
+    for data in (x, shifted):
+        if data is shifted:
+            for model in (single, template):  # the user adapts the model they built
+                for layer in model.layers:
+                    if isinstance(layer, keras.layers.Normalization):
+                        layer.adapt(data[0])
+                    elif isinstance(layer, keras.layers.IntegerLookup):
+                        layer.adapt(data[1])
+                if recompile:  # a traced step made before keeps what it read then
+                    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        one, par = single.fit(data, Y, **fit), pmodel.fit(data, Y, **fit)
+        assert_history_close(one, par, rtol=1e-5)
+        assert_weights_close(single, template, atol=1e-5)
+        np.testing.assert_allclose(single.predict(data, verbose=0),
+                                   pmodel.predict(data, verbose=0), rtol=1e-5, atol=1e-5)
+
+
 def _one_device_trains_tables():
     """Whether plain Keras trains the lookup model on one device: Keras 3.10 itself fails
     on it (its one-hot Discretization's output shape), so there only Normalization is

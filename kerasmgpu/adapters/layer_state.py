@@ -100,9 +100,53 @@ def _copied(value: Any) -> Any:
 
 def adaptable(layer: Any) -> bool:
     """A preprocessing layer whose state `adapt()` sets (Normalization, Discretization,
-    the lookups, TextVectorization)."""
-    return callable(getattr(layer, "adapt", None)) and callable(
-        getattr(layer, "save_own_variables", None))
+    the lookups, TextVectorization), on a Keras with the saving protocol that carries it."""
+    return callable(getattr(layer, "adapt", None)) and _saves_itself(layer)
+
+
+def adapts(layer: Any) -> bool:
+    """A preprocessing layer whose state `adapt()` sets, on any Keras."""
+    return callable(getattr(layer, "adapt", None))
+
+
+def _saves_itself(layer: Any) -> bool:
+    return callable(getattr(layer, "save_own_variables", None))
+
+
+def carry_adapted_again(layer: Any, copy: Any) -> None:
+    """The copy takes a layer's state after a new `adapt()`: as `carry_adapted`, or
+    where the saving protocol is missing (tf.keras 2.12), its weights - a lookup's
+    vocabulary among them there - then `finalize_state()`, which derives what the
+    layer computes from its variables (Normalization's mean and variance tensors); a
+    lookup's would rebuild its table from counts the copy never took, so not there."""
+    if _saves_itself(layer):
+        carry_adapted([(layer, copy)])
+        return
+    copy.set_weights(layer.get_weights())
+    if not callable(getattr(copy, "get_vocabulary", None)) and callable(
+            getattr(copy, "finalize_state", None)):
+        copy.finalize_state()
+
+
+def adapted_state(layer: Any) -> List[Any]:
+    """What `adapt()` set on the layer, as values to compare later: its own variables as
+    Keras's saving stores them (its weights where that protocol is missing: tf.keras
+    2.12), and its vocabulary where it has one (a lookup keeps it in a table)."""
+    state: List[Any] = []
+    if _saves_itself(layer) and getattr(layer, "built", True):
+        store: Dict[str, Any] = {}
+        layer.save_own_variables(store)
+        state = [np.array(store[key]) for key in sorted(store)]
+    elif not _saves_itself(layer):
+        state = [np.array(w) for w in layer.get_weights()]
+    vocabulary = getattr(layer, "get_vocabulary", None)
+    if callable(vocabulary):
+        state.append([str(token) for token in vocabulary()])
+    return state
+
+
+def same_state(a: List[Any], b: List[Any]) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 
 
 def carry_adapted(pairs: List[Tuple[Any, Any]]) -> None:

@@ -72,6 +72,9 @@ class Mirror:
     # agreed (`_carry_attributes`).
     pairs: List[Tuple[Any, Any]] = field(default_factory=list)
     attributes: List[Tuple[Dict[str, Any], Dict[str, Any]]] = field(default_factory=list)
+    # Each adapted preprocessing layer with its copy, and the template's adapted state
+    # as the copy last took it (`_carry_adapted`); None: new layers, each carried at the next call.
+    adapted: Optional[List[Tuple[Any, Any, Optional[List[Any]]]]] = None
     warned: bool = False
 
     @property
@@ -95,6 +98,8 @@ def link(template: Any, replica: Any, adapter: Adapter, engine: EngineOps, **opt
     template's optimizer state goes to the replica, and both sides are recorded."""
     mirror = Mirror(template, replica, adapter, engine, **options)
     relink(mirror)
+    if not mirror.shared:  # the copy took the adapted layers' state as it was made
+        mirror.adapted = _adapted_pairs(mirror)
     return mirror
 
 
@@ -134,6 +139,7 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool,
             _take_the_chiefs(mirror, training)
         return agreed
     _carry_attributes(mirror)
+    _carry_adapted(mirror)
     if _compiled_anew(mirror):
         _copy_flags(mirror)
         _recompile(mirror)
@@ -250,6 +256,31 @@ def _snapshot(template: Any, replica: Any) -> Tuple[Dict[str, Any], Dict[str, An
     return (layer_state.snapshot(template), layer_state.snapshot(replica))
 
 
+# --- adapted preprocessing layers ----------------------------------------------------------
+
+
+def _carry_adapted(mirror: Mirror) -> None:
+    """A layer adapted again on the template since the copy took its state (new
+    statistics, a new vocabulary) gives it to the copy again, as at parallelize():
+    copying its variables alone leaves what Keras derives from them (Normalization's
+    mean and variance tensors) or keeps beside them (a lookup's table) as it was, and a
+    step traced after that - a recompile, a new fit on tf_keras - read the old state."""
+    if mirror.adapted is None:  # new layers: each pair's state is carried once
+        mirror.adapted = [(t, r, None) for t, r, _ in _adapted_pairs(mirror)]
+    for index, (template, replica, seen) in enumerate(mirror.adapted):
+        now = layer_state.adapted_state(template)
+        if seen is not None and layer_state.same_state(now, seen):
+            continue
+        with mirror.engine.scope():
+            layer_state.carry_adapted_again(template, replica)
+        mirror.adapted[index] = (template, replica, now)
+
+
+def _adapted_pairs(mirror: Mirror) -> List[Tuple[Any, Any, Any]]:
+    return [(t, r, layer_state.adapted_state(t)) for t, r in mirror.pairs
+            if layer_state.adapts(t)]
+
+
 # --- after a call that trains: the replica's state into the template ---------------------
 
 
@@ -327,6 +358,7 @@ def _refresh(mirror: Mirror) -> None:
     if weights is not mirror.weights or not mirror.layers[0]:  # new variables: new layers?
         mirror.layers = (mirror.adapter.layers_of(template), mirror.adapter.layers_of(replica))
         mirror.pairs = mirror.adapter.layer_pairs(template, replica)
+        mirror.adapted = None
     mirror.weights = weights
     mirror.optimizer = _optimizer_part(mirror)
 
