@@ -76,8 +76,9 @@ def test_activity_regularizers_and_add_loss_train_as_on_one_device(replicas: int
 
 
 def test_a_stateful_rnn_is_refused_before_anything_happens() -> None:
-    # It failed inside parallelize() with TensorFlow's "Dimensions must be equal": the
-    # state has the batch's rows, each replica a slice of them.
+    # Before: parallelize() passed and the first step failed in TensorFlow
+    # ("Incompatible shapes: [2,16] vs. [6,16]"): the state has the batch's rows, each
+    # replica a slice of them.
     model = keras.models.Sequential([
         keras.layers.LSTM(4, stateful=True, batch_input_shape=(6, 3, 2), name="memory"),
         keras.layers.Dense(1)])

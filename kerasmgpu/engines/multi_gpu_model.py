@@ -170,9 +170,10 @@ class MultiGpuModelEngine(Engine):
 def _refuse_stateful(adapter: Keras23, model: Any) -> None:
     """A stateful RNN keeps its state across batches in variables of the batch's fixed
     size: each replica of multi_gpu_model runs a slice of the batch, which the state's
-    shape does not fit (TensorFlow's "Dimensions must be equal" while Keras builds the
-    replicas, or at the first step). Refused before anything is built or trained, as
-    on the mirrored route."""
+    shape does not fit (2.3.1, batch_input_shape=(6, ...) on 3 replicas: parallelize()
+    passed and the first step failed, `Incompatible shapes: [2,16] vs. [6,16]`; issue
+    28 reports "Dimensions must be equal"). Refused before anything is built or
+    trained, as on the mirrored route."""
     stateful = [layer for layer in adapter.layers_of(model)[1:]
                 if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
     if stateful:
