@@ -109,6 +109,42 @@ class Keras23(Adapter):
             raise self.fail("multi_gpu_model built no `get_slice` Lambda",
                             "how it slices the batch over the replicas")
 
+    @contextlib.contextmanager
+    def one_device_losses(self, model: Any) -> Iterator[List[Any]]:
+        """While Keras's `multi_gpu_model(model)` builds: the layers' added losses (activity
+        regularizers, `add_loss` in `call`) stay as the template had them, and the list
+        yielded is filled with the template's own loss terms for the parallel model.
+
+        Each replica calling the template adds its slice's terms: an activity
+        regularizer's per slice (keyed by the slice), an `add_loss` in `call` unconditional
+        (so the template's own list grew by one copy per replica). Summed by the parallel
+        model's compile, a mean counted N+1 times and a short batch's repeated rows
+        counted. The template's own terms read the template's inputs, which are the
+        parallel model's (Keras slices `model.inputs`): the whole batch as one device
+        computes them. Reads `Layer._losses` and `_per_input_losses` (2.3.1)."""
+        layers = self.layers_of(model)
+        if not all(isinstance(getattr(layer, "_per_input_losses", None), dict)
+                   and isinstance(getattr(layer, "_losses", None), list) for layer in layers):
+            raise self.fail("`Layer._losses` or `_per_input_losses` is missing",
+                            "where Keras 2.3 keeps the losses each call of a layer adds")
+        kept = [(layer, list(layer._losses),
+                 {key: list(terms) for key, terms in layer._per_input_losses.items()})
+                for layer in layers]
+        terms = list(model.losses)
+        yield terms
+        for layer, losses, per_input in kept:
+            layer._losses = losses
+            layer._per_input_losses = per_input
+
+    def add_one_device_losses(self, parallel: Any, terms: List[Any]) -> None:
+        """The template's own loss terms (`one_device_losses`) that the parallel model
+        does not collect itself (an activity regularizer's: keyed by the template's own
+        call, which is no node of the parallel model), added to it once."""
+        have = {id(term) for term in parallel.losses}
+        missing = [term for term in terms if id(term) not in have]
+        if missing:
+            parallel.add_loss(missing)
+
     def compile_args(self, model: Any) -> Dict[str, Any]:
         """Keras 2.3 keeps its compile arguments on the model. The optimizer is the
         model's own object: the parallel model shares it (`keras23_template`)."""

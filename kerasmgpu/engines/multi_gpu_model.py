@@ -82,6 +82,7 @@ class MultiGpuModelEngine(Engine):
     def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         if len(self.devices) == 1:
             return self._on_one_device(model, options)
+        _refuse_stateful(self.adapter, model)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
         keras_multi_gpu_model = self.adapter.keras_multi_gpu_model()
@@ -103,11 +104,15 @@ class MultiGpuModelEngine(Engine):
         else:
             updates = self.adapter.replica_updates(inner)
             with self._gpu_names_for_virtual_devices(), \
-                    self.adapter.padded_short_batches(inner):
+                    self.adapter.padded_short_batches(inner), \
+                    self.adapter.one_device_losses(inner) as terms:
                 parallel = keras_multi_gpu_model(
                     inner, gpus=ids, cpu_merge=self.cpu_merge, cpu_relocation=False
                 )
             updates.built(parallel)
+            # Activity regularizers and add_loss terms as one device computes them: on
+            # the whole batch, once (the replicas' per-slice copies are dropped).
+            self.adapter.add_one_device_losses(parallel, terms)
         parallel_model.hold(parallel, model, self, self.adapter, options)
         follow = _Follow(parallel, model, self.adapter)
         mirror = None
@@ -160,6 +165,26 @@ class MultiGpuModelEngine(Engine):
             f"concatenated on {merged_on} into one loss and one gradient over the whole batch, "
             "applied to the one set of weights the replicas share (no all-reduce)",
         }
+
+
+def _refuse_stateful(adapter: Keras23, model: Any) -> None:
+    """A stateful RNN keeps its state across batches in variables of the batch's fixed
+    size: each replica of multi_gpu_model runs a slice of the batch, which the state's
+    shape does not fit (2.3.1, batch_input_shape=(6, ...) on 3 replicas: parallelize()
+    passed and the first step failed, `Incompatible shapes: [2,16] vs. [6,16]`; issue
+    28 reports "Dimensions must be equal"). Refused before anything is built or
+    trained, as on the mirrored route."""
+    stateful = [layer for layer in adapter.layers_of(model)[1:]
+                if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
+    if stateful:
+        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})" for layer in stateful)
+        raise bad_value(
+            "model", f"stateful RNN layers {names} on Keras 2.3's multi_gpu_model",
+            "layers without stateful=True here: the replicas cannot share one "
+            "batch-sized state",
+            "train it on one device (gpus=1), or with stateful=False, or with Keras 3 on "
+            "JAX (KERAS_BACKEND=jax), which trains a stateful RNN as one device does",
+            raw=True)
 
 
 class _Follow:

@@ -1,0 +1,172 @@
+"""Keras 2.3 (`multi_gpu_model`): models whose layers add losses or keep state, against
+plain Keras 2.3.1 on one device.
+
+Activity regularizers and `add_loss` terms (each replica used to add its slice's term,
+and an `add_loss` in `call` also stayed on the template once per replica); a stateful
+RNN (refused before anything happens); BatchNormalization frozen by learning phase 0
+(a global of Keras's backend, so that test runs in its own interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import ON_LEGACY, REPLICAS, assert_history_close, assert_weights_close, requires
+
+import kerasmgpu
+
+pytestmark = requires(legacy=True)
+
+if ON_LEGACY:
+    import keras
+    from keras import backend as K
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 300  # a TensorFlow import alone takes 10-25 s on a loaded 2-core CI machine
+
+
+def _regularized() -> Any:
+    """A Dense with an activity regularizer (a sum over the rows, Keras 2.3's own), a
+    layer adding a mean over the rows by `add_loss` in `call`, and a weight regularizer."""
+
+    class MeanSquare(keras.layers.Layer):
+        def call(self, inputs):
+            self.add_loss(0.1 * K.mean(K.square(inputs)))
+            return inputs
+
+    inputs = keras.layers.Input((5,))
+    hidden = keras.layers.Dense(6, activation="tanh",
+                                activity_regularizer=keras.regularizers.l2(0.01))(inputs)
+    outputs = keras.layers.Dense(1, kernel_regularizer=keras.regularizers.l2(0.001))(
+        MeanSquare()(hidden))
+    model = keras.models.Model(inputs, outputs)
+    rng = np.random.RandomState(3)
+    model.set_weights([rng.normal(scale=0.3, size=w.shape).astype("float32")
+                       for w in model.get_weights()])
+    model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    return model
+
+
+# 24 rows in batches of 8 divide on 2 and 3 replicas; 27 leave a last batch of 3 (uneven
+# on 2); 25 leave a last batch of 1 row, fewer than the replicas (repeated to one each).
+@pytest.mark.parametrize("rows", [24, 27, 25])
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_activity_regularizers_and_add_loss_train_as_on_one_device(replicas: int,
+                                                                   rows: int) -> None:
+    rng = np.random.RandomState(1)
+    x = rng.normal(size=(rows, 5)).astype("float32")
+    y = rng.normal(size=(rows, 1)).astype("float32")
+    one, template = _regularized(), _regularized()
+    own_terms = len(template.losses)
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    assert len(template.losses) == own_terms  # no replica's copy left on the template
+    h1 = one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_history_close(h1, h2)
+    assert_weights_close(one, template)
+    np.testing.assert_allclose(pmodel.evaluate(x, y, batch_size=8, verbose=0),
+                               one.evaluate(x, y, batch_size=8, verbose=0), rtol=1e-5)
+
+
+def test_a_stateful_rnn_is_refused_before_anything_happens() -> None:
+    # Before: parallelize() passed and the first step failed in TensorFlow
+    # ("Incompatible shapes: [2,16] vs. [6,16]"): the state has the batch's rows, each
+    # replica a slice of them.
+    model = keras.models.Sequential([
+        keras.layers.LSTM(4, stateful=True, batch_input_shape=(6, 3, 2), name="memory"),
+        keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=r"Received: .*'memory' \(LSTM\).*Allowed: .*"
+                       r"stateful.*Fix: .*one device.*stateful=False"):
+        kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # One device (gpus=1 passes the model through) still trains it.
+    kerasmgpu.parallelize(model, gpus=1).fit(
+        np.ones((12, 3, 2), "float32"), np.ones((12, 1), "float32"), batch_size=6,
+        shuffle=False, verbose=0)
+
+
+FROZEN_BATCHNORM = """
+    import sys
+    import numpy as np
+    import keras
+    from keras import backend as K
+    import kerasmgpu
+
+    K.set_learning_phase(0)  # fine-tuning: every BatchNormalization in inference mode
+
+    def build():
+        inputs = keras.layers.Input((4,))
+        hidden = keras.layers.Dense(6)(inputs)
+        hidden = keras.layers.BatchNormalization(name="norm")(hidden)
+        hidden._keras_history[0].trainable = sys.argv[2] != "frozen"
+        model = keras.models.Model(inputs, keras.layers.Dense(1)(hidden))
+        rng = np.random.RandomState(3)
+        # Statistics unlike the data's (mean 3, variance 4): a step that moved them shows.
+        model.set_weights([(rng.normal(scale=0.3, size=w.shape) if w.ndim > 1 else
+                            rng.uniform(0.5, 1.5, size=w.shape)).astype("float32")
+                           for w in model.get_weights()])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        return model
+
+    rng = np.random.RandomState(1)
+    x = (3 + 2 * rng.normal(size=(25, 4))).astype("float32")
+    y = rng.normal(size=(25, 1)).astype("float32")
+    one, template = build(), build()
+    statistics = [w.name for w in template.get_layer("norm").weights]
+    before = template.get_layer("norm").get_weights()
+    h1 = one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    pmodel = kerasmgpu.parallelize(template, gpus=int(sys.argv[1]),
+                                   sync_batchnorm=sys.argv[2] == "sync")
+    h2 = pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    norm_one = one.get_layer("norm").get_weights()
+    norm_many = template.get_layer("norm").get_weights()
+    for name, b, a, m in zip(statistics, before, norm_one, norm_many):
+        if "moving" in name:
+            print("STATISTIC", name, float(np.max(np.abs(a - b))),
+                  float(np.max(np.abs(m - b))), float(np.max(np.abs(m - a))))
+    w = max(float(np.max(np.abs(a - b))) for a, b in zip(one.get_weights(),
+                                                         template.get_weights()))
+    h = max(abs(a - b) for a, b in zip(h1["loss"], h2["loss"]))
+    e = abs(one.evaluate(x, y, batch_size=8, verbose=0)
+            - pmodel.evaluate(x, y, batch_size=8, verbose=0))
+    print("DIFF", w, h, e)
+"""
+
+
+# "frozen": learning phase 0 and `trainable = False` (Keras 2.3 gathers no update of a
+# frozen layer): the statistics must not move at all. "sync": learning phase 0 alone -
+# plain Keras 2.3.1 still updates the statistics, once per batch from the whole batch,
+# which `sync_batchnorm=True` does too (without it each replica updates them in turn).
+@pytest.mark.parametrize("mode", ["frozen", "sync"])
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_batchnorm_in_learning_phase_0_keeps_one_devices_statistics(
+        replicas: int, mode: str, tmp_path: Path) -> None:
+    # K.set_learning_phase(0) is global to Keras's backend: its own interpreter.
+    script = tmp_path / "frozen.py"
+    script.write_text(textwrap.dedent(FROZEN_BATCHNORM))
+    done = subprocess.run([sys.executable, str(script), str(replicas), mode],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=str(tmp_path),
+                          env={**os.environ, "KERASMGPU_VIRTUAL_DEVICES": str(replicas)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    statistics = [line[1:] for line in lines if line[:1] == ["STATISTIC"]]
+    assert len(statistics) == 2, done.stdout  # moving_mean, moving_variance
+    for name, on_one, on_many, apart in statistics:
+        assert float(apart) < 1e-6, (name, on_one, on_many)
+        if mode == "frozen":
+            assert float(on_one) == 0.0 and float(on_many) == 0.0, (name, on_one, on_many)
+        else:
+            assert float(on_one) > 1e-3, (name, on_one)  # the data's statistics differ
+    weights, history, evaluate = (float(d) for d in next(
+        line[1:] for line in lines if line[:1] == ["DIFF"]))
+    assert weights < 1e-5 and history < 1e-5 and evaluate < 1e-5, done.stdout
