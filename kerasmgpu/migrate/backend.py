@@ -214,7 +214,7 @@ class BackendRule(Rule):
             return
         if self.ctx.target is Target.TF_KERAS:
             if name == "gradients":
-                self.warn(node, MSG_TF_KERAS_GRADIENTS)
+                self.warning(node, MSG_TF_KERAS_GRADIENTS)
             if name in TF_KERAS_TO_TF:
                 tf = self.ctx.module_name("tensorflow", node, alias="tf")
                 new = f"{tf}.{TF_KERAS_TO_TF[name]}"
@@ -248,9 +248,9 @@ class BackendRule(Rule):
             self.rewritten.add(id(node.func))
         message = MSG_REWRITE.format(name=name, new=new, note="")
         if name == "shape" and not self.indexed(node):
-            self.warn(node, message + MSG_SHAPE)
+            self.warning(node, message + MSG_SHAPE)
         elif name in ("update", "update_add", "update_sub"):
-            self.warn(node, message + MSG_UPDATE)
+            self.warning(node, message + MSG_UPDATE)
         else:
             self.info(node, message)
 

@@ -183,7 +183,7 @@ class InternalsRule(Rule):
         keras = self.ctx.keras_module(node)
         self.ctx.replace(bases[0].value, nodes.attr_chain(f"{keras}.layers.Layer"))
         self.ctx.edit(merge[0], _renamed_call)
-        self.warn(node, MSG_MERGE.format(name=node.name.value, keras=keras))
+        self.warning(node, MSG_MERGE.format(name=node.name.value, keras=keras))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         gone = [d for d in node.decorators if _decorator_root(d) in self.interfaces]

@@ -106,7 +106,7 @@ class LayersRule(Rule):
             self.cudnn(node, name)
         elif name == "ConvLSTM2D" and self.ctx.target is Target.KERAS3 and (
                 nodes.kwarg_value(node, "recurrent_activation") is None):
-            self.warn(node, MSG_CONVLSTM)
+            self.warning(node, MSG_CONVLSTM)
         if (self.ctx.target is Target.KERAS3 and name != "Embedding"
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
@@ -165,7 +165,7 @@ class LayersRule(Rule):
         if self.ctx.target is Target.KERAS3 and nodes.string_value(node) == "hard_sigmoid":
             parent = self.ctx.parent(node)
             if isinstance(parent, cst.Arg):
-                self.warn(node, MSG_HARD_SIGMOID)
+                self.warning(node, MSG_HARD_SIGMOID)
 
 
 RULE = LayersRule

@@ -244,9 +244,9 @@ class MultiGpuRule(MultiGpuAdvice):
                     self.import_targets.append(node)
             elif nodes.dotted(node.module) is None or module_name.split(".")[0] not in (
                     _FRAMEWORK_PACKAGES):
-                self.warn(node, MSG_MGM_VENDORED_IMPORT.format(module=module_name))
+                self.warning(node, MSG_MGM_VENDORED_IMPORT.format(module=module_name))
         elif imported == "make_parallel" and module_name != _LEGACY:
-            self.warn(node, MSG_MP_IMPORT.format(module=module_name))
+            self.warning(node, MSG_MP_IMPORT.format(module=module_name))
 
     def gone_names(self, node: cst.ImportFrom, module_name: str, imported: str) -> None:
         """`from keras.utils.multi_gpu_utils import get_slice`: it outlives the rewrite."""
@@ -270,7 +270,7 @@ class MultiGpuRule(MultiGpuAdvice):
                 self.references.append(node)
             elif not any(name.startswith(_LEGACY + ".") for name in names):
                 expr = self.ctx.code(node)
-                self.warn(node, MSG_MGM_UNRESOLVED.format(expr=expr))
+                self.warning(node, MSG_MGM_UNRESOLVED.format(expr=expr))
             return
         for name in names:
             module, _, attr = name.rpartition(".")
@@ -311,7 +311,7 @@ class MultiGpuRule(MultiGpuAdvice):
         if name == _MGM:
             self.defines_mgm = True
             if self.ctx.target.modern:
-                self.warn(node.name, MSG_MGM_VENDORED)
+                self.warning(node.name, MSG_MGM_VENDORED)
             else:
                 self.info(node.name, MSG_MGM_VENDORED)
         if name == "make_parallel":
@@ -417,7 +417,7 @@ class MultiGpuRule(MultiGpuAdvice):
             if why is None and local_loads:
                 why = "a weight file is loaded into what it returns"
             if why is not None:
-                report = self.error if modern else self.warn
+                report = self.error if modern else self.warning
                 report(node.name, MSG_MP_KEPT.format(why=why, new=new))
                 continue
             for name in accesses:
@@ -431,10 +431,10 @@ class MultiGpuRule(MultiGpuAdvice):
         parent = self.ctx.parent(name)
         if self.ctx.target.modern and isinstance(parent, cst.Call) and parent.func is name:
             self.ctx.edit(parent, _to_parallelize)
-            self.ctx.need_import("import kerasmgpu", name)
+            self.ctx.need_import("kerasmgpu", name)
             return
         self.ctx.replace(name, nodes.attr_chain("kerasmgpu.legacy.make_parallel"))
-        self.ctx.need_import("import kerasmgpu.legacy", name)
+        self.ctx.need_import("kerasmgpu.legacy", name)
 
     def rewrite_references(self) -> Set[str]:
         """Rewrite every use of multi_gpu_model; the bare names still needing an import."""
@@ -447,14 +447,14 @@ class MultiGpuRule(MultiGpuAdvice):
             if self.ctx.target.modern and is_call and _mgm_call_fits(parent):
                 dropped = _dropped_flags(parent)
                 self.ctx.edit(parent, _to_parallelize)
-                self.ctx.need_import("import kerasmgpu", node)
+                self.ctx.need_import("kerasmgpu", node)
                 self.info(node, MSG_PARALLELIZE.format(old=self.ctx.code(node), dropped=dropped))
                 continue
             if isinstance(node, cst.Name):
                 kept.add(node.value)  # the import below provides it
                 continue
             self.ctx.replace(node, nodes.attr_chain(f"{_LEGACY}.{_MGM}"))
-            self.ctx.need_import(f"import {_LEGACY}", node)
+            self.ctx.need_import(_LEGACY, node)
             why = "" if not self.ctx.target.modern else (
                 ": not a plain call, so kept on the Keras 2.3 signature")
             self.info(node, MSG_SHIM.format(old=self.ctx.code(node), why=why))

@@ -127,7 +127,7 @@ class OptimizerRule(Rule):
 
     def constructor(self, node: cst.Call, name: str) -> None:
         if name == "Nadam":
-            self.warn(node, MSG_NADAM)
+            self.warning(node, MSG_NADAM)
         bound = _bind(node, name)
         if bound is None:
             self.error(node, f"{name}(...): arguments not matched to Keras 2.3's signature "
@@ -171,7 +171,7 @@ class OptimizerRule(Rule):
         new = f"{keras}.optimizers.{name}({', '.join(args)})"
         self.ctx.replace(arg.value, nodes.expr(new))
         if name == "Nadam":
-            self.warn(arg.value, MSG_NADAM)
+            self.warning(arg.value, MSG_NADAM)
         if rate == MODERN_DEFAULT:
             self.info(arg.value, f"compile(optimizer={value!r}) -> {new}" + MSG_EPSILON)
             return
@@ -191,7 +191,7 @@ class OptimizerRule(Rule):
     def finish(self) -> None:
         if self.sets_rate:
             for node in self.decays:
-                self.warn(node, MSG_DECAY_SET.format(what=" and ".join(self.sets_rate)))
+                self.warning(node, MSG_DECAY_SET.format(what=" and ".join(self.sets_rate)))
 
 
 RULE = OptimizerRule

@@ -377,7 +377,7 @@ class TF1Rule(Rule):
                                                    or "nothing to set"))
         for message, warn in done:
             if warn:
-                self.warn(setup.anchor, message)
+                self.warning(setup.anchor, message)
 
     def session_used(self, setup: _Setup) -> bool:
         assert setup.session_node is not None

@@ -197,7 +197,7 @@ class TrainingRule(Rule):
                 self.ctx.edit(node, _to_abc)
                 self.info(node, MSG_ABC.format(names=", ".join(names)))
             else:
-                self.warn(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
+                self.warning(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
             return
         canonical = canonical_keras_name(module) if module else None
         if _keras1_merge(self.ctx, canonical, names):
@@ -252,7 +252,7 @@ class TrainingRule(Rule):
                 self.info(key, MSG_HISTORY.format(old=text, new=new))
         if self.embedding and self.ctx.target is Target.KERAS3:
             for node, name in self.optimizers:
-                self.warn(node, MSG_SPARSE.format(name=name))
+                self.warning(node, MSG_SPARSE.format(name=name))
 
 
     def per_output(self, call: cst.Call, arg: cst.Arg) -> None:
@@ -265,7 +265,7 @@ class TrainingRule(Rule):
         old = self.ctx.code(arg.value)
         new = f"[{old}] * len({owner}.outputs)"
         self.ctx.edit(arg, functools.partial(_per_output, owner=owner))
-        self.warn(arg, MSG_PER_OUTPUT.format(old=old, new=new))
+        self.warning(arg, MSG_PER_OUTPUT.format(old=old, new=new))
 
     def python_branches(self, function: cst.FunctionDef) -> None:
         """A loss or metric function's Python `if` on a tensor: Keras 3 traces it."""
@@ -282,7 +282,7 @@ class TrainingRule(Rule):
             if self.ctx.target is Target.KERAS3:
                 self.error(test, MSG_PYTHON_IF.format(**values))
             else:
-                self.warn(test, MSG_PYTHON_IF_TF.format(**values))
+                self.warning(test, MSG_PYTHON_IF_TF.format(**values))
 
     def on_tensor(self, test: cst.BaseExpression, params: Set[str]) -> bool:
         for node in _walk(test):
