@@ -37,7 +37,7 @@ from typing import (
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext, ContextAwareTransformer, ContextAwareVisitor
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import (
     ExpressionContext,
     ExpressionContextProvider,
@@ -446,6 +446,8 @@ class Migration(ContextAwareTransformer):
         ctx = self.ctx
         assert ctx is not None
         module = self.add_imports(_with_preamble(edited, ctx.preamble))
+        if RemoveImportsVisitor.CONTEXT_KEY in self.context.scratch:
+            module = RemoveImportsVisitor(self.context).transform_module(module)
         self.lines = _line_map(ctx, edited, self.results)
         if module.code != edited.code:  # lines the imports pushed down
             moved = moved_lines(edited.code, module.code)

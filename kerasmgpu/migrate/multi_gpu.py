@@ -37,17 +37,19 @@ import functools
 from typing import List, Optional, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ClassScope
 
 from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
 from kerasmgpu.migrate import nodes, wrappers
-from kerasmgpu.migrate.engine import Context
+from kerasmgpu.migrate.engine import Context, canonical_keras_name
+from kerasmgpu.migrate.import_tables import MODULE_MOVES, spell
 from kerasmgpu.migrate.multi_gpu_advice import MultiGpuAdvice
 from kerasmgpu.migrate.multi_gpu_edits import (
     _LEGACY,
     _MGM,
     _drop_gone_import,
-    _drop_mgm,
     _dropped_flags,
     _mgm_call_fits,
     _remove_statement,
@@ -466,7 +468,7 @@ class MultiGpuRule(MultiGpuAdvice):
             locals_ = {_local(alias) for alias in node.names
                        if nodes.dotted(alias.name) == _MGM}
             if self.ctx.target.modern and not locals_ & kept_locals:
-                self.ctx.edit(node, _drop_mgm)
+                self.drop_mgm_import(node)
             else:
                 parent = self.ctx.parent(node)
                 self.ctx.edit(node, _swap_mgm_module)
@@ -476,6 +478,20 @@ class MultiGpuRule(MultiGpuAdvice):
                     self.ctx.edit(parent, _split_legacy_suite)
                 if not self.ctx.target.modern:
                     self.info(node, f"multi_gpu_model now comes from {_LEGACY}")
+
+    def drop_mgm_import(self, node: cst.ImportFrom) -> None:
+        """libcst's RemoveImportsVisitor drops multi_gpu_model once no use is left, from
+        the line as the imports family respells it (the module can move on the target)."""
+        module = nodes.module_of(node) or ""
+        canonical = canonical_keras_name(module)
+        spellings = {module} if canonical is None else {
+            module, spell(MODULE_MOVES.get(canonical, canonical), self.ctx.target)}
+        for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
+            if nodes.dotted(alias.name) == _MGM:
+                asname = nodes.dotted(alias.asname.name) if alias.asname else None
+                for spelled in sorted(spellings):
+                    RemoveImportsVisitor.remove_unused_import(self.ctx.codemod, spelled,
+                                                              _MGM, asname)
 
     def finish_gone_imports(self) -> None:
         """Imports of multi_gpu_utils / training_utils (gone in TF >= 2.4, Keras 3)."""
@@ -520,11 +536,8 @@ def _local(alias: cst.ImportAlias) -> str:
 
 def _is_make_parallel_call(node: cst.CSTNode) -> bool:
     """`make_parallel(...)` or `X.make_parallel(...)`: the old one, a copy, or kerasmgpu's."""
-    if not isinstance(node, cst.Call):
-        return False
-    func = node.func
-    name = func.attr if isinstance(func, cst.Attribute) else func
-    return isinstance(name, cst.Name) and name.value == "make_parallel"
+    name = m.Name("make_parallel")
+    return m.matches(node, m.Call(func=name | m.Attribute(attr=name)))
 
 
 def _two_plain_arguments(call: cst.Call) -> bool:
