@@ -28,6 +28,7 @@ import functools
 from typing import List, Set
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Replacement, Rule, canonical_keras_name
@@ -201,7 +202,7 @@ def _classes_on(module: cst.Module, base: str) -> List[cst.ClassDef]:
 
     class Finder(cst.CSTVisitor):
         def visit_ClassDef(self, node: cst.ClassDef) -> None:
-            if any(isinstance(b.value, cst.Name) and b.value.value == base for b in node.bases):
+            if any(m.matches(b, m.Arg(value=m.Name(base))) for b in node.bases):
                 found.append(node)
 
     module.visit(Finder())

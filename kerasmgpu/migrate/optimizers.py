@@ -45,6 +45,7 @@ import functools
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
@@ -122,7 +123,7 @@ class OptimizerRule(Rule):
         name = self.optimizer_class(node.func)
         if name is not None:
             self.constructor(node, name)
-        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compile":
+        elif m.matches(node.func, m.Attribute(attr=m.Name("compile"))):
             self.compile_string(node)
 
     def constructor(self, node: cst.Call, name: str) -> None:
@@ -243,7 +244,7 @@ class _Plan:
 
 
 def _is_none(arg: Optional[cst.Arg]) -> bool:
-    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "None"
+    return arg is not None and m.matches(arg.value, m.Name("None"))
 
 
 def _bind(call: cst.Call, name: str) -> Optional[Dict[str, cst.Arg]]:

@@ -28,6 +28,7 @@ import re
 from typing import Dict, List, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
@@ -140,9 +141,9 @@ class TrainingRule(Rule):
     # -- metrics, optimizers ------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "compile":
+        if m.matches(func, m.Attribute(attr=m.Name("compile"))):
             self.compile_args(node)
-        if isinstance(func, cst.Attribute) and func.attr.value in ("fit", "train_on_batch"):
+        if m.matches(func, m.Attribute(attr=m.Name("fit") | m.Name("train_on_batch"))):
             self.class_weights(node)
         for name in self.ctx.keras_names(func):
             if name == "keras.layers.Embedding":
@@ -177,7 +178,7 @@ class TrainingRule(Rule):
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         value = node.value
-        if not (isinstance(value, cst.Attribute) and value.attr.value == "history"):
+        if not m.matches(value, m.Attribute(attr=m.Name("history"))):
             return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return
