@@ -50,6 +50,7 @@ import libcst as cst
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
+from kerasmgpu.migrate.tables import TF_KERAS_TO_TF
 
 KEPT = frozenset({"epsilon", "floatx", "image_data_format", "set_image_data_format",
                   "set_epsilon", "set_floatx", "clear_session", "backend", "is_keras_tensor",
@@ -131,10 +132,6 @@ OPS: Dict[str, Op] = {
     "name_scope": Op(("name",), "name_scope"),
     "l2_normalize": Op(("x", "axis"), "ops.normalize", defaults={"axis": "None"}),
 }
-# tf_keras dropped these from its backend; TensorFlow has them under these names.
-TF_KERAS_TO_TF = {"logsumexp": "math.reduce_logsumexp", "size": "size", "slice": "slice",
-                  "identity": "identity", "is_tensor": "is_tensor",
-                  "control_dependencies": "control_dependencies"}
 NO_EQUIVALENT = {
     "function": "build keras.Model(inputs, outputs) and call it (model(x) or "
     "model.predict(x)); Keras 3 has no graph functions",

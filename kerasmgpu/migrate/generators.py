@@ -49,9 +49,8 @@ import libcst as cst
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
+from kerasmgpu.migrate.tables import METHODS
 
-METHODS = {"fit_generator": "fit", "evaluate_generator": "evaluate",
-           "predict_generator": "predict"}
 # Keras 2.3.1's signatures, positional order (keras/engine/training.py).
 PARAMS = {
     "fit_generator": ("generator", "steps_per_epoch", "epochs", "verbose", "callbacks",
