@@ -257,7 +257,7 @@ def test_write_keeps_the_encoding(tmp_path: Path) -> None:
     target.write_bytes(text.encode("latin-1"))
     assert main(["--write", str(target)]) == 0
     assert target.read_bytes().decode("latin-1") == (
-        "# -*- coding: latin-1 -*-\nimport keras\nimport kerasmgpu\n# café\n"
+        "# -*- coding: latin-1 -*-\nimport keras\nimport kerasmgpu\n\n# café\n"
         "p = kerasmgpu.parallelize(m, gpus=2)\n"
     )
 
@@ -268,7 +268,7 @@ def test_write_keeps_a_utf8_bom_and_crlf(tmp_path: Path) -> None:
     target.write_bytes(text.encode("utf-8"))
     assert main(["--write", str(target)]) == 0
     assert target.read_bytes() == (
-        "\ufeffimport keras\r\nimport kerasmgpu\r\n# é\r\np = kerasmgpu.parallelize(m, gpus=2)\r\n"
+        "\ufeffimport keras\r\nimport kerasmgpu\r\n\r\n# é\r\np = kerasmgpu.parallelize(m, gpus=2)\r\n"
     ).encode("utf-8")
 
 
@@ -329,12 +329,13 @@ def test_write_and_check_together_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
-    ("flags", "status", "line"), [([], 0, 2), (["--check"], 1, 2), (["--write"], 0, 3)]
+    ("flags", "status", "line"), [([], 0, 2), (["--check"], 1, 2), (["--write"], 0, 4)]
 )
 def test_findings_cite_the_lines_of_the_file_on_disk_after_the_run(
     flags: List[str], status: int, line: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # --write inserts `import kerasmgpu` above the call: its finding moves down a line.
+    # --write inserts `import kerasmgpu` and a blank line above the call: its finding
+    # moves down two lines.
     target = write(
         tmp_path / "t.py",
         "import keras\nm.fit_generator(g, 4)\nx = keras.utils.multi_gpu_model(m, gpus=2)\n",

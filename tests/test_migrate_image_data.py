@@ -17,9 +17,12 @@ datagen = ImageDataGenerator(rescale=1. / 255, rotation_range=20, horizontal_fli
 
 
 def test_keras3_imports_keras_preprocessing_told_to_use_keras_3() -> None:
+    # the line for ImageDataGenerator opens the file's import block: libcst's
+    # AddImportsVisitor adds `import keras` after it (before the call, which needs it)
     assert migrate(TEXT) == src("""
-        import keras
         import keras_preprocessing
+        import keras
+
         keras_preprocessing.set_keras_submodules(backend=keras.backend, utils=keras.utils)
         from keras_preprocessing.image import ImageDataGenerator
         datagen = ImageDataGenerator(rescale=1. / 255, rotation_range=20, horizontal_flip=True,

@@ -305,6 +305,7 @@ def test_import_after_a_try_except_import_block() -> None:
         except ImportError:
             from tensorflow import keras
         import kerasmgpu.legacy
+
         p = kerasmgpu.legacy.multi_gpu_model(m, 2)
         """
     )
@@ -493,6 +494,7 @@ def test_make_parallel_call_sites_move_and_definition_stays() -> None:
     assert result.new_source == src(
         """
         import kerasmgpu.legacy
+
         def make_parallel(model, gpu_count):
             def get_slice(data, idx, parts):
                 return data

@@ -50,6 +50,7 @@ import libcst as cst
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
+from kerasmgpu.migrate.tables import TF_KERAS_TO_TF
 
 KEPT = frozenset({"epsilon", "floatx", "image_data_format", "set_image_data_format",
                   "set_epsilon", "set_floatx", "clear_session", "backend", "is_keras_tensor",
@@ -131,10 +132,6 @@ OPS: Dict[str, Op] = {
     "name_scope": Op(("name",), "name_scope"),
     "l2_normalize": Op(("x", "axis"), "ops.normalize", defaults={"axis": "None"}),
 }
-# tf_keras dropped these from its backend; TensorFlow has them under these names.
-TF_KERAS_TO_TF = {"logsumexp": "math.reduce_logsumexp", "size": "size", "slice": "slice",
-                  "identity": "identity", "is_tensor": "is_tensor",
-                  "control_dependencies": "control_dependencies"}
 NO_EQUIVALENT = {
     "function": "build keras.Model(inputs, outputs) and call it (model(x) or "
     "model.predict(x)); Keras 3 has no graph functions",
@@ -214,7 +211,7 @@ class BackendRule(Rule):
             return
         if self.ctx.target is Target.TF_KERAS:
             if name == "gradients":
-                self.warn(node, MSG_TF_KERAS_GRADIENTS)
+                self.warning(node, MSG_TF_KERAS_GRADIENTS)
             if name in TF_KERAS_TO_TF:
                 tf = self.ctx.module_name("tensorflow", node, alias="tf")
                 new = f"{tf}.{TF_KERAS_TO_TF[name]}"
@@ -248,9 +245,9 @@ class BackendRule(Rule):
             self.rewritten.add(id(node.func))
         message = MSG_REWRITE.format(name=name, new=new, note="")
         if name == "shape" and not self.indexed(node):
-            self.warn(node, message + MSG_SHAPE)
+            self.warning(node, message + MSG_SHAPE)
         elif name in ("update", "update_add", "update_sub"):
-            self.warn(node, message + MSG_UPDATE)
+            self.warning(node, message + MSG_UPDATE)
         else:
             self.info(node, message)
 

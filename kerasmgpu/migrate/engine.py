@@ -1,12 +1,16 @@
-"""The codemod's machinery: parse, let each rule family visit, apply the edits, add imports.
+"""The codemod's machinery, on libcst's codemod framework.
 
-Every rule family (one module each) is a libcst visitor that reads the *original* tree and
-records what to do through the shared `Context`: findings (`info`/`warn`/`error`), edits
-(a function from the node as rewritten so far to its replacement, keyed by the original
-node) and the imports its new code needs. One transformer then applies every edit
-bottom-up, so two families may edit nested nodes (an optimizer inside a `compile` call
-inside a rewritten `fit_generator`) or even the same node (their functions compose in
-family order). Nothing is rewritten while a rule still reads the tree.
+`Migration` is a libcst `Codemod` (a `ContextAwareTransformer`). Within its
+`transform_module` every rule family (one module each, a `ContextAwareVisitor`) reads the
+*original* tree and records what to do through the shared `Context`, which holds the
+`CodemodContext` the rules are built with: findings (`info`/`warning`/`error`), edits (a
+function from the node as rewritten so far to its replacement, keyed by the original node)
+and the imports its new code needs (`AddImportsVisitor.add_needed_import`). The codemod
+then applies every edit bottom-up in one pass, so two families may edit nested nodes (an
+optimizer inside a `compile` call inside a rewritten `fit_generator`) or even the same node
+(their functions compose in family order); libcst's `AddImportsVisitor` adds the imports.
+Recorded edits stay hand-built: libcst's transformers rewrite while they read, and a family
+here must see the tree no other family has touched yet.
 
 Imported only when the codemod runs (libcst is an optional dependency).
 """
@@ -21,7 +25,6 @@ from typing import (
     ClassVar,
     Dict,
     FrozenSet,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -32,6 +35,9 @@ from typing import (
 )
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext, ContextAwareTransformer, ContextAwareVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import (
     ExpressionContext,
     ExpressionContextProvider,
@@ -50,6 +56,7 @@ from kerasmgpu.migrate.report import (
     MigrationResult,
     Severity,
     Target,
+    moved_lines,
 )
 
 # The rule families, in the order their edits compose on a shared node. tf_keras_imports
@@ -76,16 +83,28 @@ Replacement = Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]
 Edit = Callable[[cst.CSTNode], Replacement]
 
 
-class Context:
-    """One file being migrated: its tree, metadata, and what the rules decided."""
+# What every rule reads; the codemod resolves it once for all of them.
+METADATA = (PositionProvider, ParentNodeProvider, ScopeProvider, ExpressionContextProvider,
+            QualifiedNameProvider)
 
-    def __init__(self, wrapper: MetadataWrapper, source: str, filename: str,
-                 target: Target,
+
+class Context:
+    """One file being migrated: its tree, metadata, and what the rules decided.
+
+    `codemod` is the libcst `CodemodContext` of the run (its wrapper holds the tree the
+    rules read, its scratch the imports `AddImportsVisitor` adds); this object adds what
+    libcst has no place for: the findings, the recorded edits and the project's renames.
+    """
+
+    def __init__(self, codemod: CodemodContext, source: str, target: Target,
                  renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> None:
+        wrapper = codemod.wrapper
+        assert wrapper is not None, "built inside Migration.transform_module"
+        self.codemod = codemod
         self.wrapper = wrapper
         self.module: cst.Module = wrapper.module
         self.source = source
-        self.filename = filename
+        self.filename = codemod.filename or ""
         self.target = target
         self.positions = wrapper.resolve(PositionProvider)
         self.parents = wrapper.resolve(ParentNodeProvider)
@@ -94,11 +113,11 @@ class Context:
         self._qualified = wrapper.resolve(QualifiedNameProvider)
         self.findings: List[Finding] = []
         self.edits: Dict[cst.CSTNode, List[Edit]] = {}
-        # import line -> index of the first top-level statement that needs it
-        self.imports: Dict[str, int] = {}
-        # module-level definitions a rewrite needs (code, index of the first statement using
-        # it): they go after the imports, with them
-        self.definitions: List[Tuple[str, int]] = []
+        # index of the first top-level statement that needs an added import or definition:
+        # the imports go after the import lines before it (`Migration.add_imports`)
+        self.first_use: Optional[int] = None
+        # module-level definitions a rewrite needs: they go after the imports, with them
+        self.definitions: List[str] = []
         # statements for the top of the module: after its docstring and `from __future__`
         # imports, before anything else (`import kerasmgpu.keras23`)
         self.preamble: List[str] = []
@@ -116,7 +135,9 @@ class Context:
         # family leaves them (a rename would hide the ERROR behind "moved").
         self.owned: Set[int] = set()
         self.star_modules = _star_imports(self.module)
-        self.bindings = _module_bindings(self.module)
+        self.bindings = nodes.module_bindings(self.module)
+        self._present_imports = {self.code(s).strip() for s in self.module.body
+                                 if isinstance(s, cst.SimpleStatementLine)}
 
     # -- reading ------------------------------------------------------------------
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
@@ -219,18 +240,28 @@ class Context:
     def is_removed(self, node: cst.CSTNode) -> bool:
         return id(node) in self.removed
 
-    def need_import(self, line: str, at: cst.CSTNode) -> None:
-        """Add `line` (`import kerasmgpu`) before the first statement that uses it."""
+    def need_import(self, module: str, at: cst.CSTNode, asname: Optional[str] = None) -> None:
+        """Have `import module [as asname]` added before the first statement that uses it."""
         if self.is_removed(at):
             return
+        line = f"import {module}" + (f" as {asname}" if asname else "")
+        # AddImportsVisitor sees only the imports at the top: one anywhere in the file
+        # counts, and `import kerasmgpu.legacy` binds `kerasmgpu` too.
+        if line in self._present_imports or (asname is None and self.bindings.get(module)
+                                             == module):
+            return
+        AddImportsVisitor.add_needed_import(self.codemod, module, asname=asname)
+        self._used_at(at)
+
+    def _used_at(self, at: cst.CSTNode) -> None:
         index = self.top_level_index(at)
-        self.imports[line] = min(index, self.imports.get(line, index))
+        self.first_use = index if self.first_use is None else min(self.first_use, index)
 
     def need_definition(self, code: str, at: cst.CSTNode) -> None:
         """Add a module-level definition after the imports, before the statement `at`."""
-        index = self.top_level_index(at)
-        if all(existing != code for existing, _ in self.definitions):
-            self.definitions.append((code, index))
+        if all(existing != code for existing in self.definitions):
+            self.definitions.append(code)
+            self._used_at(at)
 
     def module_name(self, module: str, at: cst.CSTNode, alias: Optional[str] = None) -> str:
         """A name bound at module level to `module`, importing it when none is."""
@@ -238,9 +269,8 @@ class Context:
             if bound == module:
                 return name
         name = alias or module.split(".")[-1]
-        statement = f"import {module}" if alias is None and "." not in module else (
-            f"import {module} as {name}")
-        self.need_import(statement, at)
+        plain = alias is None and "." not in module
+        self.need_import(module, at, asname=None if plain else name)
         return name
 
     def keras_module(self, at: cst.CSTNode) -> str:
@@ -257,20 +287,22 @@ class Context:
         return self.module_name(package, at)
 
 
-class Rule(cst.CSTVisitor):
+class Rule(ContextAwareVisitor):
     """A rule family: visits the original tree once and records what to do in `ctx`."""
 
     NAME: ClassVar[str] = ""
     TARGETS: ClassVar[FrozenSet[Target]] = frozenset(Target)
+    METADATA_DEPENDENCIES = METADATA
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__()
+        super().__init__(ctx.codemod)
         self.ctx = ctx
 
     def info(self, node: cst.CSTNode, message: str) -> None:
         self.ctx.report(node, Severity.INFO, self.NAME, message)
 
-    def warn(self, node: cst.CSTNode, message: str) -> None:
+    # not `warn`: ContextAwareVisitor.warn(text) feeds libcst's own warning list
+    def warning(self, node: cst.CSTNode, message: str) -> None:
         self.ctx.report(node, Severity.WARNING, self.NAME, message)
 
     def error(self, node: cst.CSTNode, message: str) -> None:
@@ -304,47 +336,6 @@ def _star_imports(module: cst.Module) -> List[str]:
                     if name and canonical_keras_name(name) is not None:
                         found.append(name)
     return found
-
-
-def _module_bindings(module: cst.Module) -> Dict[str, str]:
-    """Names bound at module level to modules: {"tf": "tensorflow", "K": "keras.backend"}."""
-    bound: Dict[str, str] = {}
-    for small in _top_level_imports(module):
-        if isinstance(small, cst.Import):
-            for alias in small.names:
-                full = nodes.dotted(alias.name) or ""
-                if alias.asname is not None:
-                    bound[nodes.dotted(alias.asname.name) or ""] = full
-                else:
-                    bound[full.split(".")[0]] = full.split(".")[0]
-        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-            base = nodes.module_of(small)
-            if not base or base.startswith("."):
-                continue
-            for alias in small.names:
-                name = nodes.dotted(alias.name) or ""
-                local = nodes.dotted(alias.asname.name) if alias.asname else name
-                bound[local or name] = f"{base}.{name}"
-    return bound
-
-
-def _top_level_imports(module: cst.Module) -> Iterator[cst.BaseSmallStatement]:
-    """Import statements at module level, also inside top-level if/try blocks."""
-    for stmt in module.body:
-        yield from _imports_in(stmt)
-
-
-def _imports_in(stmt: cst.CSTNode) -> Iterator[cst.BaseSmallStatement]:
-    if isinstance(stmt, cst.SimpleStatementLine):
-        yield from (s for s in stmt.body if isinstance(s, (cst.Import, cst.ImportFrom)))
-    elif isinstance(stmt, (cst.If, cst.Try)):
-        blocks: List[cst.BaseSuite] = [stmt.body]
-        if isinstance(stmt, cst.Try):
-            blocks.extend(handler.body for handler in stmt.handlers)
-        for block in blocks:
-            if isinstance(block, cst.IndentedBlock):
-                for inner in block.body:
-                    yield from _imports_in(inner)
 
 
 # --------------------------------------------------------------------------------------
@@ -383,36 +374,56 @@ def _parse_error(source: str, exc: cst.ParserSyntaxError) -> Tuple[str, int, int
 def run(source: str, filename: str, target: Target,
         renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> MigrationResult:
     """Parse `source`, run every family that applies to `target`, apply their edits."""
-    wrapper = MetadataWrapper(parse(source, filename))
-    ctx = Context(wrapper, source, filename, target, renamed_elsewhere)
-    rules: List[Rule] = []
-    for family in FAMILIES:
-        rule_class = importlib.import_module(f"kerasmgpu.migrate.{family}").RULE
-        if target in rule_class.TARGETS:
-            rules.append(rule_class(ctx))
-            wrapper.visit(rules[-1])
-    for rule in rules:  # after every visit: a family may rely on what another claimed
-        rule.finish()
-    module, results = _apply(ctx)
+    migration = Migration(CodemodContext(filename=filename), source, target, renamed_elsewhere)
+    module = migration.transform_module(parse(source, filename))
+    ctx = migration.ctx
+    assert ctx is not None
     new_source = module.code
     findings = sorted(set(ctx.findings), key=lambda f: (f.line, f.col, f.rule, f.message))
     return MigrationResult(new_source=new_source, changed=new_source != source,
                            findings=findings, renamed=dict(ctx.renamed),
-                           lines=_line_map(ctx, module, results) if new_source != source
-                           else {})
+                           lines=migration.lines if new_source != source else {})
 
 
-class _Apply(cst.CSTTransformer):
-    """Applies the recorded edits bottom-up, then the imports after their anchor."""
+class Migration(ContextAwareTransformer):
+    """The codemod: runs the families, applies their edits bottom-up, adds the imports."""
 
-    def __init__(self, edits: Mapping[cst.CSTNode, List[Edit]], anchor: Optional[cst.CSTNode],
-                 lines: Sequence[cst.BaseStatement]) -> None:
-        super().__init__()
-        self.edits = edits
-        self.anchor = anchor
-        self.lines = lines
+    METADATA_DEPENDENCIES = METADATA
+
+    def __init__(self, context: CodemodContext, source: str, target: Target,
+                 renamed_elsewhere: Optional[Mapping[str, Tuple[str, str]]] = None) -> None:
+        super().__init__(context)
+        self.source = source
+        self.target = target
+        self.renamed_elsewhere = renamed_elsewhere
+        self.ctx: Optional[Context] = None
+        self.edits: Mapping[cst.CSTNode, List[Edit]] = {}
+        self.anchor: Optional[cst.CSTNode] = None
+        self.definitions: List[cst.BaseStatement] = []
         # each original statement -> what it became (for the findings' new line numbers)
         self.results: Dict[cst.CSTNode, Replacement] = {}
+        # the anchor statement as rewritten, before the definitions that follow it
+        self.anchor_result: Optional[cst.CSTNode] = None
+        self.lines: Dict[int, int] = {}
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        """Let every family read `tree` (the wrapper's, metadata resolved), then edit it."""
+        ctx = self.ctx = Context(self.context, self.source, self.target,
+                                 self.renamed_elsewhere)
+        rules: List[Rule] = []
+        for family in FAMILIES:
+            rule_class = importlib.import_module(f"kerasmgpu.migrate.{family}").RULE
+            if self.target in rule_class.TARGETS:
+                rules.append(rule_class(ctx))
+                tree.visit(rules[-1])
+        for rule in rules:  # after every visit: a family may rely on what another claimed
+            rule.finish()
+        self.edits = ctx.edits
+        self.anchor, self.definitions = _planned_definitions(ctx)
+        edited = tree.visit(self)
+        if self.anchor is None and self.definitions:  # nothing to follow: first
+            edited = edited.with_changes(body=[*self.definitions, *edited.body])
+        return edited
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Replacement:
         result: Replacement = super().on_leave(original_node, updated_node)
@@ -422,31 +433,97 @@ class _Apply(cst.CSTTransformer):
             result = change(result)
         if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self.results[original_node] = result
-        if original_node is self.anchor and self.lines:
+        if original_node is self.anchor:
             before = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else (
                 [] if isinstance(result, cst.RemovalSentinel) else [result])
-            return cst.FlattenSentinel([*before, *self.lines])
+            self.anchor_result = before[-1] if before else None
+            if self.definitions:
+                return cst.FlattenSentinel([*before, *self.definitions])
         return result
 
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        edited = super().transform_module(tree)
+        ctx = self.ctx
+        assert ctx is not None
+        module = self.add_imports(_with_preamble(edited, ctx.preamble))
+        if RemoveImportsVisitor.CONTEXT_KEY in self.context.scratch:
+            module = RemoveImportsVisitor(self.context).transform_module(module)
+        self.lines = _line_map(ctx, edited, self.results)
+        if module.code != edited.code:  # lines the imports pushed down
+            moved = moved_lines(edited.code, module.code)
+            self.lines = {old: moved.get(new, new) for old, new in self.lines.items()}
+        return module
 
-def _apply(ctx: Context) -> Tuple[cst.Module, Dict[cst.CSTNode, Replacement]]:
-    lines, anchor, at_top = _planned_imports(ctx)
-    transformer = _Apply(ctx.edits, anchor, [] if at_top else lines)
-    module = ctx.wrapper.visit(transformer)
-    if at_top and lines:
-        module = module.with_changes(body=[*lines, *module.body])
-    if ctx.preamble:
+    def add_imports(self, module: cst.Module) -> cst.Module:
+        """libcst's AddImportsVisitor adds what the families asked for.
+
+        It puts them after the first block of import lines of the module it is given; that
+        is given the module from the import block before the first use on, so they go
+        with the framework imports an `os.environ[...] = ...` line above must precede.
+        """
+        if AddImportsVisitor.CONTEXT_KEY not in self.context.scratch:
+            return module
         body = list(module.body)
-        index = 0
-        while index < len(body) and (_is_future(body[index]) or (
-                index == 0 and nodes.is_docstring(body[0]))):
-            index += 1
-        added = [cst.parse_statement(line + "\n") for line in ctx.preamble]
-        if index == 0 and body:  # the file's first comments stay above it
-            added[0] = added[0].with_changes(leading_lines=body[0].leading_lines)
-            body[0] = body[0].with_changes(leading_lines=())
-        module = module.with_changes(body=[*body[:index], *added, *body[index:]])
-    return module, transformer.results
+        start = 0
+        if self.anchor_result is not None and any(s is self.anchor_result for s in body):
+            start = next(i for i, s in enumerate(body) if s is self.anchor_result)
+            if _is_import_line(body[start]):
+                while start > 0 and _is_import_line(body[start - 1]):
+                    start -= 1
+            else:  # a docstring, or a try/if block holding an import: after it
+                start += 1
+        if all(_is_import_line(s) or (i == 0 and nodes.is_docstring(s))
+               for i, s in enumerate(body[:start])):  # where libcst puts them anyway
+            return AddImportsVisitor(self.context).transform_module(module)
+        tail = AddImportsVisitor(self.context).transform_module(
+            module.with_changes(header=(), body=body[start:]))
+        return module.with_changes(body=[*body[:start], *tail.body])
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    """An import line as AddImportsVisitor counts them: one import statement alone."""
+    return m.matches(stmt, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
+
+
+def _planned_definitions(ctx: Context) -> Tuple[Optional[cst.CSTNode], List[cst.BaseStatement]]:
+    """The statement the added imports follow (None: the top) and the definitions after it.
+
+    The last module-level import that precedes the first statement needing one: in the
+    usual file the last top-of-module import, never before an `os.environ[...] = ...` line
+    that the user's framework imports depend on, nor after the first use.
+    """
+    if ctx.first_use is None:
+        return None, []
+    definitions: List[cst.BaseStatement] = []
+    for code in ctx.definitions:
+        statements = list(cst.parse_module(code).body)
+        statements[0] = statements[0].with_changes(
+            leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        definitions.extend(statements)
+    body = ctx.module.body
+    imports = [stmt for stmt in body[:ctx.first_use] if nodes.holds_import(stmt)]
+    if imports:
+        return imports[-1], definitions
+    if ctx.first_use > 0 and nodes.is_docstring(body[0]):
+        return body[0], definitions
+    return None, definitions
+
+
+def _with_preamble(module: cst.Module, preamble: Sequence[str]) -> cst.Module:
+    """`preamble` lines first, after the docstring and `from __future__` imports only:
+    AddImportsVisitor would put them after the file's other imports."""
+    if not preamble:
+        return module
+    body = list(module.body)
+    index = 0
+    while index < len(body) and (_is_future(body[index]) or (
+            index == 0 and nodes.is_docstring(body[0]))):
+        index += 1
+    added = [cst.parse_statement(line + "\n") for line in preamble]
+    if index == 0 and body:  # the file's first comments stay above it
+        added[0] = added[0].with_changes(leading_lines=body[0].leading_lines)
+        body[0] = body[0].with_changes(leading_lines=())
+    return module.with_changes(body=[*body[:index], *added, *body[index:]])
 
 
 def _is_future(stmt: cst.CSTNode) -> bool:
@@ -485,40 +562,3 @@ def _line_map(ctx: Context, module: cst.Module,
             if offset is not None and (line not in mapping or line == old.start.line):
                 mapping[line] = new.start.line + offset
     return mapping
-
-
-def _planned_imports(
-    ctx: Context,
-) -> Tuple[List[cst.SimpleStatementLine], Optional[cst.CSTNode], bool]:
-    """The import lines to add, and where: after `anchor`, or at the top.
-
-    After the last module-level import that precedes the first statement needing one: in
-    the usual file the last top-of-module import, never after an `os.environ[...] = ...`
-    line that the user's framework imports depend on, nor after the first use.
-    """
-    present = {ctx.code(s).strip() for s in ctx.module.body
-               if isinstance(s, cst.SimpleStatementLine)}
-    # `import kerasmgpu.legacy` binds `kerasmgpu` too: `import kerasmgpu` adds nothing.
-    present |= {f"import {name}" for name, bound in ctx.bindings.items() if name == bound}
-    wanted = [(line, index) for line, index in ctx.imports.items() if line not in present]
-    if not wanted and not ctx.definitions:
-        return [], None, False
-    first_use = min(index for _, index in [*wanted, *ctx.definitions])
-    lines = [cst.parse_statement(line + "\n") for line, _ in sorted(wanted, key=_import_order)]
-    for code, _ in ctx.definitions:
-        statements = list(cst.parse_module(code).body)
-        statements[0] = statements[0].with_changes(
-            leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        lines.extend(statements)
-    body = ctx.module.body
-    imports = [stmt for stmt in body[:first_use] if nodes.holds_import(stmt)]
-    if imports:
-        return lines, imports[-1], False
-    if first_use > 0 and nodes.is_docstring(body[0]):
-        return lines, body[0], False
-    return lines, None, True
-
-
-def _import_order(item: Tuple[str, int]) -> Tuple[int, str]:
-    line = item[0]
-    return (0 if line.startswith("import ") else 1, line)

@@ -49,9 +49,8 @@ import libcst as cst
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
+from kerasmgpu.migrate.tables import METHODS
 
-METHODS = {"fit_generator": "fit", "evaluate_generator": "evaluate",
-           "predict_generator": "predict"}
 # Keras 2.3.1's signatures, positional order (keras/engine/training.py).
 PARAMS = {
     "fit_generator": ("generator", "steps_per_epoch", "epochs", "verbose", "callbacks",
@@ -197,10 +196,10 @@ class GeneratorRule(Rule):
             extra += self.report_dropped(node, base, workers)
         for old, new in KERAS1_RENAMES.items():
             if nodes.kwarg_value(node, old) is not None and old in COUNTS_BATCHES:
-                self.warn(node.func.attr, MSG_COUNTS_BATCHES.format(old=old, new=new))
+                self.warning(node.func.attr, MSG_COUNTS_BATCHES.format(old=old, new=new))
         self.info(node.func.attr, MSG_REWRITTEN.format(method=method, base=base, extra=extra))
         if method == "evaluate_generator":
-            self.warn(node.func.attr, MSG_EVALUATE_LOSS)
+            self.warning(node.func.attr, MSG_EVALUATE_LOSS)
         self.ctx.edit(node, lambda updated: _rewrite_call(updated, method, drop))
 
     def move_to_sequence(self, node: cst.Call, bound: Dict[str, cst.Arg],
@@ -219,7 +218,7 @@ class GeneratorRule(Rule):
         values = {**WORKER_DEFAULTS, **workers}
         code = [f"{data.value}.{key} = {values[key]}" for key in WORKER_ARGS]
         self.ctx.edit(line, functools.partial(_before, lines=code))
-        self.warn(node.func, MSG_MOVED_WORKERS.format(
+        self.warning(node.func, MSG_MOVED_WORKERS.format(
             names=", ".join(f"{k}={v}" for k, v in workers.items()), seq=data.value))
         return True
 
@@ -242,7 +241,7 @@ class GeneratorRule(Rule):
         if all(WORKER_DEFAULTS[k] == v for k, v in workers.items()):
             return MSG_DROPPED_DEFAULTS.format(names=names, base=base)
         mp = workers.get("use_multiprocessing", "False") not in ("False", "0")
-        self.warn(node.func.attr, MSG_DROPPED.format(
+        self.warning(node.func.attr, MSG_DROPPED.format(
             names=names, base=base, kwargs=names, mp=MSG_DROPPED_MP if mp else ""))
         return ""
 

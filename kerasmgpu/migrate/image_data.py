@@ -134,7 +134,7 @@ class ImageDataRule(Rule):
                                  or "")
         self.ctx.edit(node, lambda updated: updated.with_changes(
             module=nodes.attr_chain("keras_preprocessing.text")))
-        self.warn(node, MSG_TEXT.format(names=", ".join(names)))
+        self.warning(node, MSG_TEXT.format(names=", ".join(names)))
         return True
 
     def port(self, node: cst.ImportFrom) -> bool:
@@ -165,7 +165,7 @@ class ImageDataRule(Rule):
             f"from keras_preprocessing.image import ImageDataGenerator{suffix}",
         ]
         self.ctx.edit(line, functools.partial(_ported_lines, added=added))
-        self.warn(node, MSG_PORTED)
+        self.warning(node, MSG_PORTED)
         return True
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -28,6 +28,7 @@ import functools
 from typing import List, Set
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Replacement, Rule, canonical_keras_name
@@ -183,7 +184,7 @@ class InternalsRule(Rule):
         keras = self.ctx.keras_module(node)
         self.ctx.replace(bases[0].value, nodes.attr_chain(f"{keras}.layers.Layer"))
         self.ctx.edit(merge[0], _renamed_call)
-        self.warn(node, MSG_MERGE.format(name=node.name.value, keras=keras))
+        self.warning(node, MSG_MERGE.format(name=node.name.value, keras=keras))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         gone = [d for d in node.decorators if _decorator_root(d) in self.interfaces]
@@ -201,7 +202,7 @@ def _classes_on(module: cst.Module, base: str) -> List[cst.ClassDef]:
 
     class Finder(cst.CSTVisitor):
         def visit_ClassDef(self, node: cst.ClassDef) -> None:
-            if any(isinstance(b.value, cst.Name) and b.value.value == base for b in node.bases):
+            if any(m.matches(b, m.Arg(value=m.Name(base))) for b in node.bases):
                 found.append(node)
 
     module.visit(Finder())

@@ -36,10 +36,12 @@ import functools
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Rule
 from kerasmgpu.migrate.report import Target
+from kerasmgpu.migrate.tables import CUDNN
 
 MSG_GRU = (
     "GRU(...) -> GRU(..., reset_after=False): Keras 2.3.1's default (the original GRU); "
@@ -58,7 +60,6 @@ MSG_CONVLSTM = (
     "hard_sigmoid (clip(0.2x + 0.5)) before: the layer computes something else; Keras 3 has "
     "no built-in activation that is Keras 2.3's hard_sigmoid"
 )
-CUDNN = {"CuDNNLSTM": "LSTM", "CuDNNGRU": "GRU"}
 MSG_UNITS = (
     "{layer}(..., {old}, ...) -> int({old}): Keras 3 takes layer sizes as Python ints only "
     "and refuses NumPy's integers (Keras 2.3 took both)"
@@ -92,7 +93,7 @@ class LayersRule(Rule):
         return None
 
     def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_weight":
+        if m.matches(node.func, m.Attribute(attr=m.Name("add_weight"))):
             self.add_weight(node)
         name = self.layer_name(node.func)
         if name is None or nodes.has_star(node):
@@ -106,7 +107,7 @@ class LayersRule(Rule):
             self.cudnn(node, name)
         elif name == "ConvLSTM2D" and self.ctx.target is Target.KERAS3 and (
                 nodes.kwarg_value(node, "recurrent_activation") is None):
-            self.warn(node, MSG_CONVLSTM)
+            self.warning(node, MSG_CONVLSTM)
         if (self.ctx.target is Target.KERAS3 and name != "Embedding"
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
@@ -165,7 +166,7 @@ class LayersRule(Rule):
         if self.ctx.target is Target.KERAS3 and nodes.string_value(node) == "hard_sigmoid":
             parent = self.ctx.parent(node)
             if isinstance(parent, cst.Arg):
-                self.warn(node, MSG_HARD_SIGMOID)
+                self.warning(node, MSG_HARD_SIGMOID)
 
 
 RULE = LayersRule

@@ -28,6 +28,7 @@ import functools
 from typing import Dict, List, Set
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
@@ -54,7 +55,7 @@ class LossesRule(Rule):
         self.functions.setdefault(node.name.value, []).append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not (isinstance(node.func, cst.Attribute) and node.func.attr.value == "compile"):
+        if not m.matches(node.func, m.Attribute(attr=m.Name("compile"))):
             return
         loss = nodes.kwarg_value(node, "loss")
         positional = [arg for arg in node.args if arg.keyword is None]
@@ -98,12 +99,11 @@ class _LabelUse(cst.CSTVisitor):
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         if isinstance(node.operator, ARITHMETIC) and any(
-                isinstance(side, cst.Name) and side.value == self.name
-                for side in (node.left, node.right)):
+                m.matches(side, m.Name(self.name)) for side in (node.left, node.right)):
             self.arithmetic = True
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        if isinstance(node.target, cst.Name) and node.target.value == self.name:
+        if m.matches(node.target, m.Name(self.name)):
             self.assigned = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:

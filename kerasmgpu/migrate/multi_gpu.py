@@ -37,17 +37,19 @@ import functools
 from typing import List, Optional, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
+from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import ClassScope
 
 from kerasmgpu.adapters.keras23_names import GONE_MODULES, MULTI_GPU_MODEL_MODULES, TF_ROOTS
 from kerasmgpu.migrate import nodes, wrappers
-from kerasmgpu.migrate.engine import Context
+from kerasmgpu.migrate.engine import Context, canonical_keras_name
+from kerasmgpu.migrate.import_tables import MODULE_MOVES, spell
 from kerasmgpu.migrate.multi_gpu_advice import MultiGpuAdvice
 from kerasmgpu.migrate.multi_gpu_edits import (
     _LEGACY,
     _MGM,
     _drop_gone_import,
-    _drop_mgm,
     _dropped_flags,
     _mgm_call_fits,
     _remove_statement,
@@ -244,9 +246,9 @@ class MultiGpuRule(MultiGpuAdvice):
                     self.import_targets.append(node)
             elif nodes.dotted(node.module) is None or module_name.split(".")[0] not in (
                     _FRAMEWORK_PACKAGES):
-                self.warn(node, MSG_MGM_VENDORED_IMPORT.format(module=module_name))
+                self.warning(node, MSG_MGM_VENDORED_IMPORT.format(module=module_name))
         elif imported == "make_parallel" and module_name != _LEGACY:
-            self.warn(node, MSG_MP_IMPORT.format(module=module_name))
+            self.warning(node, MSG_MP_IMPORT.format(module=module_name))
 
     def gone_names(self, node: cst.ImportFrom, module_name: str, imported: str) -> None:
         """`from keras.utils.multi_gpu_utils import get_slice`: it outlives the rewrite."""
@@ -270,7 +272,7 @@ class MultiGpuRule(MultiGpuAdvice):
                 self.references.append(node)
             elif not any(name.startswith(_LEGACY + ".") for name in names):
                 expr = self.ctx.code(node)
-                self.warn(node, MSG_MGM_UNRESOLVED.format(expr=expr))
+                self.warning(node, MSG_MGM_UNRESOLVED.format(expr=expr))
             return
         for name in names:
             module, _, attr = name.rpartition(".")
@@ -311,7 +313,7 @@ class MultiGpuRule(MultiGpuAdvice):
         if name == _MGM:
             self.defines_mgm = True
             if self.ctx.target.modern:
-                self.warn(node.name, MSG_MGM_VENDORED)
+                self.warning(node.name, MSG_MGM_VENDORED)
             else:
                 self.info(node.name, MSG_MGM_VENDORED)
         if name == "make_parallel":
@@ -417,7 +419,7 @@ class MultiGpuRule(MultiGpuAdvice):
             if why is None and local_loads:
                 why = "a weight file is loaded into what it returns"
             if why is not None:
-                report = self.error if modern else self.warn
+                report = self.error if modern else self.warning
                 report(node.name, MSG_MP_KEPT.format(why=why, new=new))
                 continue
             for name in accesses:
@@ -431,10 +433,10 @@ class MultiGpuRule(MultiGpuAdvice):
         parent = self.ctx.parent(name)
         if self.ctx.target.modern and isinstance(parent, cst.Call) and parent.func is name:
             self.ctx.edit(parent, _to_parallelize)
-            self.ctx.need_import("import kerasmgpu", name)
+            self.ctx.need_import("kerasmgpu", name)
             return
         self.ctx.replace(name, nodes.attr_chain("kerasmgpu.legacy.make_parallel"))
-        self.ctx.need_import("import kerasmgpu.legacy", name)
+        self.ctx.need_import("kerasmgpu.legacy", name)
 
     def rewrite_references(self) -> Set[str]:
         """Rewrite every use of multi_gpu_model; the bare names still needing an import."""
@@ -447,14 +449,14 @@ class MultiGpuRule(MultiGpuAdvice):
             if self.ctx.target.modern and is_call and _mgm_call_fits(parent):
                 dropped = _dropped_flags(parent)
                 self.ctx.edit(parent, _to_parallelize)
-                self.ctx.need_import("import kerasmgpu", node)
+                self.ctx.need_import("kerasmgpu", node)
                 self.info(node, MSG_PARALLELIZE.format(old=self.ctx.code(node), dropped=dropped))
                 continue
             if isinstance(node, cst.Name):
                 kept.add(node.value)  # the import below provides it
                 continue
             self.ctx.replace(node, nodes.attr_chain(f"{_LEGACY}.{_MGM}"))
-            self.ctx.need_import(f"import {_LEGACY}", node)
+            self.ctx.need_import(_LEGACY, node)
             why = "" if not self.ctx.target.modern else (
                 ": not a plain call, so kept on the Keras 2.3 signature")
             self.info(node, MSG_SHIM.format(old=self.ctx.code(node), why=why))
@@ -466,7 +468,7 @@ class MultiGpuRule(MultiGpuAdvice):
             locals_ = {_local(alias) for alias in node.names
                        if nodes.dotted(alias.name) == _MGM}
             if self.ctx.target.modern and not locals_ & kept_locals:
-                self.ctx.edit(node, _drop_mgm)
+                self.drop_mgm_import(node)
             else:
                 parent = self.ctx.parent(node)
                 self.ctx.edit(node, _swap_mgm_module)
@@ -476,6 +478,20 @@ class MultiGpuRule(MultiGpuAdvice):
                     self.ctx.edit(parent, _split_legacy_suite)
                 if not self.ctx.target.modern:
                     self.info(node, f"multi_gpu_model now comes from {_LEGACY}")
+
+    def drop_mgm_import(self, node: cst.ImportFrom) -> None:
+        """libcst's RemoveImportsVisitor drops multi_gpu_model once no use is left, from
+        the line as the imports family respells it (the module can move on the target)."""
+        module = nodes.module_of(node) or ""
+        canonical = canonical_keras_name(module)
+        spellings = {module} if canonical is None else {
+            module, spell(MODULE_MOVES.get(canonical, canonical), self.ctx.target)}
+        for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
+            if nodes.dotted(alias.name) == _MGM:
+                asname = nodes.dotted(alias.asname.name) if alias.asname else None
+                for spelled in sorted(spellings):
+                    RemoveImportsVisitor.remove_unused_import(self.ctx.codemod, spelled,
+                                                              _MGM, asname)
 
     def finish_gone_imports(self) -> None:
         """Imports of multi_gpu_utils / training_utils (gone in TF >= 2.4, Keras 3)."""
@@ -520,11 +536,8 @@ def _local(alias: cst.ImportAlias) -> str:
 
 def _is_make_parallel_call(node: cst.CSTNode) -> bool:
     """`make_parallel(...)` or `X.make_parallel(...)`: the old one, a copy, or kerasmgpu's."""
-    if not isinstance(node, cst.Call):
-        return False
-    func = node.func
-    name = func.attr if isinstance(func, cst.Attribute) else func
-    return isinstance(name, cst.Name) and name.value == "make_parallel"
+    name = m.Name("make_parallel")
+    return m.matches(node, m.Call(func=name | m.Attribute(attr=name)))
 
 
 def _two_plain_arguments(call: cst.Call) -> bool:

@@ -51,18 +51,6 @@ def _to_parallelize(updated: cst.CSTNode) -> cst.CSTNode:
     return nodes.with_args(updated, args, func=nodes.attr_chain("kerasmgpu.parallelize"))
 
 
-def _drop_mgm(updated: cst.CSTNode) -> cst.CSTNode | cst.RemovalSentinel:
-    """The import without multi_gpu_model (removed when nothing else is left)."""
-    assert isinstance(updated, cst.ImportFrom) and not isinstance(updated.names, cst.ImportStar)
-    names = list(updated.names)
-    kept = [alias for alias in names if nodes.dotted(alias.name) != _MGM]
-    if not kept:
-        return cst.RemovalSentinel.REMOVE
-    if nodes.dotted(names[-1].name) == _MGM:
-        kept[-1] = kept[-1].with_changes(comma=names[-1].comma)
-    return updated.with_changes(names=kept)
-
-
 def _swap_mgm_module(updated: cst.CSTNode) -> cst.CSTNode:
     """`from keras.utils import multi_gpu_model` -> `from kerasmgpu.legacy import ...`.
 

@@ -7,7 +7,7 @@ comma, whichever arguments were dropped, renamed or added.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import libcst as cst
 
@@ -240,3 +240,44 @@ def kwarg_value(call: cst.Call, name: str) -> Optional[cst.BaseExpression]:
         if keyword(arg) == name:
             return arg.value
     return None
+
+
+def module_bindings(module: cst.Module) -> Dict[str, str]:
+    """Names bound at module level to modules: {"tf": "tensorflow", "K": "keras.backend"}."""
+    bound: Dict[str, str] = {}
+    for small in top_level_imports(module):
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                full = dotted(alias.name) or ""
+                if alias.asname is not None:
+                    bound[dotted(alias.asname.name) or ""] = full
+                else:
+                    bound[full.split(".")[0]] = full.split(".")[0]
+        elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            base = module_of(small)
+            if not base or base.startswith("."):
+                continue
+            for alias in small.names:
+                name = dotted(alias.name) or ""
+                local = dotted(alias.asname.name) if alias.asname else name
+                bound[local or name] = f"{base}.{name}"
+    return bound
+
+
+def top_level_imports(module: cst.Module) -> Iterator[cst.BaseSmallStatement]:
+    """Import statements at module level, also inside top-level if/try blocks."""
+    for stmt in module.body:
+        yield from imports_in(stmt)
+
+
+def imports_in(stmt: cst.CSTNode) -> Iterator[cst.BaseSmallStatement]:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        yield from (s for s in stmt.body if isinstance(s, (cst.Import, cst.ImportFrom)))
+    elif isinstance(stmt, (cst.If, cst.Try)):
+        blocks: List[cst.BaseSuite] = [stmt.body]
+        if isinstance(stmt, cst.Try):
+            blocks.extend(handler.body for handler in stmt.handlers)
+        for block in blocks:
+            if isinstance(block, cst.IndentedBlock):
+                for inner in block.body:
+                    yield from imports_in(inner)

@@ -45,6 +45,7 @@ import functools
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
@@ -122,12 +123,12 @@ class OptimizerRule(Rule):
         name = self.optimizer_class(node.func)
         if name is not None:
             self.constructor(node, name)
-        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "compile":
+        elif m.matches(node.func, m.Attribute(attr=m.Name("compile"))):
             self.compile_string(node)
 
     def constructor(self, node: cst.Call, name: str) -> None:
         if name == "Nadam":
-            self.warn(node, MSG_NADAM)
+            self.warning(node, MSG_NADAM)
         bound = _bind(node, name)
         if bound is None:
             self.error(node, f"{name}(...): arguments not matched to Keras 2.3's signature "
@@ -171,7 +172,7 @@ class OptimizerRule(Rule):
         new = f"{keras}.optimizers.{name}({', '.join(args)})"
         self.ctx.replace(arg.value, nodes.expr(new))
         if name == "Nadam":
-            self.warn(arg.value, MSG_NADAM)
+            self.warning(arg.value, MSG_NADAM)
         if rate == MODERN_DEFAULT:
             self.info(arg.value, f"compile(optimizer={value!r}) -> {new}" + MSG_EPSILON)
             return
@@ -191,7 +192,7 @@ class OptimizerRule(Rule):
     def finish(self) -> None:
         if self.sets_rate:
             for node in self.decays:
-                self.warn(node, MSG_DECAY_SET.format(what=" and ".join(self.sets_rate)))
+                self.warning(node, MSG_DECAY_SET.format(what=" and ".join(self.sets_rate)))
 
 
 RULE = OptimizerRule
@@ -243,7 +244,7 @@ class _Plan:
 
 
 def _is_none(arg: Optional[cst.Arg]) -> bool:
-    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "None"
+    return arg is not None and m.matches(arg.value, m.Name("None"))
 
 
 def _bind(call: cst.Call, name: str) -> Optional[Dict[str, cst.Arg]]:

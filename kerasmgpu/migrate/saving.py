@@ -108,7 +108,7 @@ class SavingRule(Rule):
                 path = node.args[0].value
                 literal = _literal_tail(path)
                 if literal is not None and "." not in literal.rsplit("/", 1)[-1]:
-                    self.warn(node, MSG_SAVE_DIR.format(path=self.ctx.code(path)))
+                    self.warning(node, MSG_SAVE_DIR.format(path=self.ctx.code(path)))
 
     def is_not_model(self, func: cst.Attribute) -> bool:
         """`np.save`, `img.save`, `json.save`...: a module or an obvious non-model."""
@@ -120,7 +120,7 @@ class SavingRule(Rule):
         """Rewrite a `.h5`/`.hdf5` ending spelled in `path` to `new`; False if unknown."""
         literal = _literal_tail(path)
         if literal is None:
-            self.warn(path, MSG_WEIGHTS_UNKNOWN.format(what=what))
+            self.warning(path, MSG_WEIGHTS_UNKNOWN.format(what=what))
             return False
         if literal.endswith(new):
             return True
@@ -180,12 +180,12 @@ class SavingRule(Rule):
             return
         period = bound.get("period")
         if period is not None and period.keyword is None:
-            self.warn(period, "ModelCheckpoint: period passed by position; Keras 3 has no "
+            self.warning(period, "ModelCheckpoint: period passed by position; Keras 3 has no "
                       "period (it saves every epoch): remove it by hand")
         elif period is not None and self.ctx.target is Target.KERAS3:
             value = self.ctx.code(period.value)
             if value != "1":
-                self.warn(period, MSG_PERIOD.format(value=value))
+                self.warning(period, MSG_PERIOD.format(value=value))
             else:
                 self.info(period, "ModelCheckpoint(period=1) dropped: Keras 3 saves every "
                           "epoch by default")
@@ -199,7 +199,7 @@ class SavingRule(Rule):
         new = ".weights.h5" if only else ".keras"
         if literal is None or literal.endswith(new) or H5.search(literal) is None:
             if literal is None:
-                self.warn(path, f"ModelCheckpoint: Keras 3 needs the path to end in {new}, "
+                self.warning(path, f"ModelCheckpoint: Keras 3 needs the path to end in {new}, "
                           "and this path is not spelled in the source")
             return
         changed = H5.sub(new, literal)
@@ -217,7 +217,7 @@ class SavingRule(Rule):
             key = nodes.keyword(arg) or ""
             level, why = TENSORBOARD_GONE[key]
             report: Callable[[cst.CSTNode, str], None] = (
-                self.warn if level == "WARNING" else self.info)
+                self.warning if level == "WARNING" else self.info)
             report(arg, f"TensorBoard({key}=...) dropped: modern Keras has no such argument; "
                    f"{why}")
         if gone:

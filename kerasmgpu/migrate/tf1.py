@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule
@@ -313,7 +314,7 @@ class TF1Rule(Rule):
             call.args[0].keyword is None) else None)
         if config is None:
             return len(call.args) == 0
-        if isinstance(config, cst.Name) and config.value == setup.config:
+        if m.matches(config, m.Name(setup.config)):
             return True
         if self.is_call_of(config, ("ConfigProto",)):
             assert isinstance(config, cst.Call)
@@ -334,7 +335,7 @@ class TF1Rule(Rule):
         if len(call.args) != 1:
             return False
         value = call.args[0].value
-        if isinstance(value, cst.Name) and value.value == setup.session:
+        if m.matches(value, m.Name(setup.session)):
             pass
         elif self.is_call_of(value, ("Session",)):
             assert isinstance(value, cst.Call)
@@ -377,7 +378,7 @@ class TF1Rule(Rule):
                                                    or "nothing to set"))
         for message, warn in done:
             if warn:
-                self.warn(setup.anchor, message)
+                self.warning(setup.anchor, message)
 
     def session_used(self, setup: _Setup) -> bool:
         assert setup.session_node is not None

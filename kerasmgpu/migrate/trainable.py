@@ -255,7 +255,7 @@ class TrainableRule(Rule):
             return _Wrap(model, state, [], [], [], call, holder)
         if (line is None or not isinstance(holder, (cst.IndentedBlock, cst.Module))
                 or any(isinstance(s, cst.Return) for s in line.body)):
-            self.warn(call, MSG_UNPLACED.format(name=model, method=method,
+            self.warning(call, MSG_UNPLACED.format(name=model, method=method,
                                                 lines="; ".join(before),
                                                 after="; ".join(after)))
             return None
@@ -268,7 +268,7 @@ class TrainableRule(Rule):
             assign = next((a for a in scope.assigns
                            if a[1] == x and a[0] > last[model] and a[2] != state[x]), None)
             if assign is not None:
-                self.warn(assign[3], MSG_NO_CALLS.format(
+                self.warning(assign[3], MSG_NO_CALLS.format(
                     x=x, value=assign[2], name=model, line=last[model][0], then=state[x]))
 
     def frozen_elsewhere(self, scope: _Scope, frozen: Set[str],
@@ -284,7 +284,7 @@ class TrainableRule(Rule):
             later = next((m for m, at in last.items() if at > freeze[0]), None)
             inside = [c for c in calls if self.scope_of(c[1]) is self.scope_of(freeze[3])]
             if later is not None and not inside:
-                self.warn(freeze[3], MSG_ELSEWHERE.format(x=x, model=later,
+                self.warning(freeze[3], MSG_ELSEWHERE.format(x=x, model=later,
                                                           method=calls[0][0]))
 
     def batchnorm_warning(self, scope: _Scope, differing: Sequence[str]) -> None:
@@ -294,7 +294,7 @@ class TrainableRule(Rule):
         for x in differing:
             freeze = next((a for a in scope.assigns if a[1] == x and not a[2]), None)
             if freeze is not None:
-                self.warn(freeze[3], MSG_BATCHNORM.format(x=x, target=target))
+                self.warning(freeze[3], MSG_BATCHNORM.format(x=x, target=target))
 
     # -- one optimizer, several models ----------------------------------------------
     def shared_optimizers(self, scope: _Scope) -> None:
@@ -321,7 +321,7 @@ class TrainableRule(Rule):
                 self.ctx.edit(arg, functools.partial(_copy, name=name))
                 if cls in COUNTS_STEPS or decays:
                     why = f"{cls}'s bias correction" if cls in COUNTS_STEPS else "its decay"
-                    self.warn(arg, MSG_COPY_COUNTS.format(name=name, count=len(uses),
+                    self.warning(arg, MSG_COPY_COUNTS.format(name=name, count=len(uses),
                                                           models=models, model=owner, why=why))
                 else:
                     self.info(arg, MSG_COPY_EXACT.format(name=name, count=len(uses),

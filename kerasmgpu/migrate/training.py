@@ -28,6 +28,7 @@ import re
 from typing import Dict, List, Set, Tuple
 
 import libcst as cst
+import libcst.matchers as m
 
 from kerasmgpu.migrate import nodes
 from kerasmgpu.migrate.engine import Context, Rule, canonical_keras_name
@@ -140,9 +141,9 @@ class TrainingRule(Rule):
     # -- metrics, optimizers ------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "compile":
+        if m.matches(func, m.Attribute(attr=m.Name("compile"))):
             self.compile_args(node)
-        if isinstance(func, cst.Attribute) and func.attr.value in ("fit", "train_on_batch"):
+        if m.matches(func, m.Attribute(attr=m.Name("fit") | m.Name("train_on_batch"))):
             self.class_weights(node)
         for name in self.ctx.keras_names(func):
             if name == "keras.layers.Embedding":
@@ -177,7 +178,7 @@ class TrainingRule(Rule):
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
         value = node.value
-        if not (isinstance(value, cst.Attribute) and value.attr.value == "history"):
+        if not m.matches(value, m.Attribute(attr=m.Name("history"))):
             return
         if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return
@@ -197,7 +198,7 @@ class TrainingRule(Rule):
                 self.ctx.edit(node, _to_abc)
                 self.info(node, MSG_ABC.format(names=", ".join(names)))
             else:
-                self.warn(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
+                self.warning(node, MSG_ABC_MIXED.format(names=", ".join(sorted(ABCS & set(names)))))
             return
         canonical = canonical_keras_name(module) if module else None
         if _keras1_merge(self.ctx, canonical, names):
@@ -252,7 +253,7 @@ class TrainingRule(Rule):
                 self.info(key, MSG_HISTORY.format(old=text, new=new))
         if self.embedding and self.ctx.target is Target.KERAS3:
             for node, name in self.optimizers:
-                self.warn(node, MSG_SPARSE.format(name=name))
+                self.warning(node, MSG_SPARSE.format(name=name))
 
 
     def per_output(self, call: cst.Call, arg: cst.Arg) -> None:
@@ -265,7 +266,7 @@ class TrainingRule(Rule):
         old = self.ctx.code(arg.value)
         new = f"[{old}] * len({owner}.outputs)"
         self.ctx.edit(arg, functools.partial(_per_output, owner=owner))
-        self.warn(arg, MSG_PER_OUTPUT.format(old=old, new=new))
+        self.warning(arg, MSG_PER_OUTPUT.format(old=old, new=new))
 
     def python_branches(self, function: cst.FunctionDef) -> None:
         """A loss or metric function's Python `if` on a tensor: Keras 3 traces it."""
@@ -282,7 +283,7 @@ class TrainingRule(Rule):
             if self.ctx.target is Target.KERAS3:
                 self.error(test, MSG_PYTHON_IF.format(**values))
             else:
-                self.warn(test, MSG_PYTHON_IF_TF.format(**values))
+                self.warning(test, MSG_PYTHON_IF_TF.format(**values))
 
     def on_tensor(self, test: cst.BaseExpression, params: Set[str]) -> bool:
         for node in _walk(test):

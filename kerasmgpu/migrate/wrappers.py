@@ -99,7 +99,7 @@ class WrappersRule(Rule):
         if len(params) != 2 or "model" not in bound or "gpus" not in bound:
             return
         model, gpus = self.ctx.code(bound["model"].value), self.ctx.code(bound["gpus"].value)
-        self.ctx.need_import("import kerasmgpu", node)
+        self.ctx.need_import("kerasmgpu", node)
         self.ctx.edit(node, functools.partial(
             _as_function, name=node.name.value, params=params, model=model, gpus=gpus))
         self.info(node, MSG_MGPU.format(
@@ -110,7 +110,7 @@ class WrappersRule(Rule):
         if not is_slicing_parallel(self.ctx, node):
             return
         model, gpus = (p.name.value for p in node.params.params)
-        self.ctx.need_import("import kerasmgpu", node)
+        self.ctx.need_import("kerasmgpu", node)
         self.ctx.edit(node, functools.partial(_body_parallelize, model=model, gpus=gpus))
         params = ", ".join(self.ctx.code(p).rstrip(", ") for p in node.params.params)
         self.info(node, MSG_SLICING.format(name=node.name.value, params=params, model=model,
