@@ -120,6 +120,10 @@ RUNS: Dict[str, List[str]] = {
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
     **({"counted": ["train.py", "--epochs", "2", "--counted"]} if ON_TORCH else {}),
+    # A loss of one value per row of a sequence output: its padding weight is per row
+    # (103 rows: the last batch's 3 real rows padded to 4, one of them copied).
+    **({"per-row": ["train.py", "--epochs", "2", "--rows", "103", "--per-row"]}
+       if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
@@ -135,7 +139,7 @@ REFERENCES: Dict[str, List[str]] = {
     **{inputs: ["train.py", *extra] for inputs, extra in INPUTS.items()},
     "chief": RUNS["chief"], "clip": RUNS["clip"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
-    **({"counted": RUNS["counted"]} if ON_TORCH else {}),
+    **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
     # The uninterrupted run of the jobs killed at every point of a save (FAULT_RUN).
@@ -217,11 +221,14 @@ def test_two_workers_equal_one_process(job: Job, one: Path, inputs: str) -> None
 
 @trains_in_processes
 @requires(torch=True)
-def test_counted_loss_divides_by_the_global_count(job: Job, one: Path) -> None:
+@pytest.mark.parametrize("run", ["counted", "per-row"])
+def test_counted_loss_divides_by_the_global_count(job: Job, one: Path, run: str) -> None:
     """ignore_class and mask_zero on two processes: the loss divides by the valid entries
     of the whole global batch (padded last batch and batches that divide), as one
-    process does, and the masked accuracy counts them the same."""
-    _assert_same(one / "counted" / "rank0.npz", _finished(job, "counted") / "rank0.npz")
+    process does, and the masked accuracy counts them the same. per-row (issue 28, item
+    16): a loss that reduces a (rows, 6, 3) output to one value per row gets a padding
+    weight of its own shape, per row."""
+    _assert_same(one / run / "rank0.npz", _finished(job, run) / "rank0.npz")
 
 
 @pytest.mark.core

@@ -21,9 +21,10 @@ falls in), --preempt-step K (rank 0 sends SIGTERM to the launcher after step K, 
 with --preempt-slurm, USR1 to the SLURM batch script instead, as `--signal=B:USR1@T` does
 at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 (a BatchNormalization layer after the hidden Dense), --sync-batchnorm
-(parallelize(sync_batchnorm=True)), --verify (parallelize(verify=True)), --momentum M (SGD(momentum=M): optimizer state to
-restore), --faults SPEC (a process dies at a point of a save: tests/workers/faults.py),
---checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
+(parallelize(sync_batchnorm=True)), --counted (a masked loss, ignore_class=-1), --per-row
+(a loss of one value per row of a sequence output), --verify (parallelize(verify=True)),
+--momentum M (SGD(momentum=M): optimizer state to restore), --faults SPEC (a process dies
+at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
 that the one an earlier run left loads).
 The optimizer's variables are written too (optimizer_<i> in rank<R>.npz).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
@@ -81,6 +82,9 @@ parser.add_argument("--verify", action="store_true",
 parser.add_argument("--counted", action="store_true",
                     help="a loss that divides by a count of valid entries: per-timestep "
                     "tags under Embedding(mask_zero=True), some ignored (ignore_class=-1)")
+parser.add_argument("--per-row", action="store_true",
+                    help="a sequence output (rows, 6, 3) and a loss of one value per row "
+                    "(the mean over its steps and classes, as CTC reduces a sequence)")
 parser.add_argument("--count-collectives", action="store_true",
                     help="torch: count all_reduce calls in fit with, without, and on rank 0 "
                     "alone with a callback that reads the per-batch logs "
@@ -125,10 +129,22 @@ if args.counted:
     hidden = keras.layers.Embedding(9, 4, mask_zero=True)(inputs)
     loss = keras.losses.SparseCategoricalCrossentropy(ignore_class=-1)
     metrics = ["accuracy"]
+if args.per_row:
+    x = rng.integers(0, 9, size=(args.rows, 6)).astype("int32")
+    y = rng.integers(0, 3, size=(args.rows, 6)).astype("int64")
+    inputs = keras.Input((6,), dtype="int32")
+    hidden = keras.layers.Embedding(9, 4)(inputs)
+
+    def loss(y_true, y_pred):  # (rows, 6, 3) -> one value per row
+        onehot = keras.ops.one_hot(keras.ops.cast(y_true, "int32"), 3)
+        return keras.ops.mean(keras.ops.square(onehot - y_pred), axis=(1, 2))
+
+    metrics = ["accuracy"]
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
-outputs = keras.layers.Dense(3 if args.counted else 1,
-                             activation="softmax" if args.counted else None)(hidden)
+sequence = args.counted or args.per_row
+outputs = keras.layers.Dense(3 if sequence else 1,
+                             activation="softmax" if sequence else None)(hidden)
 model_class = keras.Model
 if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
     import torch
