@@ -79,7 +79,9 @@ for target in ("keras3", "tf_keras", "keras23"):
     migrate_source(text, "f.py", target)
 new = {{m.split(".")[0] for m in set(sys.modules) - before}}
 imported = [m for m in {FRAMEWORKS!r} if m in sys.modules]
-third_party = sorted(new - set(sys.stdlib_module_names) - {{"kerasmgpu", "_distutils_hack"}})
+# libcst.codemod imports multiprocessing, which names __main__ again as __mp_main__.
+third_party = sorted(new - set(sys.stdlib_module_names)
+                     - {{"kerasmgpu", "_distutils_hack", "__mp_main__"}})
 print(json.dumps(dict(imported=imported, third_party=third_party)))
 """
 
