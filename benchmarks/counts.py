@@ -229,7 +229,12 @@ class JaxProbe(Probe):
                 return batch[-1]
 
         self._new_modules()
-        result = recorder.original(state, Peek())
+        if isinstance(iterator, (list, tuple)):
+            # Keras 3.3 - 3.7 hand the step its batches, not an iterator.
+            batch.extend(iterator)
+            result = recorder.original(state, iterator)
+        else:
+            result = recorder.original(state, Peek())
         import jax
 
         leaves, tree = jax.tree_util.tree_flatten(batch[0])
@@ -250,8 +255,10 @@ class JaxProbe(Probe):
 
         @contextlib.contextmanager
         def patched() -> Any:
+            # `make_array_from_process_local_data` is JAX 0.4.27+ (Keras 3.3's pin
+            # predates it: its fit hands the data to `device_put` alone).
             originals = {n: getattr(jax, n) for n in ("make_array_from_process_local_data",
-                                                      "device_put")}
+                                                      "device_put") if hasattr(jax, n)}
 
             def wrap(fn: Callable[..., Any], data_at: int) -> Callable[..., Any]:
                 def counted(*args: Any, **kwargs: Any) -> Any:
@@ -262,8 +269,9 @@ class JaxProbe(Probe):
                     return fn(*args, **kwargs)
                 return counted
 
-            jax.make_array_from_process_local_data = wrap(
-                originals["make_array_from_process_local_data"], 1)
+            if "make_array_from_process_local_data" in originals:
+                jax.make_array_from_process_local_data = wrap(
+                    originals["make_array_from_process_local_data"], 1)
             jax.device_put = wrap(originals["device_put"], 0)
             try:
                 yield

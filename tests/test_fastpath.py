@@ -287,5 +287,7 @@ def test_a_step_costs_what_the_hand_written_step_costs() -> None:
     if ON_TF:
         assert results["ours"]["full_program"] is not None
         assert results["ours"]["collectives"]["step"] > 0  # the gradients, at least
-    # x and y (on TensorFlow: of each of the 2 replicas), nothing of kerasmgpu's.
-    assert results["ours"]["transfers"]["step"] == (4 if ON_TF else 2)
+    # What the hand-written fit hands over, nothing of kerasmgpu's: x and y (on
+    # TensorFlow of each of the 2 replicas; Keras 3.3 and 3.8's JAX fits put 4 by hand too).
+    assert results["ours"]["transfers"]["step"] == results["hand"]["transfers"]["step"]
+    assert results["ours"]["transfers"]["step"] <= 4
