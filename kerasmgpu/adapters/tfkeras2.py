@@ -212,8 +212,21 @@ class TfKeras2(Adapter):
 
     def to_float(self, x: Any, like: Any = None) -> Any:
         tf = self._tf
-        dtype = getattr(like, "dtype", None) or tf.float32
+        dtype = getattr(like, "dtype", None)
+        # Keras hands a metric compiled unweighted the output's bool Keras mask as its
+        # sample weight (`MetricsContainer.update_state`, 2.12 - 2.21): a weight to
+        # multiply, not a dtype to take (cast to it, the padding mask crashed in
+        # tf.keras 2.15: "Value passed to parameter 'x' has DataType bool").
+        if dtype is None or not tf.as_dtype(dtype).is_floating:
+            dtype = tf.float32
         return tf.cast(x, dtype)
+
+    def multiply(self, a: Any, b: Any) -> Any:
+        tf = self._tf
+        if getattr(a, "dtype", None) == tf.bool:  # that bool mask (see to_float)
+            a = tf.cast(a, getattr(b, "dtype", None) or tf.float32)
+        return a * b
+
 
     def expand_to_rank(self, w: Any, rank: int) -> Any:
         tf = self._tf
