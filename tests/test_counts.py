@@ -114,3 +114,24 @@ def test_batch_loss_terms_on_a_padded_batch_warn(term: str) -> None:
     x = RNG.normal(size=(9, 6)).astype("float32")
     with pytest.warns(UserWarning, match="add_loss"):
         pmodel.fit(x, x[:, :1], batch_size=9, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+@pytest.mark.parametrize("kind", ["ignore_class", "mask_zero"])
+def test_a_replica_with_nothing_valid_matches_one_device(kind: str, replicas: int) -> None:
+    """A replica whose rows hold no valid entry (every label ignored, every step masked)
+    while the batch has some: one device's loss is finite, and so must the replicas' be
+    (Keras's count of 0 made NaN of a replica's loss, and of the weights for mask_zero)."""
+    x, y = TOKENS[:12].copy(), (LABELS if kind == "ignore_class" else TAGS)[:12].copy()
+    for start in (0, 6):  # in each batch of 6 the first 4 rows: whole replicas' shares
+        if kind == "ignore_class":
+            y[start:start + 4] = -1
+        else:
+            x[start:start + 4] = 0
+    single, template = _model(kind), _model(kind)
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    h1 = single.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    h2 = pmodel.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    assert np.isfinite(h1.history["loss"]).all()
+    assert_weights_close(single, template, atol=1e-5)
+    assert_history_close(h1, h2)

@@ -48,8 +48,18 @@ class CompiledLoss:
             # they got no weight, and their padded rows counted).
             sample_weight = container._conform_to_outputs(y_pred, sample_weight)
         weights = self.__dict__["_kerasmgpu_fn"](y_true, y_pred, sample_weight)
-        return container(y_true, y_pred, sample_weight=weights,
-                         regularization_losses=regularization_losses)
+        import tensorflow as tf
+
+        # A loss's call may widen an output's Keras mask for Keras's division (see
+        # `TfKeras2Losses._values_call`): the metrics after it read the output's own.
+        masks = [(leaf, leaf._keras_mask) for leaf in tf.nest.flatten(y_pred)
+                 if getattr(leaf, "_keras_mask", None) is not None]
+        try:
+            return container(y_true, y_pred, sample_weight=weights,
+                             regularization_losses=regularization_losses)
+        finally:
+            for leaf, mask in masks:
+                leaf._keras_mask = mask
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_kerasmgpu_container"], name)
@@ -125,16 +135,22 @@ class TfKeras2Losses(Adapter):
 
         def call(y_true: Any, y_pred: Any) -> Any:
             values = original(y_true, y_pred)
-            own = getattr(values, "_keras_mask", None)
-            masks = [m for m in (getattr(y_pred, "_keras_mask", None), own) if m is not None]
+            given, own = (getattr(t, "_keras_mask", None) for t in (y_pred, values))
+            masks = [m for m in (given, own) if m is not None]
             mask = masks[0] if len(masks) == 1 else (masks[0] & masks[1] if masks else None)
             out = loss_values(values, mask, getattr(loss, "reduction", None))
-            if out is not values and own is not None:
-                # Loss.__call__ reads it back and divides by its valid entries: a replica
-                # with none (its rows all ignore_class) read 0 * inf = NaN as its loss,
-                # where one device's batch has some. Its values are 0 (the count ratio
-                # is), so there the mask may hold every entry.
-                out._keras_mask = tf.logical_or(own, tf.logical_not(tf.reduce_any(mask)))
+            if out is not values:
+                # Loss.__call__ reads both masks back after this call and divides by
+                # their valid entries: a replica with none (its labels all ignored, its
+                # steps all masked) read 0 * inf = NaN - its loss, and under mask_zero
+                # the weights - where one device's batch has some. Its values are 0
+                # (the count ratio is) and the container zeroed the masked steps'
+                # weights already, so there the masks may hold every entry.
+                empty = tf.logical_not(tf.reduce_any(mask))
+                if own is not None:
+                    out._keras_mask = tf.logical_or(own, empty)
+                if given is not None:  # put back by CompiledLoss.__call__
+                    y_pred._keras_mask = tf.logical_or(given, empty)
             return out
 
         return call
