@@ -389,7 +389,8 @@ def plain_step(data: Any, call: Callable[[Any], Any]) -> Any:
     user's data - no packing, so the hooks weight no loss, mask no metric and reweight no
     loss tracker (an even batch of N replicas is already one device's batch). The frame
     without a packing only lets a loss tracker of the user's own step count the whole
-    loss where Keras scaled it for tf.distribute (`tracker_update`)."""
+    loss where Keras scaled it for tf.distribute (`tracker_update`), and a masked mean
+    divide by the global count where each replica counts its own (`loss_values`)."""
     with active(None):
         return call(data)
 
