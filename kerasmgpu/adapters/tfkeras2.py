@@ -4,10 +4,9 @@ Verified on the releases of `env.versions` (`TF_KERAS_*`, `TF_KERAS_LEGACY_*`; t
 matrix runs tf.keras 2.12, 2.13, 2.15 and tf_keras 2.16, 2.18, 2.21). What is read or
 wrapped here:
 
-* `model.compiled_loss` (a `LossesContainer`): replaced on the instance by a proxy whose
-  call adds the padding weights to the sample weight; `build(y_pred)` and `built` are
-  used to build it first. Its loss trackers: `_total_loss_mean` (2.13+) or
-  `_loss_metric` (2.12), and `_per_output_metrics`.
+* `model.compiled_loss` (a `LossesContainer`) and its losses: see `tfkeras2_losses`.
+  Its loss trackers: `_total_loss_mean` (2.13+) or `_loss_metric` (2.12), and
+  `_per_output_metrics`.
 * `model.compiled_metrics` (a `MetricsContainer`): `update_state` wrapped on the
   instance; `build(y_pred, y_true)`, `built`, `metrics` and `_conform_to_outputs`.
 * `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
@@ -42,12 +41,12 @@ from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import (
     COMPILE_KEYS,
-    Adapter,
     StateReader,
     class_weight_error,
     following_save,
 )
 from kerasmgpu.adapters.step_ops import HOOKED
+from kerasmgpu.adapters.tfkeras2_losses import TfKeras2Losses
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -55,41 +54,6 @@ from kerasmgpu.env.versions import (
     TF_KERAS_VERIFIED_BELOW,
     KerasLine,
 )
-
-
-class _CompiledLoss:
-    """Stands in for `model.compiled_loss`: Keras's own container, with our weights.
-
-    `LossesContainer.__call__` is where tf.keras (and every custom `train_step` written
-    in its style: `self.compiled_loss(y, y_pred, regularization_losses=self.losses)`)
-    computes the compiled loss; a special method cannot be replaced on an instance, so
-    the model gets this proxy, which forwards everything else to the container.
-    """
-
-    def __init__(self, container: Any, hook: Callable[[Any, Any, Any], Any]) -> None:
-        self.__dict__["_kerasmgpu_container"] = container
-        self.__dict__["_kerasmgpu_fn"] = hook
-        self.__dict__[HOOKED] = True
-
-    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None,
-                 regularization_losses: Any = None) -> Any:
-        container = self.__dict__["_kerasmgpu_container"]
-        if not container.built:
-            container.build(y_pred)
-        if isinstance(sample_weight, dict):
-            # Weights for some outputs only ({"price": w}): Keras's own conforming gives
-            # the others None, which the padding weight then stands in for (left a dict,
-            # they got no weight, and their padded rows counted).
-            sample_weight = container._conform_to_outputs(y_pred, sample_weight)
-        weights = self.__dict__["_kerasmgpu_fn"](y_true, y_pred, sample_weight)
-        return container(y_true, y_pred, sample_weight=weights,
-                         regularization_losses=regularization_losses)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_kerasmgpu_container"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.__dict__["_kerasmgpu_container"], name, value)
 
 
 def _combines_with_sample_weight(tf: Any, map_fn: Callable[..., Any]) -> bool:
@@ -103,7 +67,7 @@ def _combines_with_sample_weight(tf: Any, map_fn: Callable[..., Any]) -> bool:
     return True
 
 
-class TfKeras2(Adapter):
+class TfKeras2(TfKeras2Losses):
     DIST = "tensorflow"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -212,8 +176,20 @@ class TfKeras2(Adapter):
 
     def to_float(self, x: Any, like: Any = None) -> Any:
         tf = self._tf
-        dtype = getattr(like, "dtype", None) or tf.float32
+        dtype = getattr(like, "dtype", None)
+        # Keras hands a metric compiled unweighted the output's bool Keras mask as its
+        # sample weight (`MetricsContainer.update_state`, 2.12 - 2.21): a weight to
+        # multiply, not a dtype to take (cast to it, the padding mask crashed in
+        # tf.keras 2.15: "Value passed to parameter 'x' has DataType bool").
+        if dtype is None or not tf.as_dtype(dtype).is_floating:
+            dtype = tf.float32
         return tf.cast(x, dtype)
+
+    def multiply(self, a: Any, b: Any) -> Any:
+        tf = self._tf
+        if getattr(a, "dtype", None) == tf.bool:  # that bool mask (see to_float)
+            a = tf.cast(a, getattr(b, "dtype", None) or tf.float32)
+        return a * b
 
     def expand_to_rank(self, w: Any, rank: int) -> Any:
         tf = self._tf
@@ -222,20 +198,6 @@ class TfKeras2(Adapter):
         return w
 
     # --- hooks -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _container(model: Any, name: str) -> Any:
-        value = model.__dict__.get(name)
-        if isinstance(value, _CompiledLoss):
-            return value.__dict__["_kerasmgpu_container"]
-        return getattr(model, name, None)
-
-    def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
-                          values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
-        container = self._container(model, "compiled_loss")
-        if container is None:
-            return
-        model.__dict__["compiled_loss"] = _CompiledLoss(container, hook)
 
     def install_metrics_hook(self, model: Any, on_metric: Callable[[Any], None]) -> None:
         container = getattr(model, "compiled_metrics", None)

@@ -145,6 +145,11 @@ def loss_values(adapter: Adapter, values: Any, mask: Any, reduction: Any) -> Any
     the valid entries of the real rows of the whole batch, `Vg`: the values are scaled by
     `V / Vg` (Keras's own `total / V` and sum then leave `sum / Vg`), `Vg` taken over all
     replicas (`adapter.replica_mean`, times the replica count Keras divides by).
+
+    Where the compiled loss's sample weight carries the padding weight already
+    (`weights_in_loss_values` False: the tf.keras lines), only a masked mean is changed
+    here: its count made global, and the `scale` of that weight taken back out (a count
+    divides, not the rows).
     """
     frame = current()
     if frame is None or not adapter.rank(values):
@@ -152,7 +157,10 @@ def loss_values(adapter: Adapter, values: Any, mask: Any, reduction: Any) -> Any
     packed = frame.packed
     if packed is not None and not _same_rows(adapter, values, packed):
         return values  # not one value per fed row: not ours to weigh
-    mean = str(reduction or "").lower() in ("sum_over_batch_size", "mean")
+    mean = str(reduction or "").lower() in ("sum_over_batch_size", "mean", "auto")
+    in_values = adapter.weights_in_loss_values
+    if not in_values and (mask is None or not mean):
+        return values  # the sample weight weighs it (loss_hook)
     if mask is None or not mean:
         if packed is None:
             return values
@@ -170,8 +178,11 @@ def loss_values(adapter: Adapter, values: Any, mask: Any, reduction: Any) -> Any
         real = adapter.multiply(valid, adapter.expand_to_rank(rows, adapter.rank(valid) or 1))
     factor = adapter.count_ratio(adapter.total(valid), adapter.replica_mean(adapter.total(real)))
     if packed is not None:
-        values = adapter.multiply(values, adapter.expand_to_rank(
-            adapter.to_float(adapter.column(packed, MASK), like=values), adapter.rank(values) or 1))
+        weight = adapter.to_float(adapter.column(packed, MASK), like=values)
+        if not in_values:  # the sample weight holds `scale * mask`: the scale comes out
+            weight = adapter.count_ratio(
+                weight, adapter.to_float(adapter.column(packed, SCALE), like=values))
+        values = adapter.multiply(values, adapter.expand_to_rank(weight, adapter.rank(values) or 1))
     return adapter.multiply(values, factor)
 
 
@@ -378,7 +389,8 @@ def plain_step(data: Any, call: Callable[[Any], Any]) -> Any:
     user's data - no packing, so the hooks weight no loss, mask no metric and reweight no
     loss tracker (an even batch of N replicas is already one device's batch). The frame
     without a packing only lets a loss tracker of the user's own step count the whole
-    loss where Keras scaled it for tf.distribute (`tracker_update`)."""
+    loss where Keras scaled it for tf.distribute (`tracker_update`), and a masked mean
+    divide by the global count where each replica counts its own (`loss_values`)."""
     with active(None):
         return call(data)
 
