@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Dict, List, Optional
 
 import numpy as np
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.batching import Planner
 from kerasmgpu.data.feeds import Feed
@@ -44,6 +45,18 @@ def one_gpu_each(job: ClusterEnvironment) -> bool:
     rank (what torchrun, srun and JAX's own cluster detection assume). `kerasmgpu
     launch` hands out GPUs itself (`--gpus-per-proc`)."""
     return not job.assigns_devices and job.local_world_size() > 1
+
+
+def refuse_stateful(adapter: Adapter, model: Any, on: str, allowed: str, fix: str) -> None:
+    """Refuse a model with stateful RNN layers before anything is copied or trained: their
+    state lives in variables of the fixed batch size, and a replica runs a slice of the
+    batch, which that shape does not fit. `on`, `allowed`, `fix`: the route's words."""
+    stateful = [layer for layer in adapter.layers_of(model)[1:]
+                if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
+    if stateful:
+        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})" for layer in stateful)
+        raise bad_value("model", f"stateful RNN layers {names} on {on}", allowed, fix,
+                        raw=True)
 
 
 def too_late(engine: str, detail: Any) -> RuntimeError:

@@ -18,7 +18,13 @@ from kerasmgpu._errors import InvalidClusterError, NotYetSupportedError, bad_val
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.data.feeds import Feed
-from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
+from kerasmgpu.engines.base import (
+    Engine,
+    Explanation,
+    one_gpu_each,
+    refuse_stateful,
+    too_late,
+)
 from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
@@ -56,21 +62,15 @@ def _split_per_replica(tf: Any, dataset: Any, local_replicas: int) -> Any:
 
 
 def _refuse_stateful(adapter: Adapter, model: Any) -> None:
-    """A stateful RNN keeps its state across batches in variables of a fixed batch size:
-    under MirroredStrategy each replica runs a slice of the batch, which the state's
-    shape does not fit (Keras 3 + TF: a graph execution error at the first step; tf_keras
-    cannot copy it). Refused before anything is copied or trained."""
-    stateful = [layer for layer in adapter.layers_of(model)[1:]
-                if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
-    if stateful:
-        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})" for layer in stateful)
-        raise bad_value(
-            "model", f"stateful RNN layers {names} on the mirrored route (TensorFlow)",
-            "layers without stateful=True here: TensorFlow's replicas cannot share one "
-            "batch-sized state",
-            "train it with Keras 3 on JAX (KERAS_BACKEND=jax), which trains a stateful RNN "
-            "as one device does, or with stateful=False (or on one device)",
-            raw=True)
+    """Under MirroredStrategy a stateful RNN's batch-sized state does not fit a replica's
+    slice (Keras 3 + TF: a graph execution error at the first step; tf_keras cannot copy
+    it)."""
+    refuse_stateful(
+        adapter, model, "the mirrored route (TensorFlow)",
+        "layers without stateful=True here: TensorFlow's replicas cannot share one "
+        "batch-sized state",
+        "train it with Keras 3 on JAX (KERAS_BACKEND=jax), which trains a stateful RNN "
+        "as one device does, or with stateful=False (or on one device)")
 
 
 def _tf_resolver(tf: Any, job: ClusterEnvironment) -> Any:

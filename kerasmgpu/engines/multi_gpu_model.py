@@ -29,7 +29,7 @@ import numpy as np
 from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.adapters.keras23 import GroupPlan, Keras23
-from kerasmgpu.engines.base import Engine, Explanation
+from kerasmgpu.engines.base import Engine, Explanation, refuse_stateful
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
@@ -174,17 +174,11 @@ def _refuse_stateful(adapter: Keras23, model: Any) -> None:
     passed and the first step failed, `Incompatible shapes: [2,16] vs. [6,16]`; issue
     28 reports "Dimensions must be equal"). Refused before anything is built or
     trained, as on the mirrored route."""
-    stateful = [layer for layer in adapter.layers_of(model)[1:]
-                if getattr(layer, "stateful", False) is True and hasattr(layer, "reset_states")]
-    if stateful:
-        names = ", ".join(f"{layer.name!r} ({type(layer).__name__})" for layer in stateful)
-        raise bad_value(
-            "model", f"stateful RNN layers {names} on Keras 2.3's multi_gpu_model",
-            "layers without stateful=True here: the replicas cannot share one "
-            "batch-sized state",
-            "train it on one device (gpus=1), or with stateful=False, or with Keras 3 on "
-            "JAX (KERAS_BACKEND=jax), which trains a stateful RNN as one device does",
-            raw=True)
+    refuse_stateful(
+        adapter, model, "Keras 2.3's multi_gpu_model",
+        "layers without stateful=True here: the replicas cannot share one batch-sized state",
+        "train it on one device (gpus=1), or with stateful=False, or with Keras 3 on JAX "
+        "(KERAS_BACKEND=jax), which trains a stateful RNN as one device does")
 
 
 class _Follow:
