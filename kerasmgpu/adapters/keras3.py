@@ -40,7 +40,10 @@ from kerasmgpu.adapters.base import COMPILE_KEYS
 from kerasmgpu.adapters.keras3_backup import Keras3Backups
 from kerasmgpu.adapters.keras3_data import Keras3Data
 from kerasmgpu.adapters.step_ops import HOOKED
-from kerasmgpu.env.versions import KERAS3_ACCUMULATION_COUNTS_STEPS
+from kerasmgpu.env.versions import (
+    KERAS3_ACCUMULATION_COUNTS_STEPS,
+    KERAS3_METRICS_MASK_WITHOUT_WEIGHT,
+)
 from kerasmgpu.registry import verified_range
 
 
@@ -135,6 +138,29 @@ class Keras3(Keras3Data, Keras3Backups):
         # A new tensor, not a broadcast view: Keras writes into it in place (torch).
         return ops.multiply(self.expand_to_rank(w, rank),
                             ops.ones(ops.shape(like)[:rank], dtype=w.dtype))
+
+    def unmasked_for_metric(self, metric: Any, values: Any) -> Any:
+        # reduction_metrics.py (3.3 - 3.15): `Mean` / `Sum` apply their values' Keras
+        # mask only given a sample weight; `MeanMetricWrapper` its y_pred's likewise
+        # before 3.12 (env/versions.py KERAS3_METRICS_MASK_WITHOUT_WEIGHT), always after.
+        reduction = importlib.import_module("keras.src.metrics.reduction_metrics")
+        if isinstance(metric, reduction.MeanMetricWrapper):
+            if self.version is None or self.version >= KERAS3_METRICS_MASK_WITHOUT_WEIGHT:
+                return values
+        elif not isinstance(metric, (reduction.Mean, reduction.Sum)):
+            return values
+        if getattr(values, "_keras_mask", None) is None and self._keras_mask(values) is None:
+            return values
+        # A new tensor carries no Keras mask (an attribute of the tensor, or 3.8+'s
+        # table keyed by it); the original keeps its own for the rest of the step.
+        return self.keras.ops.copy(values)
+
+    def _keras_mask(self, x: Any) -> Any:
+        try:
+            from keras.src.backend import get_keras_mask
+        except ImportError:  # 3.3: the tensor attribute alone (read above)
+            return None
+        return get_keras_mask(x)
 
     # --- hooks -----------------------------------------------------------------------------
 

@@ -74,6 +74,12 @@ class StepOps:
     def ones_like_rows(self, packed: Any) -> Any:
         raise NotImplementedError
 
+    def unmasked_for_metric(self, metric: Any, values: Any) -> Any:
+        """`values` as `metric` sees them when updated without a sample weight: where
+        Keras applies their Keras mask only given a weight, a copy without the mask (the
+        padding weight must not turn it on). Identity where the mask never depends on it."""
+        return values
+
     # --- the compiled metrics ---------------------------------------------------------
 
     def metric_leaves(self, model: Any) -> List[Any]:

@@ -75,6 +75,12 @@ KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE = Version("3.15")
 # Adam's bias correction and EMA read, and clipping and decay act on each micro-batch;
 # `fit(steps_per_epoch=)` on arrays also leaves an epoch's first batch out there.
 KERAS3_ACCUMULATION_COUNTS_STEPS = Version("3.8")
+# Breakpoint: Keras 3 before 3.12 applies a Keras mask (`Embedding(mask_zero=True)`) to a
+# `MeanMetricWrapper` (accuracy and the like) only when the update has a sample weight
+# (keras/src/metrics/reduction_metrics.py, read in 3.3.3, 3.8.0, 3.10.0 and 3.11.3;
+# keras#21569, in 3.12.0, applies it always). `Mean` and `Sum` apply their values' mask
+# only with a weight on every release to 3.15.
+KERAS3_METRICS_MASK_WITHOUT_WEIGHT = Version("3.12")
 
 LEGACY_KERAS_MIN = Version("2.3.1")
 LEGACY_KERAS_VERIFIED_BELOW = Version("2.3.2")

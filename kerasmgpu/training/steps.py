@@ -251,6 +251,11 @@ def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
                 return original(*positional, sample_weight=weight, **kwargs)
             mask = adapter.column(frame.packed, MASK)
             if weight is None:
+                # Unweighted, Keras may ignore the values' Keras mask (Keras 3 before
+                # 3.12): so must the padding weight, or the padded batch alone counts
+                # only the valid timesteps.
+                positional[where - 1] = adapter.unmasked_for_metric(metric, values)
+                values = positional[where - 1]
                 weight = mask
             else:
                 weight = _times(adapter, mask, weight)
