@@ -179,6 +179,53 @@ def test_python_attribute_read_in_call_follows_the_template() -> None:
     assert pmodel.get_layer("scaled").temperature == 0.25 / 4
 
 
+def _private_scaled_class():
+    class PrivateScaled(keras.layers.Layer):
+        """Reads a private attribute of its own in call() (issue 28, item 6)."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self._scale = 1.0
+
+        def call(self, inputs):
+            return inputs * self._scale
+
+    return PrivateScaled
+
+
+def _shrinking(model, name):
+    class Shrinking(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            layer = model.get_layer("scaled")
+            setattr(layer, name, getattr(layer, name) * 0.5)
+
+    return Shrinking()
+
+
+# Core: the private one (it fails on either fault: not carried, or not before the
+# first call).
+@pytest.mark.parametrize("name", [pytest.param("_scale", marks=pytest.mark.core),
+                                  "temperature"])
+def test_an_attribute_changed_after_parallelize_follows_the_template(name: str) -> None:
+    """An attribute read in call() - `self._scale`, private, set by the user's class
+    (issue 28, item 6), or a public one - changed on the template after parallelize()
+    and before the first fit, then by a callback at every epoch end: the copy reads the
+    template's, as one device does (before: the private one never reached the copy, and
+    neither reached it before the first call; loss 0.8675 against 0.8693)."""
+    cls = _private_scaled_class() if name == "_scale" else _scaled_layer_class()
+    single, template = _scaled_model(cls), _scaled_model(cls)
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    for model in (single, template):  # after parallelize(), on the template
+        setattr(model.get_layer("scaled"), name, 4.0)
+    fit = dict(batch_size=20, epochs=3, shuffle=False, verbose=0)
+    one = single.fit(XN / 100, Y, callbacks=[_shrinking(single, name)], **fit)
+    par = pmodel.fit(XN / 100, Y, callbacks=[_shrinking(template, name)], **fit)
+    assert_history_close(one, par, rtol=1e-5)
+    assert_weights_close(single, template, atol=1e-5)
+    assert getattr(pmodel.get_layer("scaled"), name) == 0.5
+
+
 @pytest.mark.core
 def test_functional_model_with_a_lambda_trains() -> None:
     # Before, on Keras 3: refused as "a subclassed model that cannot be copied".

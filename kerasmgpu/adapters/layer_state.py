@@ -11,13 +11,20 @@ A copy made from `get_config()` and given the variables by `set_weights()` misse
   carries both (`save_own_variables` / `save_assets`, the public protocol of the
   `.keras` format, on Keras 3 and tf_keras 2.12+), and so does the copy here.
 
-Only public methods and attributes of the layers are used.
+Only public methods and attributes of the layers are used. A layer of a class of the
+user's own (defined outside keras, tf_keras and tensorflow) also carries the private
+plain-data attributes its own classes assign (`self._temperature = t` in their source),
+never Keras's private bookkeeping.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import tempfile
-from typing import Any, Dict, List, Tuple
+import textwrap
+from typing import Any, Dict, FrozenSet, List, Tuple
 
 import numpy as np
 
@@ -39,11 +46,83 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
+# Top-level packages whose classes are Keras's (their private attributes are its
+# bookkeeping), not the user's.
+_FRAMEWORKS = frozenset({"keras", "tf_keras", "tensorflow"})
+
+
+def _users_classes(cls: type) -> List[type]:
+    """The classes of `cls`'s MRO defined outside the frameworks, up to the first
+    framework class (a user's layer and its own bases)."""
+    found = []
+    for klass in cls.__mro__:
+        if (klass.__module__ or "").split(".")[0] in _FRAMEWORKS or klass is object:
+            break
+        found.append(klass)
+    return found
+
+
+@functools.cache
+def _assigned_private(cls: type) -> FrozenSet[str]:
+    """The private names `cls`'s own source assigns on its instances (`self._x = ...`,
+    `+=`, annotated), name-mangled as Python stores them; none where the source cannot
+    be read (a class made by exec, or in some interactive sessions)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    names = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = function.args.posonlyargs + function.args.args
+        if not arguments:
+            continue
+        me = arguments[0].arg  # `self`, as the method names it
+        for node in ast.walk(function):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                       else [])
+            for target in targets:
+                for leaf in ast.walk(target):  # `self._a, self._b = ...` too
+                    if (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name)
+                            and leaf.value.id == me and leaf.attr.startswith("_")):
+                        names.add(leaf.attr)
+    mangled = {f"_{cls.__name__.lstrip('_')}{n}" if n.startswith("__") and not n.endswith(
+        "__") else n for n in names}
+    return frozenset(n for n in mangled if not (n.startswith("__") and n.endswith("__")))
+
+
+@functools.cache
+def _bookkeeping(base: type) -> FrozenSet[str]:
+    """The attributes a fresh instance of the framework's base `Layer` holds: Keras's
+    own even where a user's class assigns them too (`self._name = ...`)."""
+    try:
+        return frozenset(vars(base()))
+    except Exception:  # a base that cannot be made bare: nothing excluded
+        return frozenset()
+
+
+def _users_private(layer: Any) -> FrozenSet[str]:
+    cls = type(layer)
+    users = _users_classes(cls)
+    if not users:
+        return frozenset()
+    names: FrozenSet[str] = frozenset()
+    for klass in users:
+        names = names | _assigned_private(klass)
+    bases = [k for k in cls.__mro__ if k.__name__ == "Layer"
+             and (k.__module__ or "").split(".")[0] in _FRAMEWORKS]
+    return names - _bookkeeping(bases[-1]) if names and bases else names
+
+
 def attributes(layer: Any) -> Dict[str, Any]:
-    """The layer's public plain-data attributes (its own `__dict__`, not its class's)."""
+    """The layer's public plain-data attributes (its own `__dict__`, not its class's),
+    and the private ones its user-defined classes assign (`_users_private`)."""
     found = {}
+    private = _users_private(layer)
     for key, value in vars(layer).items():
-        if key.startswith("_") or key in _SKIPPED:
+        if (key.startswith("_") and key not in private) or key in _SKIPPED:
             continue
         if _plain(value):
             found[key] = value

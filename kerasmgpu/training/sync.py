@@ -111,6 +111,10 @@ def relink(mirror: Mirror) -> None:
     if not mirror.shared:
         build_template_optimizer(mirror)
     _refresh(mirror)
+    if not mirror.shared and len(mirror.attributes) != len(mirror.pairs):
+        # The copy took the plain attributes as it was made: both sides agree now, so a
+        # change made before the first call (right after parallelize()) is carried by it.
+        mirror.attributes = [_snapshot(t, r) for t, r in mirror.pairs]
     if mirror.optimizer is not None and not mirror.shared:
         _copy(mirror, mirror.optimizer, to_replica=True)
     _record(mirror)
