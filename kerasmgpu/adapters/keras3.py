@@ -21,6 +21,10 @@ newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   masked mean divides by one device's count (`steps.loss_values`); for that the mask
   `Loss.__call__` applies is read with `keras.src.backend.get_keras_mask` (and the
   values' mask put back with `set_keras_mask`). Metrics get the padding mask as a weight.
+* `keras.src.metrics.reduction_metrics` (`Mean`, `Sum`, `MeanMetricWrapper`, 3.3-3.15)
+  and the values' Keras mask (`_keras_mask`, `get_keras_mask`): a metric updated
+  without a sample weight that ignores that mask sees it ignored on a padded batch too
+  (`unmasked_for_metric`).
 * `BatchNormalization.call`'s public `mask` and `_moments` (each backend's
   `_batch_moments`), read by `_idle_keeps_moving` and `_kept_moving`.
 * optimizers on JAX and torch: Keras's own accumulation, `gradient_accumulation_steps`,
@@ -143,7 +147,10 @@ class Keras3(Keras3Data, Keras3Backups):
         # reduction_metrics.py (3.3 - 3.15): `Mean` / `Sum` apply their values' Keras
         # mask only given a sample weight; `MeanMetricWrapper` its y_pred's likewise
         # before 3.12 (env/versions.py KERAS3_METRICS_MASK_WITHOUT_WEIGHT), always after.
-        reduction = importlib.import_module("keras.src.metrics.reduction_metrics")
+        try:
+            reduction = importlib.import_module("keras.src.metrics.reduction_metrics")
+        except ImportError:  # moved in a release after 3.15: its masking is not known
+            return values
         if isinstance(metric, reduction.MeanMetricWrapper):
             if self.version is None or self.version >= KERAS3_METRICS_MASK_WITHOUT_WEIGHT:
                 return values
