@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter
 from typing import Any
 
@@ -16,7 +17,7 @@ os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "3")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
-from helpers import ENV
+from helpers import ENV, ON_LEGACY
 from hypothesis import HealthCheck, settings
 
 from kerasmgpu.env.devices import apply_environment_request
@@ -71,3 +72,17 @@ def _choices_detected_afresh() -> Any:
     yield
     registry.reset()
     cluster.reset()
+
+
+@pytest.fixture(autouse=True)
+def _keras23_graph_cleared() -> Any:
+    """Keras 2.3 builds every model into TensorFlow's one default graph, and its
+    `get_session` walks every variable of that graph at each call: kept across a
+    process's tests, the graph made each model slower to build, train and check (measured
+    on keras23: test_verify.py's first test 1.9 s alone, 35 s after test_legacy.py). A
+    test's models are its own, so the graph is cleared after each, as a Keras 2.3 script
+    clears it between models (`keras.backend.clear_session()`)."""
+    yield
+    keras = sys.modules.get("keras") if ON_LEGACY else None
+    if keras is not None:
+        keras.backend.clear_session()
