@@ -133,7 +133,7 @@ def test_subclassed_model_that_cannot_be_cloned() -> None:
 def test_parallelize_twice(model) -> None:
     pmodel = kerasmgpu.parallelize(mlp(keras), gpus=2)
     with pytest.raises(ValueError, match="already returned by parallelize"):
-        kerasmgpu.parallelize(pmodel)
+        kerasmgpu.parallelize(pmodel, gpus=2)
 
 
 def test_bad_fit_arguments_are_explained() -> None:

@@ -447,6 +447,12 @@ class Adapter(ModelCopying, StepOps):
         line cannot."""
         return False
 
+    def place_replicated(self, variables: List[Any], layouts: List[Any],
+                         values: List[Any]) -> bool:
+        """Lay each variable out in place with its layout, holding its value (Keras 3 on
+        JAX); False where this line cannot (the engine then trains a copy)."""
+        return False
+
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
 
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
