@@ -455,6 +455,11 @@ class Adapter(ModelCopying, StepOps):
 
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
 
+    def global_batch(self, data: Any) -> Any:
+        """`data` laid out over the devices as a one-program step lays out its batch
+        (inside the engine's scope; Keras 3 on JAX), else as it is."""
+        return data
+
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
                            training: bool, class_weight: Any = None
                            ) -> Optional[Tuple[Any, List[Any]]]:

@@ -16,7 +16,8 @@ every backend shares are in `keras3`. What is read or wrapped here:
   `_layout` (the layout its `_direct_assign` distributes every later assign with) and
   `_direct_assign`, as the JAX `Variable._initialize` of each release sets them when a
   distribution is active; the layout converted by `TensorLayout.backend_layout` (3.10+)
-  or `keras.src.backend.jax.distribution_lib._to_jax_layout` (3.3 - 3.8). Read in the
+  or `keras.src.backend.jax.distribution_lib._to_jax_layout` (3.3 - 3.8); verify=True's
+  parallel side lays its batch out with the same conversion (`global_batch`). Read in the
   sources of 3.3, 3.8, 3.10 and 3.15; where they are not what was read, the answer is
   False and the engine trains a copy made in its scope, as before.
 * change tokens (`state_reader`): `variable._value`, the JAX array the public `value`
@@ -103,21 +104,37 @@ class Keras3Jax(Keras3):
             backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
         except ImportError:
             return False
-        convert = getattr(backend, "_to_jax_layout", None)
-        shardings = []
-        for layout in layouts:
-            if hasattr(layout, "backend_layout"):  # 3.10+
-                shardings.append(layout.backend_layout)
-            elif convert is not None:  # 3.3 - 3.8
-                shardings.append(convert(layout))
-            else:
-                return False
+        shardings = [_sharding(backend, layout) for layout in layouts]
+        if any(sharding is None for sharding in shardings):
+            return False
         for variable, sharding, value in zip(variables, shardings, values):
             variable._layout = sharding
             # distribute_variable / distribute_tensor: a local array is put on the
             # mesh, equal values of several processes make one global array.
             variable._direct_assign(value)
         return True
+
+    def global_batch(self, data: Any) -> Any:
+        # The step's layout of a batch (`distribution.get_data_layout`, public), one
+        # global array from the whole batch every process holds (public JAX): each
+        # device computes its rows with its own piece of every variable.
+        distribution = self.keras.distribution.distribution()
+        if distribution is None:
+            return data
+        backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
+        import jax
+        import numpy as np
+
+        def lay_out(leaf: Any) -> Any:
+            array = np.asarray(leaf)
+            sharding = _sharding(backend, distribution.get_data_layout(array.shape)) \
+                if array.ndim else None
+            if sharding is None:
+                return leaf
+            return jax.make_array_from_callback(array.shape, sharding,
+                                                lambda index: array[index])
+
+        return jax.tree_util.tree_map(lay_out, data)
 
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
                            training: bool, class_weight: Any = None
@@ -143,6 +160,15 @@ class Keras3Jax(Keras3):
             values(model.metrics_variables), x, y, sample_weight, training=training,
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
+
+def _sharding(backend: Any, layout: Any) -> Any:
+    """A Keras `TensorLayout` as JAX's sharding: `backend_layout` (3.10+), the backend's
+    `_to_jax_layout` (3.3 - 3.8); None on a Keras that has neither."""
+    if hasattr(layout, "backend_layout"):
+        return layout.backend_layout
+    convert = getattr(backend, "_to_jax_layout", None)
+    return convert(layout) if convert is not None else None
 
 
 def _on_one_device(value: Any) -> Any:
