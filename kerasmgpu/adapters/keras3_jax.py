@@ -114,6 +114,16 @@ class Keras3Jax(Keras3):
             variable._direct_assign(value)
         return True
 
+    def numpy(self, value: Any) -> Any:
+        if getattr(value, "is_fully_addressable", True) or value.is_fully_replicated:
+            return super().numpy(value)
+        # Rows on other processes' devices (verify's parallel side, laid out as the
+        # step lays its batch out): every process gathers them, together.
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
     def global_batch(self, data: Any) -> Any:
         # The step's layout of a batch (`distribution.get_data_layout`, public), one
         # global array from the whole batch every process holds (public JAX): each

@@ -13,8 +13,6 @@ import contextlib
 import inspect
 from typing import Any, ClassVar, ContextManager, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
-
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
 from kerasmgpu.env import devices as devices_module
@@ -169,21 +167,24 @@ class KerasDistributionEngine(Engine):
         run as for a model built in `kerasmgpu.scope()`. What a layer holds besides
         its variables - a Python attribute read in `call`, an adapted layer's derived
         tensors, a layer it holds - is the user's own object, right by construction.
-        Several processes: rank 0's values, one global array from the equal copies.
-
-        A model already trained in place on other devices (a second parallelize() of
-        one template, with another `gpus=`) keeps its layout: the second parallel model
-        is a copy made in this scope, its template the user's model."""
+        A copy made in this scope (the base engine's) where the user's model cannot
+        be the parallel model:
+        * in a job of several processes: the template is each process's own, changed
+          by one process alone where the script does so (a checkpoint loaded on the
+          chief: rank 0's template is the truth, `training.sync`), and a variable laid
+          out over every process's devices is one global array, which every process
+          must assign together;
+        * a model already trained in place on other devices (a second parallelize() of
+          one template, with another `gpus=`): it keeps its layout, and the second
+          parallel model is a copy, its template the user's model."""
         from kerasmgpu.training import model as parallel_model
         from kerasmgpu.training.state import is_parallel
 
-        if is_parallel(model) and not self.owns(model):
+        if not self.owns(model) and (self.job.multi_process() or is_parallel(model)):
             return super().parallelize(model, options)
         if not self.owns(model):
             variables = self._carried(model)
             values: List[Any] = [v.value for v in variables]
-            if self.job.multi_process():
-                values = self.broadcast_arrays([np.asarray(v) for v in values])
             layouts = [self.distribution.get_variable_layout(v) for v in variables]
             if not self.adapter.place_replicated(variables, layouts, values):
                 # A Keras whose variables are not what adapters.keras3_jax read.
