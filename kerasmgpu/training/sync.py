@@ -1,7 +1,8 @@
 """The template is the truth both ways: the model you built and the parallel model agree.
 
 `parallelize()` trains a copy of the model you built - the replica - or, when it was
-built in `kerasmgpu.scope()` (and always on torch), the model itself. Between two calls
+built in `kerasmgpu.scope()` (and always on torch, and on JAX in one process), the model
+itself. Between two calls
 of the parallel model either side may change: you set, load, train, recompile or freeze
 the template, or assign one of its variables; a call trains the replica. So:
 
