@@ -24,6 +24,7 @@ process: the chief's template is the truth.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -425,7 +426,13 @@ def build_template_optimizer(mirror: Mirror) -> None:
     template = mirror.template
     optimizer = getattr(template, "optimizer", None)
     if mirror.with_optimizer and optimizer is not None and template.trainable_variables:
-        mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
+        # A template that is itself a parallel model trained in place (JAX: a second
+        # parallelize() on other devices) keeps its slots where it trains.
+        from kerasmgpu.training.state import state_of
+
+        own = state_of(template)
+        with own.engine.scope() if own is not None else contextlib.nullcontext():
+            mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
 
 
 def _record(mirror: Mirror) -> None:
