@@ -182,7 +182,10 @@ def adopt(engine: EngineOps, adapter: Adapter, model: Any, options: Options) -> 
 def _link(replica: Any) -> None:
     state = state_of(replica)
     assert state is not None
+    # A template trained in place by another parallel model (JAX, other devices).
+    own = state_of(state.template) if state.template is not replica else None
     state.mirror = sync.link(
         state.template, replica, state.adapter, state.engine,
         job=state.engine.job.multi_process(),
-        recompile=lambda args: compile_replica(replica, args))
+        recompile=lambda args: compile_replica(replica, args),
+        template_scope=own.engine.scope if own is not None else None)

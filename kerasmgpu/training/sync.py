@@ -65,6 +65,9 @@ class Mirror:
     with_optimizer: bool = True
     # A job of several processes: calls that all processes make agree on what changed.
     job: bool = False
+    # The scope the template's own variables are made in: a template that is itself a
+    # parallel model trained in place (JAX), its engine's; None: outside any.
+    template_scope: Optional[Callable[[], Any]] = None
     weights: Optional[Part] = None
     optimizer: Optional[Part] = None
     compiled: Tuple[Any, ...] = ()
@@ -428,10 +431,8 @@ def build_template_optimizer(mirror: Mirror) -> None:
     if mirror.with_optimizer and optimizer is not None and template.trainable_variables:
         # A template that is itself a parallel model trained in place (JAX: a second
         # parallelize() on other devices) keeps its slots where it trains.
-        from kerasmgpu.training.state import state_of
-
-        own = state_of(template)
-        with own.engine.scope() if own is not None else contextlib.nullcontext():
+        scope = mirror.template_scope or contextlib.nullcontext
+        with scope():
             mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
 
 
