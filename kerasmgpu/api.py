@@ -101,7 +101,11 @@ def _prepare(
     adapter = adapters.load(active)
     if model is not None:
         adapters.check_model(model, adapter)
-        if parallel_model.is_parallel(model):
+        state = parallel_model.state_of(model)
+        # A model trained in place (JAX, torch, built in scope) is its own template: a
+        # second parallelize() of it on other devices trains a copy there (the same
+        # devices: refused by the engine, as here).
+        if state is not None and state.template is not model:
             raise bad_value(
                 "model", "a model already returned by parallelize()",
                 "the model you built (the template)",

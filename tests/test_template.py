@@ -90,8 +90,9 @@ def test_training_the_template_between_parallel_calls() -> None:
     and the learning rate a callback set while the template trained)."""
     single, template = _pair()
     pmodel = kerasmgpu.parallelize(template, gpus=N)
-    for model in (pmodel, template, pmodel):
-        callbacks = [_lr_callback("LearningRateScheduler")] if model is template else []
+    # By position: on JAX the template is the parallel model itself (no copy).
+    for turn, model in enumerate((pmodel, template, pmodel)):
+        callbacks = [_lr_callback("LearningRateScheduler")] if turn == 1 else []
         single.fit(X, Y, callbacks=callbacks, **FIT)
         model.fit(X, Y, callbacks=[_lr_callback("LearningRateScheduler")] if callbacks else [],
                   **FIT)
@@ -419,6 +420,9 @@ def test_a_predict_loop_copies_nothing_when_nothing_changed(
         model.layers[-1].bias.assign(np.full(bias.shape, 0.5, "float32"))
     np.testing.assert_allclose(pmodel.predict_on_batch(X[:8]), single.predict_on_batch(X[:8]),
                                atol=1e-6)
+    if pmodel is template:  # JAX trains the template itself: nothing is ever copied
+        assert copied == []
+        return
     assert len(copied) == 1 and copied[0] is bias  # one variable, not the model
 
 
@@ -461,7 +465,8 @@ def test_fit_copies_its_state_to_the_template_once_per_epoch(
     copied = _count_copies(monkeypatch, pmodel)
     pmodel.fit(X, Y, **FIT)
     once = len(copied)
-    assert once >= len(template.weights)
+    # JAX trains the template itself: nothing is ever copied.
+    assert once >= len(template.weights) or (pmodel is template and once == 0)
     pmodel.fit(X, Y, **dict(FIT, epochs=2))
     assert len(copied) == 3 * once  # before: 2 + 3 copies
     for _ in range(2):

@@ -447,7 +447,18 @@ class Adapter(ModelCopying, StepOps):
         line cannot."""
         return False
 
+    def place_replicated(self, variables: List[Any], layouts: List[Any],
+                         values: List[Any]) -> bool:
+        """Lay each variable out in place with its layout, holding its value (Keras 3 on
+        JAX); False where this line cannot (the engine then trains a copy)."""
+        return False
+
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
+
+    def global_batch(self, data: Any) -> Any:
+        """`data` laid out over the devices as a one-program step lays out its batch
+        (inside the engine's scope; Keras 3 on JAX), else as it is."""
+        return data
 
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
                            training: bool, class_weight: Any = None

@@ -10,7 +10,16 @@ every backend shares are in `keras3`. What is read or wrapped here:
 * `BatchNormalization._moments`: a batch whose mask keeps no row leaves the moving
   statistics as they are (`_batch_moments`); the one program sees the global batch.
 * verify=True: the JAX trainer's `compute_loss_and_updates`; nothing it returns is
-  assigned.
+  assigned. The one-device side (no distribution active) reads each replicated
+  variable's piece on one device (`jax.Array.addressable_data`, public).
+* `place_replicated` (the user's own model trained in place, no copy): each variable's
+  `_layout` (the layout its `_direct_assign` distributes every later assign with) and
+  `_direct_assign`, as the JAX `Variable._initialize` of each release sets them when a
+  distribution is active; the layout converted by `TensorLayout.backend_layout` (3.10+)
+  or `keras.src.backend.jax.distribution_lib._to_jax_layout` (3.3 - 3.8); verify=True's
+  parallel side lays its batch out with the same conversion (`global_batch`). Read in the
+  sources of 3.3, 3.8, 3.10 and 3.15; where they are not what was read, the answer is
+  False and the engine trains a copy made in its scope, as before.
 * change tokens (`state_reader`): `variable._value`, the JAX array the public `value`
   returns (outside an autocast or stateless scope, where it is a copy), replaced by
   every assign.
@@ -82,6 +91,61 @@ class Keras3Jax(Keras3):
         # JAX arrays are immutable: an assign puts a new array in the variable.
         return lambda: [Held(v._value) for v in variables]
 
+    def place_replicated(self, variables: List[Any], layouts: List[Any],
+                         values: List[Any]) -> bool:
+        """Put each variable's value on its route's devices with its layout
+        (`distribution.get_variable_layout`), and keep that layout for every later
+        assign (set_weights, a callback's assign, the trainer's own state sync), as a
+        variable created in the distribution's scope keeps it; False, changing nothing,
+        where this Keras is not what was read (see the module doc)."""
+        if not all(hasattr(v, "_direct_assign") and hasattr(v, "_layout") for v in variables):
+            return False
+        try:
+            backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
+        except ImportError:
+            return False
+        shardings = [_sharding(backend, layout) for layout in layouts]
+        if any(sharding is None for sharding in shardings):
+            return False
+        for variable, sharding, value in zip(variables, shardings, values):
+            variable._layout = sharding
+            # distribute_variable / distribute_tensor: a local array is put on the
+            # mesh, equal values of several processes make one global array.
+            variable._direct_assign(value)
+        return True
+
+    def numpy(self, value: Any) -> Any:
+        if getattr(value, "is_fully_addressable", True) or value.is_fully_replicated:
+            return super().numpy(value)
+        # Rows on other processes' devices (verify's parallel side, laid out as the
+        # step lays its batch out): every process gathers them, together.
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+    def global_batch(self, data: Any) -> Any:
+        # The step's layout of a batch (`distribution.get_data_layout`, public), one
+        # global array from the whole batch every process holds (public JAX): each
+        # device computes its rows with its own piece of every variable.
+        distribution = self.keras.distribution.distribution()
+        if distribution is None:
+            return data
+        backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
+        import jax
+        import numpy as np
+
+        def lay_out(leaf: Any) -> Any:
+            array = np.asarray(leaf)
+            sharding = _sharding(backend, distribution.get_data_layout(array.shape)) \
+                if array.ndim else None
+            if sharding is None:
+                return leaf
+            return jax.make_array_from_callback(array.shape, sharding,
+                                                lambda index: array[index])
+
+        return jax.tree_util.tree_map(lay_out, data)
+
     def loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
                            training: bool, class_weight: Any = None
                            ) -> Optional[Tuple[Any, List[Any]]]:
@@ -91,8 +155,13 @@ class Keras3Jax(Keras3):
         # JAX's trainer computes the loss statelessly (`compute_loss_and_updates`,
         # public on Keras 3.0 - 3.15): the new states it returns are dropped, so the
         # check assigns nothing.
+        # No distribution active: the one-device side of the check (the template), on
+        # one device even where its variables are replicated over the mesh (the user's
+        # model trained in place): each one's piece on this process's first device.
+        one_device = self.keras.distribution.distribution() is None
+
         def values(variables: List[Any]) -> List[Any]:
-            return [v.value for v in variables]
+            return [_on_one_device(v.value) if one_device else v.value for v in variables]
 
         optimizer = getattr(model, "optimizer", None)
         grad = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
@@ -101,6 +170,22 @@ class Keras3Jax(Keras3):
             values(model.metrics_variables), x, y, sample_weight, training=training,
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
+
+def _sharding(backend: Any, layout: Any) -> Any:
+    """A Keras `TensorLayout` as JAX's sharding: `backend_layout` (3.10+), the backend's
+    `_to_jax_layout` (3.3 - 3.8); None on a Keras that has neither."""
+    if hasattr(layout, "backend_layout"):
+        return layout.backend_layout
+    convert = getattr(backend, "_to_jax_layout", None)
+    return convert(layout) if convert is not None else None
+
+
+def _on_one_device(value: Any) -> Any:
+    sharding = getattr(value, "sharding", None)
+    if sharding is None or len(sharding.device_set) < 2 or not value.is_fully_replicated:
+        return value
+    return value.addressable_data(0)
 
 
 # --- a Python feed whose batches change structure (allow_changing_structure) ---------

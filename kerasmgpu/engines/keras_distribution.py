@@ -18,6 +18,7 @@ from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
+from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.process import ending
 from kerasmgpu.registry import Route
 
@@ -154,6 +155,56 @@ class KerasDistributionEngine(Engine):
 
     def owns(self, model: Any) -> bool:
         return self._placed_here(getattr(model, "weights", []))
+
+    def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
+        """The user's own model trains, its variables laid out in place: no copy.
+
+        A model built outside the scope has its variables on one device; every Keras
+        variable a train step carries - the model's (seed generators' states included),
+        its metrics', its optimizer's - is put on this route's devices with the layout
+        `DataParallel` gives a variable created in its scope (replicated), so the
+        trainer's jitted steps (which take their output layouts from the variables)
+        run as for a model built in `kerasmgpu.scope()`. What a layer holds besides
+        its variables - a Python attribute read in `call`, an adapted layer's derived
+        tensors, a layer it holds - is the user's own object, right by construction.
+        A copy made in this scope (the base engine's) where the user's model cannot
+        be the parallel model:
+        * in a job of several processes: the template is each process's own, changed
+          by one process alone where the script does so (a checkpoint loaded on the
+          chief: rank 0's template is the truth, `training.sync`), and a variable laid
+          out over every process's devices is one global array, which every process
+          must assign together;
+        * a model already trained in place on other devices (a second parallelize() of
+          one template, with another `gpus=`): it keeps its layout, and the second
+          parallel model is a copy, its template the user's model."""
+        from kerasmgpu.training import model as parallel_model
+        from kerasmgpu.training.state import is_parallel
+
+        if not self.owns(model) and (self.job.multi_process() or is_parallel(model)):
+            return super().parallelize(model, options)
+        if not self.owns(model):
+            variables = self._carried(model)
+            values: List[Any] = [v.value for v in variables]
+            layouts = [self.distribution.get_variable_layout(v) for v in variables]
+            if not self.adapter.place_replicated(variables, layouts, values):
+                # A Keras whose variables are not what adapters.keras3_jax read.
+                return super().parallelize(model, options)
+        # A step traced before (a fit on one device) knows neither the mesh nor the
+        # hooked steps: made anew at the next call, as Keras's own compile() does.
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(model, name, None) is not None:
+                setattr(model, name, None)
+        return parallel_model.adopt(self, self.adapter, model, options)
+
+    @staticmethod
+    def _carried(model: Any) -> List[Any]:
+        """Every variable of `model`'s train step, each once."""
+        optimizer = getattr(model, "optimizer", None)
+        found: Dict[int, Any] = {}
+        for variable in [*model.variables, *getattr(model, "metrics_variables", []),
+                         *(getattr(optimizer, "variables", None) or [])]:
+            found.setdefault(id(variable), variable)
+        return list(found.values())
 
     def owns_optimizer(self, optimizer: Any) -> bool:
         return self._placed_here(self.adapter.optimizer_variables(optimizer))

@@ -1,8 +1,9 @@
 """The model `parallelize()` returns: a real Keras model whose training entry points pad.
 
-The replica is a copy of the user's model built in the engine's scope (or the user's
-model itself when it was built in `kerasmgpu.scope()`), compiled with the user's own
-compile arguments. Its class is untouched - it saves, loads and prints as what it is,
+The replica is the user's model itself where the engine owns it (built in
+`kerasmgpu.scope()`; always on torch; on JAX in one process once its variables are laid
+out in place), else a copy built in the engine's scope (TensorFlow; JAX in several
+processes), compiled with the user's own compile arguments. Its class is untouched - it saves, loads and prints as what it is,
 and what it writes holds nothing of kerasmgpu - but `fit`, `evaluate`, `predict`, the
 `*_on_batch` calls, `compile` and the three steps are replaced on the instance: the
 calls hand Keras padded batches (`kerasmgpu.data.feeds`), the steps hand the model's
@@ -181,7 +182,10 @@ def adopt(engine: EngineOps, adapter: Adapter, model: Any, options: Options) -> 
 def _link(replica: Any) -> None:
     state = state_of(replica)
     assert state is not None
+    # A template trained in place by another parallel model (JAX, other devices).
+    own = state_of(state.template) if state.template is not replica else None
     state.mirror = sync.link(
         state.template, replica, state.adapter, state.engine,
         job=state.engine.job.multi_process(),
-        recompile=lambda args: compile_replica(replica, args))
+        recompile=lambda args: compile_replica(replica, args),
+        template_scope=own.engine.scope if own is not None else None)

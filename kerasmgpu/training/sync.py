@@ -1,7 +1,8 @@
 """The template is the truth both ways: the model you built and the parallel model agree.
 
 `parallelize()` trains a copy of the model you built - the replica - or, when it was
-built in `kerasmgpu.scope()` (and always on torch), the model itself. Between two calls
+built in `kerasmgpu.scope()` (and always on torch, and on JAX in one process), the model
+itself. Between two calls
 of the parallel model either side may change: you set, load, train, recompile or freeze
 the template, or assign one of its variables; a call trains the replica. So:
 
@@ -23,6 +24,7 @@ process: the chief's template is the truth.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -63,6 +65,9 @@ class Mirror:
     with_optimizer: bool = True
     # A job of several processes: calls that all processes make agree on what changed.
     job: bool = False
+    # The scope the template's own variables are made in: a template that is itself a
+    # parallel model trained in place (JAX), its engine's; None: outside any.
+    template_scope: Optional[Callable[[], Any]] = None
     weights: Optional[Part] = None
     optimizer: Optional[Part] = None
     compiled: Tuple[Any, ...] = ()
@@ -428,7 +433,11 @@ def build_template_optimizer(mirror: Mirror) -> None:
     template = mirror.template
     optimizer = getattr(template, "optimizer", None)
     if mirror.with_optimizer and optimizer is not None and template.trainable_variables:
-        mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
+        # A template that is itself a parallel model trained in place (JAX: a second
+        # parallelize() on other devices) keeps its slots where it trains.
+        scope = mirror.template_scope or contextlib.nullcontext
+        with scope():
+            mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
 
 
 def _record(mirror: Mirror) -> None:

@@ -9,8 +9,9 @@ the optimizer applies anything, naming the first layer (in the model's layer ord
 whose output on that batch differs in inference mode.
 
 The parallel model's side, per route:
-* keras_distribution (JAX): one program over the padded global batch (the trainer's
-  stateless loss);
+* keras_distribution (JAX): one program over the padded global batch laid out over the
+  devices as the step lays it out (the trainer's stateless loss); the template's side
+  reads one device's piece of each variable, the replicas' side each device's own;
 * mirrored (TensorFlow) and torch_ddp: every replica computes its loss and gradients
   over its own rows of the padded batch where it trains - its device, its own copy of the
   variables, its replica context (so the step's own all-reduces, of a count say, take
@@ -263,6 +264,7 @@ def _replicas_loss(state: Any, replica: Any, batch: Tuple[Any, Any, Any],
         rx, ry, rsw, packed = _padded(state, x, y, sample_weight, class_weight,
                                       replicas=engine.planner.replicas)
         with engine.scope(), step_hooks.active(packed):
+            rx, ry, rsw = adapter.global_batch((rx, ry, rsw))
             figures = adapter.loss_and_gradients(replica, rx, ry, rsw, training)
         assert figures is not None
         return figures
@@ -347,6 +349,7 @@ def _parallel_outputs(state: Any, replica: Any, x: Any,
     rx, _, _, packed = _padded(state, x, None, None, None, replicas=replicas)
     if engine.one_program:
         with engine.scope(), step_hooks.active(packed):
+            rx = state.adapter.global_batch(rx)
             return [state.adapter.numpy(a)[:rows] for a in run(replica, rx)]
     parts, rebuild = _replica_parts((rx, packed), replicas)
 
