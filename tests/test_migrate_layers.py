@@ -139,3 +139,52 @@ def test_numpy_units_become_a_python_int_on_keras3() -> None:
     assert "e = Embedding(self.num_classes, int(np.prod(self.img_shape)))" in out
     assert "Dense(np.prod(" in migrate(text, "tf_keras")
     assert severities(text, "refuses NumPy's integers") == [Severity.INFO] * 2
+
+
+READ_ONLY_REGULARIZER = '''
+import numpy as np
+from keras import regularizers
+from keras.layers import Input, RNN, SimpleRNNCell
+from keras.models import Model
+
+
+class Cell(SimpleRNNCell):
+    def __init__(self, units, **kwargs):
+        super(Cell, self).__init__(units, kernel_initializer="ones",
+                                   recurrent_initializer="ones", **kwargs)
+        self.penalty = regularizers.l2(0.5)
+
+
+class Wrapped(RNN):  # LSTM-FCN's AttentionLSTM: the RNN applies its cell's regularizer
+    def __init__(self, units, **kwargs):
+        super(Wrapped, self).__init__(Cell(units), **kwargs)
+
+    @property
+    def activity_regularizer(self):
+        return self.cell.penalty
+
+
+inputs = Input((2, 3))
+model = Model(inputs, Wrapped(2)(inputs))
+model.compile("sgd", "mse")
+x = np.linspace(-1, 1, 6, dtype="float32").reshape(1, 2, 3)
+# one sample: Keras 3 and tf_keras divide activity penalties by the batch size, 2.3 did not
+result = float(model.evaluate(x, np.zeros((1, 2), "float32"), batch_size=1, verbose=0))
+'''
+
+
+def test_read_only_activity_regularizer_property_gets_a_setter_on_keras3() -> None:
+    out = assert_idempotent(READ_ONLY_REGULARIZER)
+    assert ("        return self.cell.penalty\n\n"
+            "    @activity_regularizer.setter\n"
+            "    def activity_regularizer(self, value):\n"
+            "        pass  # Keras 3's Layer.__init__ assigns it") in out
+    assert severities(READ_ONLY_REGULARIZER, "a setter that ignores") == [Severity.INFO]
+    assert "setter" not in migrate(READ_ONLY_REGULARIZER, "tf_keras")  # tf_keras never sets it
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_migrated_read_only_activity_regularizer_trains_as_on_keras23() -> None:
+    # Keras 3 without the setter: "property 'activity_regularizer' ... has no setter"
+    ran = run_keras23(READ_ONLY_REGULARIZER, "read_only_regularizer.py")
+    np.testing.assert_allclose(ran["result"], 0.01742459461092949, rtol=1e-5)  # Keras 2.3.1

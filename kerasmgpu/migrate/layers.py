@@ -27,6 +27,13 @@ and tf_keras 2.21, and their activations evaluated):
   positional that is a tuple or list is Keras 2.2's `(shape, name)` form (its legacy
   interface took it; Keras 2.3.1 raised): it becomes `shape=` (and `name=`).
 
+* Keras 3 only: a read-only `activity_regularizer` property on a layer class (Keras 2.0's
+  recurrent layers returned their cell's; LSTM-FCN's `AttentionLSTM` copies them): Keras
+  3's `Layer.__init__` assigns `self.activity_regularizer`, which fails on a property
+  without setter ("property ... has no setter"); Keras 2.3's did not assign it. A setter
+  that ignores the assignment is added, so the property stays what the layer applies, as
+  in Keras 2.3.
+
 `--to keras23` changes nothing here.
 """
 
@@ -81,6 +88,21 @@ MSG_WEIGHTS = (
 )
 
 
+MSG_READ_ONLY = (
+    "@property {name} -> a setter that ignores the value added: Keras 3's Layer.__init__ "
+    "assigns self.{name} (it fails on a property without setter), Keras 2.3's did not; the "
+    "property stays what the layer reads"
+)
+# What Keras 3.15's Layer.__init__ assigns that Keras 2.3.1's did not and a Keras 2 layer
+# defined as a property (its cell's regularizer).
+ASSIGNED_BY_INIT = frozenset({"activity_regularizer"})
+SETTER = (
+    "@{name}.setter\n"
+    "def {name}(self, value):\n"
+    "    pass  # Keras 3's Layer.__init__ assigns it; Keras 2.3 read the property only\n"
+)
+
+
 class LayersRule(Rule):
     NAME = "layers"
     TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
@@ -111,6 +133,20 @@ class LayersRule(Rule):
         if (self.ctx.target is Target.KERAS3 and name != "Embedding"
                 and nodes.kwarg_value(node, "weights") is not None):
             self.weights_argument(node, name)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if self.ctx.target is not Target.KERAS3 or not isinstance(node.body, cst.IndentedBlock):
+            return
+        defs = [s for s in node.body.body if isinstance(s, cst.FunctionDef)]
+        for func in defs:
+            name = func.name.value
+            if name not in ASSIGNED_BY_INIT or not any(
+                    m.matches(d.decorator, m.Name("property")) for d in func.decorators):
+                continue
+            if any(other.name.value == name and other is not func for other in defs):
+                continue  # it has its setter (or another definition): leave it
+            self.ctx.edit(func, functools.partial(_then_setter, name=name))
+            self.info(func, MSG_READ_ONLY.format(name=name))
 
     def numpy_sizes(self, node: cst.Call, name: str) -> None:
         """`Dense(np.prod(shape))`, `Embedding(n, np.prod(shape))`: Keras 3 takes sizes as
@@ -195,6 +231,12 @@ def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:
 def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
     assert isinstance(updated, cst.SimpleStatementLine)
     return cst.FlattenSentinel([updated, cst.parse_statement(code + "\n")])
+
+
+def _then_setter(updated: cst.CSTNode, name: str) -> cst.FlattenSentinel:
+    assert isinstance(updated, cst.FunctionDef)
+    setter = cst.parse_statement(SETTER.format(name=name))
+    return cst.FlattenSentinel([updated, setter.with_changes(leading_lines=[cst.EmptyLine(indent=False)])])
 
 
 def _add_kwarg(updated: cst.CSTNode, key: str, value: str) -> cst.CSTNode:
