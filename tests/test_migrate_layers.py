@@ -188,3 +188,35 @@ def test_migrated_read_only_activity_regularizer_trains_as_on_keras23() -> None:
     # Keras 3 without the setter: "property 'activity_regularizer' ... has no setter"
     ran = run_keras23(READ_ONLY_REGULARIZER, "read_only_regularizer.py")
     np.testing.assert_allclose(ran["result"], 0.01742459461092949, rtol=1e-5)  # Keras 2.3.1
+
+
+ACTIVITY = '''
+import numpy as np
+from keras import regularizers
+from keras.layers import Dense, Input
+from keras.models import Model
+
+inputs = Input((2,))
+model = Model(inputs, Dense(1, use_bias=False, kernel_initializer="ones",
+                            activity_regularizer=regularizers.l2(0.5))(inputs))
+model.compile("sgd", "mse")
+x = np.array([[1, 1], [2, 2]], "float32")  # outputs 2 and 4
+result = float(model.evaluate(x, np.zeros((2, 1), "float32"), batch_size=2, verbose=0))
+'''
+
+
+@pytest.mark.parametrize("target", ["keras3", "tf_keras"])
+def test_activity_regularizer_warns_of_the_batch_mean(target: str) -> None:
+    assert severities(ACTIVITY, "divide the activity penalty", target) == [Severity.WARNING]
+    text = "from keras.layers import ActivityRegularization, Dense\n" \
+        "a = ActivityRegularization(l2=0.1)\nb = Dense(3, activity_regularizer=None)\n"
+    assert severities(text, "divide the activity penalty", target) == [Severity.WARNING]
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_activity_penalty_is_summed_on_keras23_and_averaged_after() -> None:
+    from helpers import LINE
+
+    # mse (4 + 16) / 2 = 10; penalty 0.5 * (4 + 16) = 10, divided by 2 after Keras 2.3
+    ran = run_keras23(ACTIVITY, "activity.py")
+    assert ran["result"] == pytest.approx(20.0 if LINE is KerasLine.LEGACY else 15.0)

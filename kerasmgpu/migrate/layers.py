@@ -34,6 +34,10 @@ and tf_keras 2.21, and their activations evaluated):
   that ignores the assignment is added, so the property stays what the layer applies, as
   in Keras 2.3.
 
+* Both: a layer's `activity_regularizer=` (and `ActivityRegularization`): Keras 3 and
+  tf_keras divide the penalty by the batch size, Keras 2.3.1 added the whole batch's sum
+  (same regularizer, another loss and gradient): a WARNING with the factor to scale.
+
 `--to keras23` changes nothing here.
 """
 
@@ -103,6 +107,13 @@ SETTER = (
 )
 
 
+MSG_ACTIVITY = (
+    "{what}: Keras 3 and tf_keras divide the activity penalty by the batch size, Keras 2.3 "
+    "added the sum over the batch (the loss and its gradient change): to train as on Keras "
+    "2.3, multiply the regularizer's factor by the batch size"
+)
+
+
 class LayersRule(Rule):
     NAME = "layers"
     TARGETS = frozenset({Target.KERAS3, Target.TF_KERAS})
@@ -122,6 +133,12 @@ class LayersRule(Rule):
             return
         if self.ctx.target is Target.KERAS3:
             self.numpy_sizes(node, name)
+        penalty = nodes.kwarg_value(node, "activity_regularizer")
+        if name == "ActivityRegularization" or (
+                penalty is not None and not m.matches(penalty, m.Name("None"))):
+            what = name if name == "ActivityRegularization" else (
+                f"{name}(activity_regularizer=...)")
+            self.warning(node, MSG_ACTIVITY.format(what=what))
         if name == "GRU" and nodes.kwarg_value(node, "reset_after") is None:
             self.ctx.edit(node, functools.partial(_add_kwarg, key="reset_after", value="False"))
             self.info(node, MSG_GRU)
