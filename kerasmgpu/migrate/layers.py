@@ -32,8 +32,14 @@ and tf_keras 2.21, and their activations evaluated):
   3's `Layer.__init__` assigns `self.activity_regularizer`, which fails on a property
   without setter ("property ... has no setter"); Keras 2.3's did not assign it. A setter
   that ignores the assignment is added, so the property stays what the layer applies, as
-  in Keras 2.3.
+  in Keras 2.3. tf_keras never reads the property (it applies its private
+  `_activity_regularizer`): a WARNING there, the penalty leaves the loss.
 
+* Both: `self.input_spec = ...` in an RNN cell (a class with `call(self, inputs, states)`
+  that sets `self.state_size`; LSTM-FCN's `AttentionLSTMCell` declares `ndim=3`): Keras
+  2.3's RNN ran `cell.call`, so the cell's input_spec was never checked; Keras 3 and
+  tf_keras call the cell as a layer and check it against each step's 2-D input ("expected
+  ndim=3, found ndim=2"). It becomes `self.input_spec = None`, the old spec in a comment.
 * Both: a layer's `activity_regularizer=` (and `ActivityRegularization`): Keras 3 and
   tf_keras divide the penalty by the batch size, Keras 2.3.1 added the whole batch's sum
   (same regularizer, another loss and gradient): a WARNING with the factor to scale.
@@ -44,7 +50,7 @@ and tf_keras 2.21, and their activations evaluated):
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import List, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -97,6 +103,12 @@ MSG_READ_ONLY = (
     "assigns self.{name} (it fails on a property without setter), Keras 2.3's did not; the "
     "property stays what the layer reads"
 )
+MSG_READ_ONLY_TF = (
+    "@property activity_regularizer: tf_keras applies self._activity_regularizer (what the "
+    "constructor's activity_regularizer= set), never this property, so its penalty leaves "
+    "the loss (Keras 2.3 added it): set self._activity_regularizer to the property's value "
+    "once the layer has it"
+)
 # What Keras 3.15's Layer.__init__ assigns that Keras 2.3.1's did not and a Keras 2 layer
 # defined as a property (its cell's regularizer).
 ASSIGNED_BY_INIT = frozenset({"activity_regularizer"})
@@ -111,6 +123,13 @@ MSG_ACTIVITY = (
     "{what}: Keras 3 and tf_keras divide the activity penalty by the batch size, Keras 2.3 "
     "added the sum over the batch (the loss and its gradient change): to train as on Keras "
     "2.3, multiply the regularizer's factor by the batch size"
+)
+
+
+MSG_CELL_SPEC = (
+    "{cell}: self.input_spec = ... -> None: Keras 2.3's RNN ran the cell's call and never "
+    "checked its input_spec; Keras 3 and tf_keras call the cell as a layer and check it on "
+    "each step's input"
 )
 
 
@@ -152,8 +171,16 @@ class LayersRule(Rule):
             self.weights_argument(node, name)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if self.ctx.target is not Target.KERAS3 or not isinstance(node.body, cst.IndentedBlock):
+        if not isinstance(node.body, cst.IndentedBlock):
             return
+        if _is_rnn_cell(node):
+            for spec in _self_assignments(node, "input_spec"):
+                line = self.ctx.parent(spec)
+                if not m.matches(spec.value, m.Name("None")) and isinstance(
+                        line, cst.SimpleStatementLine) and len(line.body) == 1:
+                    self.ctx.edit(line, functools.partial(
+                        _spec_none, old=self.ctx.code(spec.value)))
+                    self.info(spec, MSG_CELL_SPEC.format(cell=node.name.value))
         defs = [s for s in node.body.body if isinstance(s, cst.FunctionDef)]
         for func in defs:
             name = func.name.value
@@ -162,6 +189,9 @@ class LayersRule(Rule):
                 continue
             if any(other.name.value == name and other is not func for other in defs):
                 continue  # it has its setter (or another definition): leave it
+            if self.ctx.target is Target.TF_KERAS:
+                self.warning(func, MSG_READ_ONLY_TF)
+                continue
             self.ctx.edit(func, functools.partial(_then_setter, name=name))
             self.info(func, MSG_READ_ONLY.format(name=name))
 
@@ -248,6 +278,41 @@ def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:
 def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
     assert isinstance(updated, cst.SimpleStatementLine)
     return cst.FlattenSentinel([updated, cst.parse_statement(code + "\n")])
+
+
+def _is_rnn_cell(node: cst.ClassDef) -> bool:
+    """A Keras RNN cell: `call(self, inputs, states, ...)` and `self.state_size` set."""
+    calls = [f for f in node.body.body if isinstance(f, cst.FunctionDef)  # type: ignore[union-attr]
+             and f.name.value == "call" and len(f.params.params) >= 3
+             and f.params.params[2].name.value == "states"]
+    return bool(calls) and bool(_self_assignments(node, "state_size"))
+
+
+def _self_assignments(node: cst.ClassDef, name: str) -> List[cst.Assign]:
+    """Every `self.<name> = ...` in the class's methods."""
+    found: List[cst.Assign] = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Assign(self, assign: cst.Assign) -> None:
+            if len(assign.targets) == 1 and m.matches(assign.targets[0].target, m.Attribute(
+                    value=m.Name("self"), attr=m.Name(name))):
+                found.append(assign)
+
+    node.visit(Finder())
+    return found
+
+
+def _spec_none(updated: cst.CSTNode, old: str) -> cst.CSTNode:
+    assert isinstance(updated, cst.SimpleStatementLine)
+    assign = updated.body[0]
+    assert isinstance(assign, cst.Assign)
+    comment = updated.trailing_whitespace.comment
+    note = f"# Keras 2.3: {old}, never checked on a cell"
+    return updated.with_changes(
+        body=[assign.with_changes(value=cst.Name("None"))],
+        trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "),
+            comment=cst.Comment(note + (" " + comment.value if comment else ""))))
 
 
 def _then_setter(updated: cst.CSTNode, name: str) -> cst.FlattenSentinel:
