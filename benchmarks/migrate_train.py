@@ -256,13 +256,14 @@ def main() -> int:
     parser.add_argument("--to", dest="target", choices=["keras3", "tf_keras"])
     parser.add_argument("--as-written", action="store_true",
                         help="no migrate: the files as written (run it with Keras 2.3.1)")
-    parser.add_argument("--only", help="a substring of the paths to measure")
+    parser.add_argument("--only", help="substrings (comma-separated) of the paths to measure")
     parser.add_argument("--timeout", type=int, default=400, help="seconds per file")
     parser.add_argument("--json", help="write the per-file results here")
     args = parser.parse_args()
     if not args.as_written and not args.target:
         parser.error("give --to keras3, --to tf_keras or --as-written")
-    corpus = [row for row in CORPUS if not args.only or args.only in row[0] + "/" + row[2]]
+    wanted = args.only.split(",") if args.only else [""]
+    corpus = [row for row in CORPUS if any(w in row[0] + "/" + row[2] for w in wanted)]
     work = Path(tempfile.mkdtemp(prefix="migrate-train-"))
     rows = []
     try:

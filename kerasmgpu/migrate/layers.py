@@ -282,7 +282,7 @@ def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
 
 def _is_rnn_cell(node: cst.ClassDef) -> bool:
     """A Keras RNN cell: `call(self, inputs, states, ...)` and `self.state_size` set."""
-    calls = [f for f in node.body.body if isinstance(f, cst.FunctionDef)  # type: ignore[union-attr]
+    calls = [f for f in node.body.body if isinstance(f, cst.FunctionDef)
              and f.name.value == "call" and len(f.params.params) >= 3
              and f.params.params[2].name.value == "states"]
     return bool(calls) and bool(_self_assignments(node, "state_size"))
