@@ -279,3 +279,43 @@ def test_migrated_rnn_cell_with_input_spec_trains_as_on_keras23() -> None:
 
 # Keras 2.3.1's kernel after the step, recorded on the keras23 env
 KERAS23_CELL = [[0.9992793202400208] * 2, [0.9996429681777954] * 2, [1.0000065565109253] * 2]
+
+
+RNN_CALL = '''
+import numpy as np
+from keras.layers import Input, RNN, SimpleRNNCell
+from keras.models import Model
+
+
+class Wrapped(RNN):  # LSTM-FCN's AttentionLSTM overrides call with Keras 2.3's argument names
+    def __init__(self, units, **kwargs):
+        super(Wrapped, self).__init__(SimpleRNNCell(units, kernel_initializer="ones",
+                                                    recurrent_initializer="ones"), **kwargs)
+
+    def call(self, inputs, mask=None, training=None, initial_state=None):
+        return super(Wrapped, self).call(inputs, mask=mask, training=training,
+                                         initial_state=initial_state)
+
+
+inputs = Input((2, 3))
+model = Model(inputs, Wrapped(2)(inputs))
+x = np.linspace(-1, 1, 12, dtype="float32").reshape(2, 2, 3)
+result = model.predict(x).tolist()
+'''
+
+
+def test_rnn_subclass_call_takes_sequences_on_keras3() -> None:
+    out = assert_idempotent(RNN_CALL)
+    assert "    def call(self, sequences, mask=None, training=None, initial_state=None):\n" \
+        "        return super(Wrapped, self).call(sequences, mask=mask" in out
+    assert "def call(self, inputs" in migrate(RNN_CALL, "tf_keras")
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_migrated_rnn_subclass_computes_what_keras23_computed() -> None:
+    # unmigrated on Keras 3: "compute_output_shape() ... should match call()'s arguments"
+    x = np.linspace(-1, 1, 12, dtype="float32").reshape(2, 2, 3)
+    step1 = np.tanh(x[:, 0].sum(axis=1, keepdims=True) * np.ones((1, 2)))
+    step2 = np.tanh(x[:, 1].sum(axis=1, keepdims=True) + step1.sum(axis=1, keepdims=True))
+    ran = run_keras23(RNN_CALL, "rnn_call.py")
+    np.testing.assert_allclose(ran["result"], step2 * np.ones((1, 2)), rtol=1e-5)

@@ -40,6 +40,10 @@ and tf_keras 2.21, and their activations evaluated):
   2.3's RNN ran `cell.call`, so the cell's input_spec was never checked; Keras 3 and
   tf_keras call the cell as a layer and check it against each step's 2-D input ("expected
   ndim=3, found ndim=2"). It becomes `self.input_spec = None`, the old spec in a comment.
+* Keras 3 only: `class X(RNN)` overriding `call(self, inputs, ...)` without its own
+  `compute_output_shape` (LSTM-FCN's AttentionLSTM): Keras 3's RNN computes shapes with
+  `compute_output_shape(sequences_shape, initial_state_shape)`, matched to call's argument
+  names, and refuses `inputs`; the argument is renamed `sequences` in that method.
 * Both: a layer's `activity_regularizer=` (and `ActivityRegularization`): Keras 3 and
   tf_keras divide the penalty by the batch size, Keras 2.3.1 added the whole batch's sum
   (same regularizer, another loss and gradient): a WARNING with the factor to scale.
@@ -126,6 +130,11 @@ MSG_ACTIVITY = (
 )
 
 
+MSG_RNN_CALL = (
+    "{name}.call(self, inputs, ...) -> call(self, sequences, ...): Keras 3's "
+    "RNN.compute_output_shape(sequences_shape, initial_state_shape) must match call's "
+    "argument names (Keras 2.3's took input_shape)"
+)
 MSG_CELL_SPEC = (
     "{cell}: self.input_spec = ... -> None: Keras 2.3's RNN ran the cell's call and never "
     "checked its input_spec; Keras 3 and tf_keras call the cell as a layer and check it on "
@@ -182,6 +191,8 @@ class LayersRule(Rule):
                         _spec_none, old=self.ctx.code(spec.value)))
                     self.info(spec, MSG_CELL_SPEC.format(cell=node.name.value))
         defs = [s for s in node.body.body if isinstance(s, cst.FunctionDef)]
+        if self.ctx.target is Target.KERAS3:
+            self.rnn_call_arguments(node, defs)
         for func in defs:
             name = func.name.value
             if name not in ASSIGNED_BY_INIT or not any(
@@ -194,6 +205,29 @@ class LayersRule(Rule):
                 continue
             self.ctx.edit(func, functools.partial(_then_setter, name=name))
             self.info(func, MSG_READ_ONLY.format(name=name))
+
+    def rnn_call_arguments(self, node: cst.ClassDef, defs: List[cst.FunctionDef]) -> None:
+        """`class X(RNN)` with `call(self, inputs, ...)` and no compute_output_shape: Keras
+        3's RNN.compute_output_shape(sequences_shape, initial_state_shape) must match call's
+        argument names; `inputs` becomes `sequences` in the method."""
+        if not any(name.rsplit(".", 1)[-1] == "RNN" and name.startswith("keras.layers")
+                   for base in node.bases for name in self.ctx.keras_names(base.value)):
+            return
+        if any(f.name.value == "compute_output_shape" for f in defs):
+            return
+        for func in defs:
+            params = func.params.params
+            if func.name.value != "call" or len(params) < 2 or params[1].name.value != "inputs":
+                continue
+            scope = self.ctx.scopes.get(func.body.body[0]) if func.body.body else None
+            if scope is None or scope.assignments["sequences"]:
+                return
+            self.ctx.edit(params[1].name, _sequences)
+            for assignment in scope.assignments["inputs"]:
+                for access in assignment.references:
+                    if isinstance(access.node, cst.Name):
+                        self.ctx.edit(access.node, _sequences)
+            self.info(func, MSG_RNN_CALL.format(name=node.name.value))
 
     def numpy_sizes(self, node: cst.Call, name: str) -> None:
         """`Dense(np.prod(shape))`, `Embedding(n, np.prod(shape))`: Keras 3 takes sizes as
@@ -278,6 +312,11 @@ def _without(updated: cst.CSTNode, key: str) -> cst.CSTNode:
 def _then(updated: cst.CSTNode, code: str) -> cst.FlattenSentinel:
     assert isinstance(updated, cst.SimpleStatementLine)
     return cst.FlattenSentinel([updated, cst.parse_statement(code + "\n")])
+
+
+def _sequences(updated: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(updated, cst.Name)
+    return updated.with_changes(value="sequences")
 
 
 def _is_rnn_cell(node: cst.ClassDef) -> bool:
