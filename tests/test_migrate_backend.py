@@ -13,7 +13,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 from helpers import requires
-from migrate_cases import assert_idempotent, migrate, run_keras23, severities
+from migrate_cases import assert_idempotent, found, migrate, run_keras23, severities
 
 from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
@@ -277,3 +277,18 @@ def test_migrated_backend_calls_compute_what_keras23_computed() -> None:
     assert set(result) == set(KERAS23)
     for name, (_, values) in result.items():
         np.testing.assert_allclose(values, KERAS23[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_unseeded_random_in_a_layer_call_warns_on_keras3() -> None:
+    text = """
+        from keras import backend as K
+        from keras.layers import Layer
+        noise = K.random_normal((2, 3))
+        class Noisy(Layer):
+            def call(self, inputs):
+                return inputs + K.random_uniform((32, 1)) + K.random_normal((1,), seed=3)
+    """
+    assert severities(text, "without a seed inside a layer's call") == [Severity.WARNING]
+    assert [line for line, severity, message in found(text)
+            if "without a seed" in message] == [6]
+    assert severities(text, "without a seed", "tf_keras") == []

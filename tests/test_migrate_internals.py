@@ -110,6 +110,25 @@ def test_a_merge_subclass_computes_what_it_computed() -> None:
     np.testing.assert_allclose(run_keras23(MERGE, "merge.py")["result"], 1.75 * x, rtol=1e-6)
 
 
+# WGAN-GP's RandomWeightedAverage draws for a fixed batch (32, 1, 1, 1): Keras 3 traced call
+# on the unknown batch without Keras 2.3's compute_output_shape, and failed.
+FIXED_BATCH = MERGE.replace("WeightedAverage", "FixedBatchAverage").replace(
+    "return (0.25 * inputs[0])",
+    "alpha = K.ones_like(inputs[0][:2, :1]) * 0.25\n        return (alpha * inputs[0])").replace(
+    "((1 - 0.25) * inputs[1])", "((1 - alpha) * inputs[1])").replace(
+    "import numpy as np\n", "import numpy as np\nfrom keras import backend as K\n").replace(
+    "result = model.predict([x, 2 * x])", "shape = model.output_shape\n"
+    "result = model.predict([x, 2 * x], batch_size=2)")
+
+
+@requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3, KerasLine.TF_KERAS_LEGACY])
+def test_a_fixed_batch_merge_subclass_keeps_keras23s_output_shape() -> None:
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    ran = run_keras23(FIXED_BATCH, "fixed_batch.py")
+    np.testing.assert_allclose(ran["result"], 1.75 * x, rtol=1e-6)
+    assert tuple(ran["shape"]) == (None, 3)
+
+
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_a_merge_subclass_becomes_a_layer(target: str) -> None:
     out = assert_idempotent(MERGE, target)

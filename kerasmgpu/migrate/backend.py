@@ -22,7 +22,8 @@ mapping below is exercised against Keras 2.3.1 numbers in tests/test_migrate_bac
   `x.assign(v)`; `K.update/update_add/update_sub` -> `x.assign/assign_add/assign_sub` (a
   WARNING: they run now instead of returning an update op); `K.switch` -> `ops.where`;
   `K.placeholder(shape=...)` -> `keras.Input(batch_shape=...)`; `K.random_normal/uniform`
-  -> `keras.random.normal/uniform`; `K.tf` -> `tf`; `K.dtype(x)` ->
+  -> `keras.random.normal/uniform` (a WARNING without a seed inside a layer's `call`: JAX
+  refuses unseeded random ops while tracing; the fix is a `SeedGenerator`); `K.tf` -> `tf`; `K.dtype(x)` ->
   `keras.backend.standardize_dtype(x.dtype)`; `K.set_image_dim_ordering('th')` ->
   `set_image_data_format('channels_first')`.
 * no equivalent with the same meaning (ERROR, with what to use): `K.function`,
@@ -52,6 +53,13 @@ from kerasmgpu.migrate.engine import Context, Rule
 from kerasmgpu.migrate.report import Target
 from kerasmgpu.migrate.tables import TF_KERAS_TO_TF
 
+UNSEEDED = frozenset({"random_normal", "random_uniform", "truncated_normal", "dropout"})
+MSG_UNSEEDED = (
+    " without a seed inside a layer's call: JAX refuses unseeded random ops while it traces "
+    "the step (WGAN-GP's RandomWeightedAverage); for a fresh draw each step on every "
+    "backend, create self.seed_generator = keras.random.SeedGenerator() in __init__ and "
+    "pass seed=self.seed_generator"
+)
 KEPT = frozenset({"epsilon", "floatx", "image_data_format", "set_image_data_format",
                   "set_epsilon", "set_floatx", "clear_session", "backend", "is_keras_tensor",
                   "get_uid", "standardize_dtype", "result_type", "is_float_dtype",
@@ -248,8 +256,21 @@ class BackendRule(Rule):
             self.warning(node, message + MSG_SHAPE)
         elif name in ("update", "update_add", "update_sub"):
             self.warning(node, message + MSG_UPDATE)
+        elif name in UNSEEDED and nodes.kwarg_value(node, "seed") is None and len(
+                node.args) <= _params(name).index("seed") and self.in_layer_call(node):
+            self.warning(node, message + MSG_UNSEEDED)
         else:
             self.info(node, message)
+
+    def in_layer_call(self, node: cst.CSTNode) -> bool:
+        """Inside a layer's forward pass (`call`, or a `_Merge`'s `_merge_function`, which
+        the internals family renames `call`), which Keras 3 traces."""
+        current = self.ctx.parent(node)
+        while current is not None:
+            if isinstance(current, cst.FunctionDef):
+                return current.name.value in ("call", "_merge_function")
+            current = self.ctx.parent(current)
+        return False
 
     def indexed(self, node: cst.Call) -> bool:
         """`K.shape(x)[0]`: an integer index means the same on a tuple and a tensor."""

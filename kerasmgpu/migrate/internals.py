@@ -11,7 +11,10 @@
 * `class X(_Merge)` (`from keras.layers.merge import _Merge`, WGAN-GP's
   `RandomWeightedAverage`) defining `_merge_function(self, inputs)`: Keras 2.3's merge
   base called `_merge_function(inputs)` from `call` on a list of inputs of one rank. It
-  becomes `class X(keras.layers.Layer)` with that method renamed `call`. A WARNING: the
+  becomes `class X(keras.layers.Layer)` with that method renamed `call`, and the base's
+  `compute_output_shape` (the inputs' shapes broadcast) written out where the class has
+  none: Keras 3 would trace `call` on symbolic inputs instead, where WGAN-GP's fixed-size
+  `K.random_uniform((32, 1, 1, 1))` meets the unknown batch and fails. A WARNING: the
   base also expanded inputs of lower rank and combined their masks; a layer that relied
   on that needs it written out. A subclass without `_merge_function` stays, with an ERROR.
 * `convert_all_kernels_in_model` (Theano kernels for TensorFlow) where every call is under
@@ -183,7 +186,9 @@ class InternalsRule(Rule):
                  and f.name.value == "_merge_function"]
         keras = self.ctx.keras_module(node)
         self.ctx.replace(bases[0].value, nodes.attr_chain(f"{keras}.layers.Layer"))
-        self.ctx.edit(merge[0], _renamed_call)
+        shaped = any(isinstance(f, cst.FunctionDef) and f.name.value == "compute_output_shape"
+                     for f in node.body.body)
+        self.ctx.edit(merge[0], _renamed_call if shaped else _renamed_call_with_shape)
         self.warning(node, MSG_MERGE.format(name=node.name.value, keras=keras))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -235,6 +240,37 @@ def _without_decorators(updated: cst.CSTNode, roots: Set[str]) -> cst.CSTNode:
 def _renamed_call(updated: cst.CSTNode) -> cst.CSTNode:
     assert isinstance(updated, cst.FunctionDef)
     return updated.with_changes(name=cst.Name("call"))
+
+
+# Keras 2.3.1's _Merge.compute_output_shape: the inputs' shapes broadcast from the right,
+# the batch size the one known. Keras 3 otherwise traces call on symbolic inputs, where a
+# fixed-size draw (WGAN-GP's K.random_uniform((32, 1, 1, 1))) meets the unknown batch.
+MERGE_SHAPE = """
+def compute_output_shape(self, input_shape):
+    # Keras 2.3's merge base: the inputs' shapes broadcast, the batch the one size known
+    shapes = [tuple(shape[1:]) for shape in input_shape]
+    rank = max(len(shape) for shape in shapes)
+    output = []
+    for sizes in zip(*[(1,) * (rank - len(shape)) + shape for shape in shapes]):
+        size = 1
+        for dim in sizes:
+            if dim is None or size is None:
+                size = None
+            elif size == 1:
+                size = dim
+            elif dim not in (1, size):
+                raise ValueError("Operands could not be broadcast together with shapes "
+                                 + " ".join(str(shape) for shape in input_shape))
+        output.append(size)
+    batch = {shape[0] for shape in input_shape} - {None}
+    return (batch.pop() if len(batch) == 1 else None,) + tuple(output)
+"""
+
+
+def _renamed_call_with_shape(updated: cst.CSTNode) -> Replacement:
+    shape = cst.parse_statement(MERGE_SHAPE.lstrip())
+    return cst.FlattenSentinel([_renamed_call(updated), shape.with_changes(
+        leading_lines=[cst.EmptyLine(indent=False)])])
 
 
 def _without_name(updated: cst.CSTNode, name: str) -> Replacement:
