@@ -103,9 +103,8 @@ def test_tf1_mean_iou_is_an_error_naming_the_keras_metric() -> None:
 @pytest.mark.parametrize(
     ("call", "fix"),
     [
-        ("K.repeat(x, 3)", "keras.ops.repeat(keras.ops.expand_dims(x, 1), n, axis=1)"),
-        ("K.bias_add(x, b)", "is x + bias"),
-        ("K.cast_to_floatx(x)", "numpy.asarray(x, dtype=keras.backend.floatx())"),
+        ("K.bias_add(x, b, data_format='channels_first')",
+         "x + keras.ops.reshape(bias, (1, -1) + (1,) * (len(x.shape) - 2))"),
         ("K.depthwise_conv2d(x, k)", "keras.ops.depthwise_conv(x, kernel"),
     ],
 )

@@ -25,7 +25,11 @@ mapping below is exercised against Keras 2.3.1 numbers in tests/test_migrate_bac
   -> `keras.random.normal/uniform` (a WARNING without a seed inside a layer's `call`: JAX
   refuses unseeded random ops while tracing; the fix is a `SeedGenerator`); `K.tf` -> `tf`; `K.dtype(x)` ->
   `keras.backend.standardize_dtype(x.dtype)`; `K.set_image_dim_ordering('th')` ->
-  `set_image_data_format('channels_first')`.
+  `set_image_data_format('channels_first')`; `K.repeat(x, n)` ->
+  `ops.repeat(ops.expand_dims(x, 1), n, axis=1)`; `K.cast_to_floatx(x)` ->
+  `numpy.asarray(x, dtype=keras.backend.floatx())` (Keras 2.3's own code); `K.bias_add(x, b)`
+  -> `x + b` when data_format is absent (an INFO: Keras 2.3 read image_data_format()) or
+  'channels_last'; any other data_format stays an ERROR with the reshape to write.
 * no equivalent with the same meaning (ERROR, with what to use): `K.function`,
   `K.gradients`, `K.learning_phase`, `K.set_learning_phase`, `K.in_train_phase`,
   `K.batch_dot`, `K.rnn`, `K.conv*`, `K.pool*`, `K.resize_images`, `K.ctc_*`,
@@ -160,10 +164,6 @@ NO_EQUIVALENT = {
     "clip(0.2x + 0.5, 0, 1): write the latter with keras.ops.clip",
     "print_tensor": "print inside the backend's own debug tools (tf.print, jax.debug.print)",
     "batch_set_value": "call v.assign(value) for each (v, value)",
-    "repeat": "K.repeat(x, n) is keras.ops.repeat(keras.ops.expand_dims(x, 1), n, axis=1)",
-    "bias_add": "K.bias_add(x, bias) is x + bias (channels_last; channels_first: x + "
-    "keras.ops.reshape(bias, (1, -1) + (1,) * (len(x.shape) - 2)))",
-    "cast_to_floatx": "K.cast_to_floatx(x) is numpy.asarray(x, dtype=keras.backend.floatx())",
     "depthwise_conv2d": "K.depthwise_conv2d(x, kernel, strides, padding) is "
     "keras.ops.depthwise_conv(x, kernel, strides=strides, padding=padding)",
     "get_session": "", "set_session": "",  # the TF1 family's
@@ -189,7 +189,20 @@ MSG_TF = "K.tf -> {tf}: Keras 2.3's backend exposed TensorFlow as K.tf"
 SPECIAL = frozenset({"int_shape", "shape", "sqrt", "flatten", "batch_flatten", "get_value",
                      "eval", "set_value", "update", "update_add", "update_sub", "switch",
                      "placeholder", "dtype", "constant", "batch_get_value",
-                     "set_image_dim_ordering", "image_dim_ordering"})
+                     "set_image_dim_ordering", "image_dim_ordering", "repeat", "bias_add",
+                     "cast_to_floatx"})
+MSG_BIAS_CHANNELS_FIRST = (
+    "data_format is not 'channels_last' (received {received}; rewritten: absent or "
+    "'channels_last'): channels_first adds the bias on axis 1, write x + "
+    "keras.ops.reshape(bias, (1, -1) + (1,) * (len(x.shape) - 2))"
+)
+MSG_BIAS_DEFAULT = (
+    " (data_format absent: Keras 2.3 read image_data_format(), channels_last unless the "
+    "project sets channels_first, where 3-D and wider inputs take the bias on axis 1)"
+)
+# the parents where `x + b` in place of the call needs no parentheses
+_BARE = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Return, cst.Arg, cst.Expr,
+         cst.Lambda, cst.Element, cst.DictElement)
 
 
 class BackendRule(Rule):
@@ -234,13 +247,10 @@ class BackendRule(Rule):
         if nodes.has_star(node):
             self.error(node, f"K.{name}(*args): rewrite it to keras.ops by hand")
             return
-        keras = self.ctx.keras_module(node)
-        rewrite = _special(name, keras) if name in SPECIAL else _op_rewrite(name, keras)
-        if rewrite is None:
+        if name not in SPECIAL and name not in OPS:
             self.error(node, MSG_NONE.format(name=name, advice="see keras.ops for a "
                                              "replacement"))
             return
-        change, new = rewrite
         if nodes.bind(node, _params(name)) is None:
             self.error(node, f"K.{name}(...): arguments not matched to Keras 2.3's signature")
             return
@@ -248,6 +258,14 @@ class BackendRule(Rule):
         if problem:
             self.error(node, f"K.{name}(...): {problem}")
             return
+        keras = self.ctx.keras_module(node)
+        # imported only once the call is rewritten: Keras 2.3's cast_to_floatx was numpy's
+        numpy = self.ctx.module_name("numpy", node) if name == "cast_to_floatx" else ""
+        bare = isinstance(self.ctx.parent(node), _BARE)
+        rewrite = (_special(name, keras, numpy, bare) if name in SPECIAL
+                   else _op_rewrite(name, keras))
+        assert rewrite is not None
+        change, new = rewrite
         self.ctx.edit(node, change)
         if isinstance(node.func, cst.Name):
             self.rewritten.add(id(node.func))
@@ -256,6 +274,9 @@ class BackendRule(Rule):
             self.warning(node, message + MSG_SHAPE)
         elif name in ("update", "update_add", "update_sub"):
             self.warning(node, message + MSG_UPDATE)
+        elif name == "bias_add" and "data_format" not in (nodes.bind(node, _params(name))
+                                                          or {}):
+            self.info(node, message + MSG_BIAS_DEFAULT)
         elif name in UNSEEDED and nodes.kwarg_value(node, "seed") is None and len(
                 node.args) <= _params(name).index("seed") and self.in_layer_call(node):
             self.warning(node, message + MSG_UNSEEDED)
@@ -330,6 +351,10 @@ def _unconvertible(call: cst.Call, name: str) -> str:
             return "not a literal 'th'/'tf': call keras.backend.set_image_data_format by hand"
     if name == "constant" and "shape" in bound:
         return "shape= (a filled tensor): use keras.ops.full(shape, value)"
+    if name == "bias_add" and "data_format" in bound:
+        data_format = bound["data_format"].value
+        if nodes.string_value(data_format) != "channels_last":
+            return MSG_BIAS_CHANNELS_FIRST.format(received=_code(data_format))
     return ""
 
 
@@ -346,6 +371,7 @@ SPECIAL_PARAMS: Dict[str, Tuple[str, ...]] = {
     "placeholder": ("shape", "ndim", "dtype", "sparse", "name"),
     "constant": ("value", "dtype", "shape", "name"), "batch_get_value": ("ops",),
     "set_image_dim_ordering": ("dim_ordering",), "image_dim_ordering": (),
+    "repeat": ("x", "n"), "bias_add": ("x", "bias", "data_format"), "cast_to_floatx": ("x",),
 }
 
 
@@ -407,8 +433,12 @@ def _atom(code: str) -> str:
     return code if isinstance(node, simple) else f"({code})"
 
 
-def _special(name: str, keras: str) -> Optional[Rewrite]:
+def _special(name: str, keras: str, numpy: str = "numpy",
+             bare: bool = True) -> Optional[Rewrite]:
+    """`numpy`: its name in the file (cast_to_floatx); `bare`: the call's place takes a
+    sum without parentheses (bias_add)."""
     ops = f"{keras}.ops"
+    add = "{} + {}" if bare else "({} + {})"
     builders: Dict[str, Tuple[Callable[[cst.Call], str], str]] = {
         "int_shape": (lambda c: f"tuple({_atom(_arg(c, name, 'x'))}.shape)", "tuple(x.shape)"),
         "shape": (lambda c: f"{ops}.shape({_arg(c, name, 'x')})", f"{ops}.shape"),
@@ -444,6 +474,17 @@ def _special(name: str, keras: str) -> Optional[Rewrite]:
             keras, {"th": "channels_first", "tf": "channels_last"}.get(
                 nodes.string_value(_first(c, _params(name), "dim_ordering")) or "",
                 "channels_last")), f"{keras}.backend.set_image_data_format"),
+        # Keras 2.3: tile(expand_dims(x, 1), [1, n, 1]), x of shape (batch, features)
+        "repeat": (lambda c: "{o}.repeat({o}.expand_dims({x}, 1), {n}, axis=1)".format(
+            o=ops, x=_arg(c, name, "x"), n=_arg(c, name, "n")),
+            f"{ops}.repeat({ops}.expand_dims(x, 1), n, axis=1)"),
+        # channels_last (the only one let through): tf.nn.bias_add or x + reshape(bias,
+        # (1,) + bias.shape), both the broadcast sum
+        "bias_add": (lambda c: add.format(_atom(_arg(c, name, "x")),
+                                          _atom(_arg(c, name, "bias"))), "x + bias"),
+        "cast_to_floatx": (lambda c: f"{numpy}.asarray({_arg(c, name, 'x')}, "
+                                     f"dtype={keras}.backend.floatx())",
+                           f"{numpy}.asarray(x, dtype={keras}.backend.floatx())"),
         "image_dim_ordering": (lambda c: f"('th' if {keras}.backend.image_data_format() == "
                                          "'channels_first' else 'tf')",
                                f"{keras}.backend.image_data_format"),
