@@ -239,9 +239,11 @@ def _saves_replace_atomically(model: Any, parallel: Any, engine: Engine) -> None
     while one is written leaves the previous one whole."""
     from kerasmgpu.process import backups
 
-    owners = [parallel] if parallel is not model else []
+    # The parallel model may be the user's own (Keras 3 on JAX trains it in place, a
+    # model built in kerasmgpu.scope(), torch): its saves are the fit's all the same.
+    owners = [parallel]
     job = engine.job
-    if job.multi_process() and job.is_chief():
+    if job.multi_process() and job.is_chief() and model is not parallel:
         owners.append(model)
     for owner in owners:
         for name in ("save", "save_weights"):

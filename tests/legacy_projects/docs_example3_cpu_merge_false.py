@@ -45,7 +45,8 @@ trained_weights = model.get_weights()
 # Save model via the template model (which shares the same weights):
 model.save(os.path.join(out_dir, 'my_model.h5'))
 
-arrays = {'parallel': parallel_model is not model, 'marker_feature': num_features - 1}
+arrays = {'parallel': (parallel_model is not model  # Keras 3 on JAX trains the model in place
+                      or __import__('kerasmgpu').route_for(parallel_model) is not None), 'marker_feature': num_features - 1}
 for i, w in enumerate(initial_weights):
     arrays['initial_%d' % i] = w
 for i, w in enumerate(trained_weights):

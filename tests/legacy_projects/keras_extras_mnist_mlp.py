@@ -105,7 +105,8 @@ trained_weights = template.get_weights()
 
 template.save(os.path.join(out_dir, 'mnist_mlp.h5'))
 
-arrays = {'parallel': model is not template, 'marker_feature': num_pixels - 1}
+arrays = {'parallel': (model is not template  # Keras 3 on JAX trains the model in place
+                      or __import__('kerasmgpu').route_for(model) is not None), 'marker_feature': num_pixels - 1}
 for i, w in enumerate(initial_weights):
     arrays['initial_%d' % i] = w
 for i, w in enumerate(trained_weights):
