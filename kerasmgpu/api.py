@@ -240,9 +240,12 @@ def _saves_replace_atomically(model: Any, parallel: Any, engine: Engine) -> None
     from kerasmgpu.process import backups
 
     # The parallel model may be the user's own (Keras 3 on JAX trains it in place, a
-    # model built in kerasmgpu.scope(), torch): its saves are the fit's all the same.
-    owners = [parallel]
+    # model built in kerasmgpu.scope(), torch): its saves are the fit's all the same -
+    # but not on a process other than the chief, where the user's own model's saves
+    # write nothing (_chief_writes_the_template) or are TensorFlow's collective.
     job = engine.job
+    mine = parallel is not model or not job.multi_process() or job.is_chief()
+    owners = [parallel] if mine else []
     if job.multi_process() and job.is_chief() and model is not parallel:
         owners.append(model)
     for owner in owners:
