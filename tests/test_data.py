@@ -466,5 +466,19 @@ def test_target_structures_keras_refuses() -> None:
         before = template.get_weights()
         with pytest.raises(ValueError):
             _guide_fit(pmodel, "arrays", y, **fit)
+        if not _readable(single):
+            # Keras 3 on JAX before 3.10 (no `finally: jax_state_sync()` in fit) leaves
+            # the variables of a model whose fit failed in its step unset, on one device
+            # too; JAX trains the user's own model, which then does the same.
+            assert not _readable(template)
+            continue
         for a, b in zip(before, template.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def _readable(model: Any) -> bool:
+    try:
+        model.get_weights()
+    except TypeError:
+        return False
+    return True
