@@ -128,6 +128,29 @@ FROZEN_BATCHNORM = """
     pmodel = kerasmgpu.parallelize(template, gpus=int(sys.argv[1]),
                                    sync_batchnorm=sys.argv[2] == "sync")
     h2 = pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    if sys.argv[2] == "sync":
+        # Every replica's read of a moving statistic (the inference-mode outputs) runs
+        # before the step assigns it: nothing else orders them in Keras 2.3's session,
+        # and a race once moved a mean 5e-4 off under CI's load.
+        def ancestors(op):
+            seen, stack = set(), [op]
+            while stack:
+                o = stack.pop()
+                if o not in seen:
+                    seen.add(o)
+                    stack.extend([i.op for i in o.inputs] + list(o.control_inputs))
+            return seen
+        step = pmodel.train_function  # Keras 2.3 on TF 2: tf.keras's GraphExecutionFunction
+        loss_side, update_side = ancestors(step.outputs[0].op), ancestors(step.updates_op)
+        norm = template.get_layer("norm")
+        for variable in (norm.moving_mean, norm.moving_variance):
+            handle = variable.handle.op
+            assigns = [op for op in update_side if op.type.startswith("Assign")
+                       and op.inputs[0].op is handle]
+            reads = [op for op in loss_side if op.type == "ReadVariableOp"
+                     and op.inputs[0].op is handle]
+            unordered = sum(r not in ancestors(a) for a in assigns for r in reads)
+            print("ORDER", variable.name, len(assigns), len(reads), unordered)
     norm_one = one.get_layer("norm").get_weights()
     norm_many = template.get_layer("norm").get_weights()
     for name, b, a, m in zip(statistics, before, norm_one, norm_many):
@@ -161,6 +184,12 @@ def test_batchnorm_in_learning_phase_0_keeps_one_devices_statistics(
     lines = [line.split() for line in done.stdout.splitlines()]
     statistics = [line[1:] for line in lines if line[:1] == ["STATISTIC"]]
     assert len(statistics) == 2, done.stdout  # moving_mean, moving_variance
+    if mode == "sync":
+        orders = [line[1:] for line in lines if line[:1] == ["ORDER"]]
+        assert len(orders) == 2, done.stdout
+        for name, assigns, reads, unordered in orders:
+            # One assignment a step; each replica's output reads the statistic once.
+            assert (int(assigns), int(reads), int(unordered)) == (1, replicas, 0), name
     for name, on_one, on_many, apart in statistics:
         assert float(apart) < 1e-6, (name, on_one, on_many)
         if mode == "frozen":

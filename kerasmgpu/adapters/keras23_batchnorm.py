@@ -204,9 +204,16 @@ def synchronized_layer(keras: Any) -> Any:
                     outputs.append(K.in_train_phase(normed, fallback, training=training))
             # Keras 2.3's moving variance: the sample variance (its own correction).
             unbiased = variance * rows / (rows - (1.0 + norm.epsilon))
-            self.add_update([K.moving_average_update(norm.moving_mean, mean, norm.momentum),
-                             K.moving_average_update(norm.moving_variance, unbiased,
-                                                     norm.momentum)], given)
+            # After every replica's output: in inference mode (learning phase 0) the
+            # outputs read the moving statistics these assign, and Keras 2.3's train
+            # function orders its updates after nothing (they are made here, before it
+            # exists), so the session could run an assignment before a replica's read -
+            # seen once in CI, a moving mean 5e-4 from one device's, under load.
+            with tf.control_dependencies(outputs):
+                updates = [K.moving_average_update(norm.moving_mean, mean, norm.momentum),
+                           K.moving_average_update(norm.moving_variance, unbiased,
+                                                   norm.momentum)]
+            self.add_update(updates, given)
             return outputs
 
     return SynchronizedBatchNormalization
