@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 300  # a TensorFlow import alone takes 10-25 s on a loaded 2-core CI machine
 
 
-def _regularized() -> Any:
+def _regularized(model_loss: bool = False) -> Any:
     """A Dense with an activity regularizer (a sum over the rows, Keras 2.3's own), a
-    layer adding a mean over the rows by `add_loss` in `call`, and a weight regularizer."""
+    layer adding a mean over the rows by `add_loss` in `call`, and a weight regularizer;
+    with `model_loss`, also a term the model adds on its own output (`Model.add_loss`)."""
 
     class MeanSquare(keras.layers.Layer):
         def call(self, inputs):
@@ -47,6 +48,8 @@ def _regularized() -> Any:
     outputs = keras.layers.Dense(1, kernel_regularizer=keras.regularizers.l2(0.001))(
         MeanSquare()(hidden))
     model = keras.models.Model(inputs, outputs)
+    if model_loss:
+        model.add_loss(0.05 * K.mean(K.abs(outputs)))
     rng = np.random.RandomState(3)
     model.set_weights([rng.normal(scale=0.3, size=w.shape).astype("float32")
                        for w in model.get_weights()])
@@ -56,14 +59,15 @@ def _regularized() -> Any:
 
 # 24 rows in batches of 8 divide on 2 and 3 replicas; 27 leave a last batch of 3 (uneven
 # on 2); 25 leave a last batch of 1 row, fewer than the replicas (repeated to one each).
+@pytest.mark.parametrize("model_loss", [False, True], ids=["layers", "and-model"])
 @pytest.mark.parametrize("rows", [24, 27, 25])
 @pytest.mark.parametrize("replicas", REPLICAS)
-def test_activity_regularizers_and_add_loss_train_as_on_one_device(replicas: int,
-                                                                   rows: int) -> None:
+def test_activity_regularizers_and_add_loss_train_as_on_one_device(
+        replicas: int, rows: int, model_loss: bool) -> None:
     rng = np.random.RandomState(1)
     x = rng.normal(size=(rows, 5)).astype("float32")
     y = rng.normal(size=(rows, 1)).astype("float32")
-    one, template = _regularized(), _regularized()
+    one, template = _regularized(model_loss), _regularized(model_loss)
     own_terms = len(template.losses)
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)
     assert len(template.losses) == own_terms  # no replica's copy left on the template
