@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, List, Optional, Tuple
 
-from kerasmgpu._errors import bad_type
+from kerasmgpu._errors import bad_type, bad_value
 
 
 def _is_graph_model(model: Any) -> bool:
@@ -76,11 +76,26 @@ class ModelCopying:
 
     def carry_state(self, model: Any, clone: Any) -> None:
         """After the copy took `model`'s weights: what its adapted preprocessing layers
-        hold besides (derived tensors, vocabularies), as Keras's saving restores it."""
+        hold besides (derived tensors, vocabularies), as Keras's saving restores it; then
+        refuses a copy whose layer of the user's own class holds a function otherwise
+        than the model's (`layer_state.not_carried`): it would train silently with the
+        copy's."""
         from kerasmgpu.adapters import layer_state  # numpy: see clone_model
 
-        pairs = [(a, b) for a, b in self.layer_pairs(model, clone) if layer_state.adaptable(a)]
-        layer_state.carry_adapted(pairs)
+        pairs = self.layer_pairs(model, clone)
+        layer_state.carry_adapted([(a, b) for a, b in pairs if layer_state.adaptable(a)])
+        for layer, copy in pairs:
+            missed = layer_state.not_carried(layer, copy)
+            if missed:
+                raise bad_value(
+                    "model", f"a layer {layer.name!r} ({type(layer).__name__}) whose "
+                    f"attribute {', '.join(missed)} the copy this route trains holds "
+                    "otherwise (it is remade from the layer's config, not copied)",
+                    "attributes a copy can take: variables, plain data (numbers, strings, "
+                    "NumPy arrays), tensors, and functions the layer's config remakes alike",
+                    "make that function from what the layer's config holds (keep what it "
+                    "captures in a weight or a plain attribute), or build and compile the "
+                    "model inside `with kerasmgpu.scope():` (no copy is made then)", raw=True)
 
     def _uncopiable(self, model: Any, graph: bool, exc: Exception) -> Exception:
         # Ours first: the fix must not sit below twenty lines of Keras's message.

@@ -24,6 +24,7 @@ import functools
 import inspect
 import tempfile
 import textwrap
+import types
 from typing import Any, Dict, FrozenSet, List, Tuple
 
 import numpy as np
@@ -62,11 +63,15 @@ def _users_classes(cls: type) -> List[type]:
     return found
 
 
-@functools.cache
 def _assigned_private(cls: type) -> FrozenSet[str]:
-    """The private names `cls`'s own source assigns on its instances (`self._x = ...`,
-    `+=`, annotated), name-mangled as Python stores them; none where the source cannot
-    be read (a class made by exec, or in some interactive sessions)."""
+    return frozenset(n for n in _assigned(cls) if n.startswith("_"))
+
+
+@functools.cache
+def _assigned(cls: type) -> FrozenSet[str]:
+    """The names `cls`'s own source assigns on its instances (`self.x = ...`, `+=`,
+    annotated), private ones name-mangled as Python stores them; none where the source
+    cannot be read (a class made by exec, or in some interactive sessions)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):
@@ -86,7 +91,7 @@ def _assigned_private(cls: type) -> FrozenSet[str]:
             for target in targets:
                 for leaf in ast.walk(target):  # `self._a, self._b = ...` too
                     if (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name)
-                            and leaf.value.id == me and leaf.attr.startswith("_")):
+                            and leaf.value.id == me):
                         names.add(leaf.attr)
     mangled = {f"_{cls.__name__.lstrip('_')}{n}" if n.startswith("__") and not n.endswith(
         "__") else n for n in names}
@@ -104,13 +109,18 @@ def _bookkeeping(base: type) -> FrozenSet[str]:
 
 
 def _users_private(layer: Any) -> FrozenSet[str]:
+    return frozenset(n for n in _users_own(layer) if n.startswith("_"))
+
+
+def _users_own(layer: Any) -> FrozenSet[str]:
+    """The names the layer's user-defined classes assign, less Keras's bookkeeping."""
     cls = type(layer)
     users = _users_classes(cls)
     if not users:
         return frozenset()
     names: FrozenSet[str] = frozenset()
     for klass in users:
-        names = names | _assigned_private(klass)
+        names = names | _assigned(klass)
     bases = [k for k in cls.__mro__ if k.__name__ == "Layer"
              and (k.__module__ or "").split(".")[0] in _FRAMEWORKS]
     return names - _bookkeeping(bases[-1]) if names and bases else names
@@ -118,15 +128,27 @@ def _users_private(layer: Any) -> FrozenSet[str]:
 
 def attributes(layer: Any) -> Dict[str, Any]:
     """The layer's public plain-data attributes (its own `__dict__`, not its class's),
-    and the private ones its user-defined classes assign (`_users_private`)."""
+    the private ones its user-defined classes assign (`_users_private`), and the
+    framework tensors those classes assign (values: a copy remade from the config would
+    draw a random one anew, or derive it from weights it did not have yet)."""
     found = {}
-    private = _users_private(layer)
+    own = _users_own(layer)
     for key, value in vars(layer).items():
-        if (key.startswith("_") and key not in private) or key in _SKIPPED:
+        if (key.startswith("_") and key not in own) or key in _SKIPPED:
             continue
-        if _plain(value):
+        if _plain(value) or (key in own and _tensors(value)):
             found[key] = value
     return found
+
+
+def _tensors(value: Any, depth: int = 0) -> bool:
+    """A framework tensor, or a short list, tuple or dict of them and plain data."""
+    if _framework_array(value):
+        return True
+    items = (list(value.values()) if isinstance(value, dict) else
+             list(value) if isinstance(value, (list, tuple)) else [])
+    return (depth < 2 and 0 < len(items) <= 10_000 and any(_tensors(v, depth + 1) for v in items)
+            and all(_plain(v, depth + 1) or _tensors(v, depth + 1) for v in items))
 
 
 def snapshot(layer: Any) -> Dict[str, Any]:
@@ -137,6 +159,10 @@ def snapshot(layer: Any) -> Dict[str, Any]:
 def same(a: Any, b: Any) -> bool:
     if a is b:
         return True
+    if _framework_array(a) or _framework_array(b) or _tensors(a) or _tensors(b):
+        # Immutable: replaced, not changed in place; comparing values at every call
+        # would read them back from the device.
+        return False
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
                 and a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b)))
@@ -163,6 +189,90 @@ def carry_attributes(source: Any, target: Any, keys: Any = None) -> List[str]:
         setattr(target, key, _copied(value))
         carried.append(key)
     return carried
+
+
+# --- what a copy does not take: refused, naming it ----------------------------------------
+
+
+def held(layer: Any) -> Dict[str, Any]:
+    """The attributes the layer's own classes assign that hold what a copy remakes from
+    its config: functions (not carried: one may read the template's own variables) and
+    framework tensors (carried, `attributes`), and short lists, tuples and dicts of them.
+    A Keras object (a layer, a variable, an initializer) is the copy's own, made as
+    Keras copies it."""
+    own = vars(layer)
+    return {key: own[key] for key in _users_own(layer) - _SKIPPED
+            if key in own and not _plain(own[key]) and _holds(own[key])}
+
+
+def _holds(value: Any, depth: int = 0) -> bool:
+    if _framework_array(value) or isinstance(value, types.FunctionType):
+        return True
+    if depth < 2 and isinstance(value, (list, tuple)) and value:
+        return (len(value) <= 10_000 and any(_holds(v, depth + 1) for v in value)
+                and all(_plain(v, depth + 1) or _holds(v, depth + 1) for v in value))
+    if depth < 2 and isinstance(value, dict) and value:
+        return (any(_holds(v, depth + 1) for v in value.values())
+                and all(_plain(v, depth + 1) or _holds(v, depth + 1) for v in value.values()))
+    return False
+
+
+def _framework_array(value: Any) -> bool:
+    """A concrete tensor or array of TensorFlow, JAX or torch: values, not a variable
+    (which has `assign`: carried as a weight) nor a symbolic tensor (no values)."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__array__"):
+        return False
+    if not (hasattr(value, "shape") and hasattr(value, "dtype")) or hasattr(value, "assign"):
+        return False
+    name = type(value).__name__
+    # TensorFlow's graph tensor is a `Tensor` without `numpy` (torch's has it); a JAX
+    # tracer is a value only inside the function tracing it.
+    return (name not in ("KerasTensor", "SymbolicTensor") and "Tracer" not in name
+            and (name != "Tensor" or hasattr(value, "numpy")))
+
+
+def equivalent(a: Any, b: Any) -> bool:
+    """Whether a copy's attribute holds what the layer's does: equal values for tensors
+    and arrays, the same code and captured values for functions."""
+    if a is b:
+        return True
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(equivalent(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(equivalent(a[k], b[k]) for k in a)
+    if _plain(a) or _plain(b):
+        return same(a, b)
+    if _framework_array(a) or _framework_array(b):
+        try:
+            x, y = np.asarray(a), np.asarray(b)
+        except Exception:  # not readable as values: nothing to compare, so not equal
+            return False
+        return x.shape == y.shape and x.dtype == y.dtype and bool(np.array_equal(x, y))
+    if isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType):
+        cells = [(c.cell_contents, d.cell_contents) for c, d in
+                 zip(a.__closure__ or (), b.__closure__ or ())]
+        return (a.__code__ is b.__code__ and len(a.__closure__ or ()) == len(b.__closure__ or ())
+                and len(a.__defaults__ or ()) == len(b.__defaults__ or ())
+                and all(_captured_alike(x, y) for x, y in
+                        cells + list(zip(a.__defaults__ or (), b.__defaults__ or ()))))
+    return False
+
+
+def _captured_alike(x: Any, y: Any) -> bool:
+    """A value a function captures: data, tensors and functions must be alike; another
+    object (the layer itself, a sub-layer, a variable) is the copy's own counterpart."""
+    if x is y:
+        return True
+    if _plain(x) or _tensors(x) or isinstance(x, types.FunctionType) or _holds(x):
+        return equivalent(x, y)
+    return type(x) is type(y)
+
+
+def not_carried(layer: Any, copy: Any) -> List[str]:
+    """The attributes of `held(layer)` the copy does not hold alike: "name (type)"."""
+    theirs = vars(copy)
+    return [f"{key} ({type(value).__name__})" for key, value in held(layer).items()
+            if key not in theirs or not equivalent(value, theirs[key])]
 
 
 def _copied(value: Any) -> Any:
