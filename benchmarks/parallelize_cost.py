@@ -6,7 +6,7 @@ virtual devices.
     KERAS_BACKEND=jax python benchmarks/parallelize_cost.py copy    # the old path
 
 `in-place`: the user's model laid out on the devices (no copy); `copy`: the copy
-kerasmgpu made before (forced by making `place_replicated` answer False). Run each in
+kerasmgpu made before (forced by making `place_replicated` answer None). Run each in
 a process of its own: JAX's device count is fixed at start-up.
 """
 
@@ -29,7 +29,7 @@ def main() -> int:
     from kerasmgpu.adapters.keras3_jax import Keras3Jax
 
     if mode == "copy":
-        Keras3Jax.place_replicated = lambda self, *a: False  # type: ignore[method-assign]
+        Keras3Jax.place_replicated = lambda self, *a: None  # type: ignore[method-assign]
 
     def held() -> int:  # bytes of every live array, each device's piece counted
         return sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards)

@@ -140,3 +140,54 @@ def test_a_layer_holding_another_layer_trains_as_on_one_device() -> None:
     assert_weights_close(single, template)
     np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+class _DeviceFull(RuntimeError):
+    """Stands for what no CPU here raises: a device out of memory part of the way."""
+
+
+@pytest.mark.parametrize("where", ["laying-out", "after"])
+def test_a_parallelize_that_fails_leaves_the_model_as_it_was(monkeypatch, where: str) -> None:
+    """A failure part of the way through laying the variables out (the 5th variable: a
+    device out of memory), or after it (building the parallel model), puts every
+    variable back on its one device with its value: the model trains on as one device's,
+    and a parallelize() after it works. Before: a model left half laid out."""
+    single = mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+    template = mlp(keras, optimizer=keras.optimizers.Adam(0.01))
+    for model in (single, template):
+        model.fit(X[:40], Y[:40], batch_size=40, verbose=0)
+    variables = [*template.variables, *template.metrics_variables,
+                 *template.optimizer.variables]
+    before = [(v._layout, _devices(v), np.array(v.value)) for v in variables]
+    if where == "laying-out":
+        victim = variables[4]
+        own = victim._direct_assign
+        calls = []
+
+        def full(value):
+            calls.append(value)
+            if len(calls) == 1:  # the laying out; the putting back succeeds
+                raise _DeviceFull("RESOURCE_EXHAUSTED: out of memory")
+            return own(value)
+
+        monkeypatch.setattr(victim, "_direct_assign", full)
+    else:
+        from kerasmgpu.training import model as parallel_model
+
+        def adopt(*args, **kwargs):
+            raise _DeviceFull("failed after the layout")
+
+        monkeypatch.setattr(parallel_model, "adopt", adopt)
+    with pytest.raises(_DeviceFull):
+        kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    monkeypatch.undo()
+    for variable, (layout, devices, value) in zip(variables, before):
+        assert variable._layout is layout, variable.path
+        assert _devices(variable) == devices, variable.path
+        np.testing.assert_array_equal(np.array(variable.value), value)
+    one = dict(FIT, epochs=1)
+    assert_history_close(single.fit(X, Y, **one), template.fit(X, Y, **one))
+    assert_weights_close(single, template)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    assert_history_close(single.fit(X, Y, **one), pmodel.fit(X, Y, **one))
+    assert_weights_close(single, template)

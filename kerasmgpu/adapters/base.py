@@ -448,10 +448,11 @@ class Adapter(ModelCopying, StepOps):
         return False
 
     def place_replicated(self, variables: List[Any], layouts: List[Any],
-                         values: List[Any]) -> bool:
+                         values: List[Any]) -> Optional[Callable[[], None]]:
         """Lay each variable out in place with its layout, holding its value (Keras 3 on
-        JAX); False where this line cannot (the engine then trains a copy)."""
-        return False
+        JAX), and return what puts them back as they were; None where this line cannot
+        (the engine then trains a copy)."""
+        return None
 
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
 

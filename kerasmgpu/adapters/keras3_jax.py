@@ -92,27 +92,43 @@ class Keras3Jax(Keras3):
         return lambda: [Held(v._value) for v in variables]
 
     def place_replicated(self, variables: List[Any], layouts: List[Any],
-                         values: List[Any]) -> bool:
+                         values: List[Any]) -> Optional[Callable[[], None]]:
         """Put each variable's value on its route's devices with its layout
         (`distribution.get_variable_layout`), and keep that layout for every later
         assign (set_weights, a callback's assign, the trainer's own state sync), as a
-        variable created in the distribution's scope keeps it; False, changing nothing,
-        where this Keras is not what was read (see the module doc)."""
+        variable created in the distribution's scope keeps it. Returns what puts every
+        variable back as it was (its layout, its value on its device); None, changing
+        nothing, where this Keras is not what was read (see the module doc). A failure
+        part of the way (a device out of memory) puts back those laid out already."""
         if not all(hasattr(v, "_direct_assign") and hasattr(v, "_layout") for v in variables):
-            return False
+            return None
         try:
             backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
         except ImportError:
-            return False
+            return None
         shardings = [_sharding(backend, layout) for layout in layouts]
         if any(sharding is None for sharding in shardings):
-            return False
-        for variable, sharding, value in zip(variables, shardings, values):
-            variable._layout = sharding
-            # distribute_variable / distribute_tensor: a local array is put on the
-            # mesh, equal values of several processes make one global array.
-            variable._direct_assign(value)
-        return True
+            return None
+        before = [(v, v._layout, v.value) for v in variables]
+        done: List[Tuple[Any, Any, Any]] = []
+
+        def undo() -> None:
+            for variable, layout, value in reversed(done):
+                variable._layout = layout
+                variable._direct_assign(value)  # with its own layout: as it was
+            done.clear()
+
+        try:
+            for (variable, layout, value), sharding, new in zip(before, shardings, values):
+                done.append((variable, layout, value))
+                variable._layout = sharding
+                # distribute_variable / distribute_tensor: a local array is put on the
+                # mesh, equal values of several processes make one global array.
+                variable._direct_assign(new)
+        except BaseException:
+            undo()
+            raise
+        return undo
 
     def numpy(self, value: Any) -> Any:
         if getattr(value, "is_fully_addressable", True) or value.is_fully_replicated:

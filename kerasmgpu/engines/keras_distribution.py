@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, ClassVar, ContextManager, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.engines.base import Engine, Explanation, one_gpu_each, too_late
@@ -182,11 +182,13 @@ class KerasDistributionEngine(Engine):
 
         if not self.owns(model) and (self.job.multi_process() or is_parallel(model)):
             return super().parallelize(model, options)
+        undo: Optional[Callable[[], None]] = None
         if not self.owns(model):
             variables = self._carried(model)
             values: List[Any] = [v.value for v in variables]
             layouts = [self.distribution.get_variable_layout(v) for v in variables]
-            if not self.adapter.place_replicated(variables, layouts, values):
+            undo = self.adapter.place_replicated(variables, layouts, values)
+            if undo is None:
                 # A Keras whose variables are not what adapters.keras3_jax read.
                 return super().parallelize(model, options)
         # A step traced before (a fit on one device) knows neither the mesh nor the
@@ -194,7 +196,14 @@ class KerasDistributionEngine(Engine):
         for name in ("train_function", "test_function", "predict_function"):
             if getattr(model, name, None) is not None:
                 setattr(model, name, None)
-        return parallel_model.adopt(self, self.adapter, model, options)
+        try:
+            return parallel_model.adopt(self, self.adapter, model, options)
+        except BaseException:
+            # Your model as it was: on its one device, not laid out for a parallel
+            # model that was never made.
+            if undo is not None:
+                undo()
+            raise
 
     @staticmethod
     def _carried(model: Any) -> List[Any]:
