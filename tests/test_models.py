@@ -215,6 +215,96 @@ def test_own_loss_tracker_of_compute_loss_reads_one_devices_loss(rows: int) -> N
     assert_weights_close(single, template)
 
 
+def _output_mean_model_class():
+    """A custom step that tracks the mean of the model's output in a `Mean` of its own,
+    updated without a sample weight: the output carries its Keras mask (mask_zero),
+    which Keras's `Mean` applies only given a weight (3.3 - 3.15)."""
+    if ON_JAX:
+        import jax
+
+        class OutputMean(keras.Model):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.output_mean = keras.metrics.Mean(name="output_mean")
+
+            def loss_of(self, trainable, non_trainable, x, y):
+                y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x,
+                                                            training=True)
+                return self.compute_loss(x, y, y_pred), (y_pred, non_trainable)
+
+            def train_step(self, state, data):
+                trainable, non_trainable, optimizer_vars, metrics_vars = state
+                x, y = data
+                (loss, (y_pred, non_trainable)), grads = jax.value_and_grad(
+                    self.loss_of, has_aux=True)(trainable, non_trainable, x, y)
+                trainable, optimizer_vars = self.optimizer.stateless_apply(
+                    optimizer_vars, grads, trainable)
+                logs, new = {}, []
+                for metric in self.metrics:
+                    these = metrics_vars[len(new):len(new) + len(metric.variables)]
+                    these = (metric.stateless_update_state(these, loss)
+                             if metric.name == "loss" else
+                             metric.stateless_update_state(these, y_pred))
+                    logs[metric.name] = metric.stateless_result(these)
+                    new += these
+                return logs, (trainable, non_trainable, optimizer_vars, new)
+
+        return OutputMean
+    import tensorflow as tf
+
+    class OutputMean(keras.Model):  # type: ignore[no-redef]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.output_mean = keras.metrics.Mean(name="output_mean")
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                                 self.trainable_variables)
+            for metric in self.metrics:
+                metric.update_state(loss) if metric.name == "loss" else \
+                    metric.update_state(y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    return OutputMean
+
+
+@pytest.mark.core
+@requires(lines=[KerasLine.KERAS_3])
+def test_an_unweighted_mean_of_a_masked_output_reads_one_devices() -> None:
+    """The `Mean` half of the masked-metric fix (issue 28): the padding weight must not
+    switch the output's Keras mask on for the padded batch alone (one device's unweighted
+    Mean averages the masked timesteps too). 29 rows, batch 6: a 5-row last batch. On
+    TensorFlow the output reaches the Mean with its mask (failed without the fix: 1.6e-4
+    relative); JAX's stateless_call returns it without one, so there it is one device's
+    by construction, checked all the same."""
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(1, 9, size=(29, 7))
+    tokens[:, 4:] = 0  # masked timesteps
+    tokens[::3, 2:] = 0
+    targets = rng.normal(size=(29, 7, 1)).astype("float32")
+
+    def model():
+        seed_all(keras, 12)
+        inputs = keras.Input((7,), dtype="int32")
+        hidden = keras.layers.Embedding(9, 4, mask_zero=True)(inputs)
+        made = _output_mean_model_class()(inputs, keras.layers.Dense(1)(hidden))
+        deterministic_weights(made, 12)
+        made.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return made
+
+    single, template = model(), model()
+    fit = dict(batch_size=6, epochs=2, shuffle=False, verbose=0)
+    h1 = single.fit(tokens, targets, **fit)
+    h2 = kerasmgpu.parallelize(template, gpus=REPLICAS[-1]).fit(tokens, targets, **fit)
+    assert "output_mean" in h1.history
+    assert_history_close(h1, h2)
+    assert_weights_close(single, template)
+
+
 def _autoencoder(units: int = 3):
     """Trained by `add_loss` only: the reconstruction error is added by a layer."""
 
