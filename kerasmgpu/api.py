@@ -211,6 +211,7 @@ def _parallelize(model: ModelT, gpus: devices_module.GpusArg, adapter: Adapter,
         # block): adopted as it is, also on one device.
         adopted: ModelT = scoped.parallelize(model, options)
         _chief_writes_the_template(model, adopted, scoped)
+        _saves_replace_atomically(model, adopted, scoped)
         return adopted
     if devices_module.default_device_only(selected) and cls.single_device_passthrough(
             adapter, job):

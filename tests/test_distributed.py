@@ -115,6 +115,8 @@ RUNS: Dict[str, List[str]] = {
     **{inputs: ["train.py", *extra, "--listeners"] for inputs, extra in INPUTS.items()},
     # With the self-check on in every process: it must pass, and change nothing.
     "chief": ["train.py", "--chief-sets", "--verify"],
+    # Built in scope on JAX: one global array per variable, which rank 0 changes alone.
+    **({"chief-scope": ["train.py", "--chief-sets", "--in-scope"]} if ON_JAX else {}),
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
@@ -139,6 +141,7 @@ RUNS: Dict[str, List[str]] = {
 REFERENCES: Dict[str, List[str]] = {
     **{inputs: ["train.py", *extra] for inputs, extra in INPUTS.items()},
     "chief": RUNS["chief"], "clip": RUNS["clip"],
+    **({"chief-scope": RUNS["chief-scope"]} if ON_JAX else {}),
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
@@ -246,6 +249,20 @@ def test_the_chiefs_template_is_the_truth(job: Job, one: Path) -> None:
     for u, v in _paired_weights(rank0, rank1):
         np.testing.assert_allclose(u, v, atol=1e-6)
     _assert_same(one / "chief" / "rank0.npz", rank0)
+
+
+@requires(jax=True)
+@trains_in_processes
+def test_the_chiefs_template_is_the_truth_for_a_model_built_in_scope(job: Job, one: Path
+                                                                    ) -> None:
+    """As above for a model built in `kerasmgpu.scope()` on JAX: the parallel model is
+    the template, each variable one array laid out over both processes' devices, and
+    rank 0 alone halves its weights between fits (each process assigns its own pieces)."""
+    two = _finished(job, "chief-scope")
+    rank0, rank1 = two / "rank0.npz", two / "rank1.npz"
+    for u, v in _paired_weights(rank0, rank1):
+        np.testing.assert_allclose(u, v, atol=1e-6)
+    _assert_same(one / "chief-scope" / "rank0.npz", rank0)
 
 
 @pytest.mark.core

@@ -378,13 +378,20 @@ def test_a_damaged_backup_is_never_restored_silently(
 
 
 @pytest.mark.core
-def test_a_killed_model_save_leaves_the_previous_file(tmp_path: Path,
+@pytest.mark.parametrize("built", ["anywhere", "in-scope"])
+def test_a_killed_model_save_leaves_the_previous_file(tmp_path: Path, built: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The parallel model's save_weights (what a ModelCheckpoint of the fit calls) writes
     a temporary file and renames it: interrupted just before the rename, with the new file
-    half written, the old file is still whole and nothing else is left."""
+    half written, the old file is still whole and nothing else is left. Also for a model
+    built in `kerasmgpu.scope()` (adopted as it is: before, its saves were left as Keras's
+    own, and the kill left half a file)."""
     keras = keras_module()
-    model = _model(keras)
+    if built == "in-scope":
+        with kerasmgpu.scope(gpus=3):
+            model = _model(keras)
+    else:
+        model = _model(keras)
     parallel = kerasmgpu.parallelize(model, gpus=3)
     path = tmp_path / "checkpoint.weights.h5"
     parallel.save_weights(str(path))

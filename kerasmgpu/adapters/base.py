@@ -454,6 +454,10 @@ class Adapter(ModelCopying, StepOps):
         (the engine then trains a copy)."""
         return None
 
+    def assign_locally(self, variables: List[Any]) -> None:
+        """Variables laid out over several processes take a value one process assigns
+        alone without a collective (Keras 3 on JAX); elsewhere nothing to do."""
+
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
 
     def global_batch(self, data: Any) -> Any:

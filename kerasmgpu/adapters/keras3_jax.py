@@ -20,6 +20,13 @@ every backend shares are in `keras3`. What is read or wrapped here:
   parallel side lays its batch out with the same conversion (`global_batch`). Read in the
   sources of 3.3, 3.8, 3.10 and 3.15; where they are not what was read, the answer is
   False and the engine trains a copy made in its scope, as before.
+* `assign_locally` (a model built in `kerasmgpu.scope()` in a job of several
+  processes): each variable's `_direct_assign` and `_layout` again, wrapped on the
+  instance so that a host value assigned by one process alone (a checkpoint loaded on
+  the chief) becomes the global array from this process's value, with no collective.
+  Read in the sources of 3.3, 3.8, 3.10 and 3.15 (`Variable._direct_assign`
+  distributes through `distribute_variable` / `distribute_tensor`, a `jax.device_put`
+  that checks across processes that they all pass one value).
 * change tokens (`state_reader`): `variable._value`, the JAX array the public `value`
   returns (outside an autocast or stateless scope, where it is a copy), replaced by
   every assign.
@@ -130,6 +137,42 @@ class Keras3Jax(Keras3):
             raise
         return undo
 
+    def assign_locally(self, variables: List[Any]) -> None:
+        """Variables laid out over several processes' devices take a value one process
+        assigns alone (the chief loads a checkpoint, a callback on rank 0 sets a
+        learning rate) as the global array built from this process's value on its own
+        devices. Keras's own assign puts a host value on such a layout with
+        `jax.device_put`, which first checks, collectively, that every process passes
+        the same value: the others are not in that collective, and the job crashed
+        (gloo: "collective mismatch") or could hang. The processes' values then differ
+        until their next call together, which gives every process the chief's
+        (`training.sync`), as for a template."""
+        import jax
+        import numpy as np
+
+        try:
+            backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
+        except ImportError:
+            return
+        for variable in variables:
+            if getattr(variable, _LOCAL_ATTR, False) or not (
+                    hasattr(variable, "_direct_assign") and hasattr(variable, "_layout")):
+                continue
+            own = variable._direct_assign
+
+            def direct_assign(value: Any, variable: Any = variable, own: Any = own) -> None:
+                layout = variable._layout
+                sharding = None if layout is None else _sharding(backend, layout)
+                if (sharding is None or sharding.is_fully_addressable or (
+                        isinstance(value, jax.Array) and not value.is_fully_addressable)):
+                    return own(value)  # one process's devices, or a global array already
+                host = np.asarray(value)
+                return own(jax.make_array_from_callback(host.shape, sharding,
+                                                        lambda index: host[index]))
+
+            variable._direct_assign = direct_assign
+            setattr(variable, _LOCAL_ATTR, True)
+
     def numpy(self, value: Any) -> Any:
         if getattr(value, "is_fully_addressable", True) or value.is_fully_replicated:
             return super().numpy(value)
@@ -186,6 +229,9 @@ class Keras3Jax(Keras3):
             values(model.metrics_variables), x, y, sample_weight, training=training,
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
+
+
+_LOCAL_ATTR = "_kerasmgpu_assigns_locally"
 
 
 def _sharding(backend: Any, layout: Any) -> Any:

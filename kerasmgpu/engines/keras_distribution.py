@@ -85,6 +85,10 @@ class KerasDistributionEngine(Engine):
     device_lister = staticmethod(devices_module.jax_devices)
     one_program = True  # one program over the global batch, sharded by the layout
     engine_name = "keras.distribution.DataParallel (jax.sharding)"
+    # DataParallel replicates every variable: each process reads a whole copy on its own
+    # devices, so a model built in scope is saved by the chief alone, as a template is
+    # (every process wrote the same file before).
+    saves_locally = True
     # Why `jax.distributed` did not start at import, for the engine built later.
     _start_error: ClassVar[Optional[BaseException]] = None
 
@@ -183,6 +187,8 @@ class KerasDistributionEngine(Engine):
         if not self.owns(model) and (self.job.multi_process() or is_parallel(model)):
             return super().parallelize(model, options)
         undo: Optional[Callable[[], None]] = None
+        if self.job.multi_process():  # built in scope: one global array per variable
+            self.adapter.assign_locally(self._carried(model))
         if not self.owns(model):
             variables = self._carried(model)
             values: List[Any] = [v.value for v in variables]
@@ -204,6 +210,12 @@ class KerasDistributionEngine(Engine):
             if undo is not None:
                 undo()
             raise
+
+    def epoch_end(self, replica: Any) -> None:
+        # The optimizer's variables are made at the first step: laid out over every
+        # process's devices too where the model was built in scope (see parallelize).
+        if self.job.multi_process() and self.owns(replica):
+            self.adapter.assign_locally(self._carried(replica))
 
     @staticmethod
     def _carried(model: Any) -> List[Any]:

@@ -13,6 +13,7 @@ sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup
 a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
 rate, then every process fits one more epoch: the chief's template is the truth),
+--in-scope (the model built and compiled in `kerasmgpu.scope()`: no copy),
 --clipnorm C (SGD(clipnorm=C)), --accumulate K (accumulate_steps=K),
 --optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
 PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
@@ -32,6 +33,7 @@ Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover ch
 """
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
@@ -65,6 +67,8 @@ parser.add_argument("--preempt-slurm", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
+parser.add_argument("--in-scope", action="store_true",
+                    help="build and compile the model in kerasmgpu.scope()")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
 parser.add_argument("--accumulate", type=int, default=1,
@@ -116,6 +120,10 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(args.rows, 6)).astype("float32")
 y = (x @ rng.normal(size=(6, 1)) + 0.1 * rng.normal(size=(args.rows, 1))).astype("float32")
 
+# --in-scope: the model built and compiled in kerasmgpu.scope() (no copy is made).
+building = contextlib.ExitStack()
+if args.in_scope:
+    building.enter_context(kerasmgpu.scope())
 inputs = keras.Input((6,))
 hidden = keras.layers.Dense(8, activation="tanh")(inputs)
 loss, metrics = "mse", ["mae"]
@@ -181,6 +189,7 @@ if args.optimizer_accumulates:
 if args.momentum:
     clip["momentum"] = args.momentum
 model.compile(optimizer=keras.optimizers.SGD(0.05, **clip), loss=loss, metrics=metrics)
+building.close()
 
 options = {"accumulate_steps": args.accumulate} if args.accumulate > 1 else {}
 if args.sync_batchnorm:
