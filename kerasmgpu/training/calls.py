@@ -334,6 +334,7 @@ def _set_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
     assert state is not None
     result = state.originals["set_weights"](self, *args, **kwargs)
     _trained(state)  # set on the parallel model: the template holds them too
+    _changed_here(state)
     return result
 
 
@@ -342,7 +343,15 @@ def _load_weights(self: Any, *args: Any, **kwargs: Any) -> Any:
     assert state is not None
     result = state.originals["load_weights"](self, *args, **kwargs)
     _trained(state)  # loaded into the parallel model: into the template too
+    _changed_here(state)
     return result
+
+
+def _changed_here(state: ParallelState) -> None:
+    # Set by this process alone, maybe (a checkpoint loaded on the chief): the next
+    # call all processes make tells them, and each takes the chief's.
+    if state.mirror is not None and state.mirror.job:
+        state.mirror.changed_here = True
 
 
 def _logs_callback(state: ParallelState, replica: Any) -> Any:

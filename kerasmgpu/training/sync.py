@@ -29,6 +29,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from kerasmgpu.adapters import Adapter, layer_state
 from kerasmgpu.adapters.base import StateReader
 from kerasmgpu.training.ops import EngineOps
@@ -47,6 +49,9 @@ class Part:
     # The replica's tokens when it last gave its state to the template (only where
     # tokens cost nothing to read: `Adapter.identity_tokens`), else None.
     replica_seen: Optional[List[Any]] = None
+    # A job: the replica's state kerasmgpu last wrote or read (`_direct_tokens`), to
+    # find what one process set on the parallel model directly; None: not known.
+    direct_seen: Optional[List[Any]] = None
 
 
 @dataclass
@@ -81,6 +86,9 @@ class Mirror:
     # as the copy last took it (`_carry_adapted`); None: new layers, each carried at the next call.
     adapted: Optional[List[Tuple[Any, Any, Optional[List[Any]]]]] = None
     warned: bool = False
+    # A job: this process changed the parallel model itself since the processes last
+    # agreed (set_weights / load_weights on it), which no token of the template shows.
+    changed_here: bool = False
 
     @property
     def shared(self) -> bool:
@@ -123,6 +131,10 @@ def relink(mirror: Mirror) -> None:
     if mirror.optimizer is not None and not mirror.shared:
         _copy(mirror, mirror.optimizer, to_replica=True)
     _record(mirror)
+    if mirror.job and not mirror.shared:
+        # A job: what is set on the parallel model by one process is found from here on.
+        for part in mirror.parts():
+            part.direct_seen = _direct_tokens(mirror, part)
 
 
 # --- before a call: the template's changes into the replica --------------------------------
@@ -143,9 +155,10 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool,
         if not exchange:
             return list(also)
         changed, *agreed = mirror.engine.any_processes(
-            [bool(_changes(mirror, training))] + list(also))
+            [bool(_changes(mirror, training) or mirror.changed_here)] + list(also))
         if changed:  # the parallel model is the template (torch, or built in scope)
             _take_the_chiefs(mirror, training)
+        mirror.changed_here = False
         return agreed
     _carry_attributes(mirror)
     _carry_adapted(mirror)
@@ -156,14 +169,59 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool,
         _copy_flags(mirror)
     changes = _changes(mirror, training)
     if exchange:
-        changed, *agreed = mirror.engine.any_processes([bool(changes)] + list(also))
+        direct = _replica_changes(mirror, training)
+        # What was set on the parallel model directly goes into this process's template
+        # first (where the template did not change it too: as one process's call would
+        # train with), and then every process takes the chief's template.
+        for part, indexes in direct:
+            ours = {i for p, changed, _ in changes if p is part for i in changed}
+            _copy(mirror, part, to_replica=False,
+                  indexes=[i for i in indexes if i not in ours])
+        changed, *agreed = mirror.engine.any_processes(
+            [bool(changes or direct or mirror.changed_here)] + list(also))
         if changed:
             _take_the_chiefs(mirror, training)
+        mirror.changed_here = False
         return agreed
     for part, indexes, tokens in changes:
         _copy(mirror, part, to_replica=True, indexes=indexes)
         part.seen = tokens
     return list(also)
+
+
+def _replica_changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int]]]:
+    """(part, indexes) of the replica's variables set directly since kerasmgpu last
+    wrote or read them (a learning rate set on the parallel model's optimizer)."""
+    found = []
+    for part in mirror.parts(training):
+        seen = part.direct_seen
+        if seen is None or len(seen) != len(part.replica):
+            continue
+        now = _direct_tokens(mirror, part)
+        indexes = [i for i, (a, b) in enumerate(zip(now or [], seen)) if a != b]
+        if indexes:
+            found.append((part, indexes))
+    return found
+
+
+def _direct_tokens(mirror: Mirror, part: Part) -> Optional[List[Any]]:
+    """What tells a direct change of the replica's side of `part`: every variable's
+    token where tokens are free (`Adapter.identity_tokens`: JAX, torch); elsewhere
+    (TensorFlow, where a token is a hash on the device) the optimizer's scalars by value
+    - its learning rate and other hyperparameters, a few numbers read per call - and
+    nothing of the weights (set_weights / load_weights on the parallel model tell it
+    themselves: `Mirror.changed_here`)."""
+    adapter = mirror.adapter
+    if adapter.identity_tokens:
+        tokens: List[Any] = adapter.state_reader(part.replica)()
+        return tokens
+    if part is not mirror.optimizer:
+        return None
+    scalars = [i for i, v in enumerate(part.replica) if not len(getattr(v, "shape", (1,)))]
+    found: List[Any] = [None] * len(part.replica)
+    for i, value in zip(scalars, adapter.read_values([part.replica[i] for i in scalars])):
+        found[i] = np.asarray(value).item()
+    return found
 
 
 def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List[Any]]]:
@@ -322,6 +380,8 @@ def after_training(mirror: Mirror, *, unless_unchanged: bool = False) -> None:
         _copy(mirror, part, to_replica=False)
         part.seen = part.reader()
         part.replica_seen = mirror.adapter.state_reader(part.replica)() if identity else None
+        if mirror.job:
+            part.direct_seen = _direct_tokens(mirror, part)
 
 
 def _replica_unchanged(mirror: Mirror, part: Part) -> bool:
@@ -344,6 +404,9 @@ def _copy(mirror: Mirror, part: Part, *, to_replica: bool,
     if to_replica:
         with mirror.engine.scope():
             adapter.write_values([target[i] for i in chosen], values)
+        if mirror.job:
+            # What kerasmgpu wrote is not a change made on the parallel model.
+            part.direct_seen = _direct_tokens(mirror, part)
     else:
         adapter.write_values([target[i] for i in chosen], values)
 

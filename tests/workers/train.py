@@ -13,7 +13,8 @@ sys.exit(3), raise: an uncaught exception, sigkill: SIGKILL to itself), --backup
 a batched tf.data.Dataset), --listeners (write the TCP sockets this process listens on),
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
 rate, then every process fits one more epoch: the chief's template is the truth),
---in-scope (the model built and compiled in `kerasmgpu.scope()`: no copy),
+--in-scope (the model built and compiled in `kerasmgpu.scope()`: no copy), --on-parallel
+(--chief-sets sets the parallel model instead of the template),
 --clipnorm C (SGD(clipnorm=C)), --accumulate K (accumulate_steps=K),
 --optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
 PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
@@ -67,6 +68,8 @@ parser.add_argument("--preempt-slurm", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
+parser.add_argument("--on-parallel", action="store_true",
+                    help="--chief-sets sets the parallel model, not the template")
 parser.add_argument("--in-scope", action="store_true",
                     help="build and compile the model in kerasmgpu.scope()")
 parser.add_argument("--custom-step", action="store_true",
@@ -324,8 +327,9 @@ if args.count_collectives:
         json.dump(counts, f)
 if args.chief_sets:
     if rank == 0:  # e.g. a checkpoint loaded on the chief only
-        model.set_weights([w * 0.5 for w in model.get_weights()])
-        model.optimizer.learning_rate = 0.01
+        target = pmodel if args.on_parallel else model
+        target.set_weights([w * 0.5 for w in model.get_weights()])
+        target.optimizer.learning_rate = 0.01
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
