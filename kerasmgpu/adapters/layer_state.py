@@ -14,7 +14,10 @@ A copy made from `get_config()` and given the variables by `set_weights()` misse
 Only public methods and attributes of the layers are used. A layer of a class of the
 user's own (defined outside keras, tf_keras and tensorflow) also carries the private
 plain-data attributes its own classes assign (`self._temperature = t` in their source),
-never Keras's private bookkeeping.
+never Keras's private bookkeeping, and the framework tensors they assign (the same
+tensor object). A function they assign is not carried (it may read the template's own
+variables): where the copy's, remade from the config, differs in code or in what it
+captures, `not_carried` names it and the copy is refused.
 """
 
 from __future__ import annotations
@@ -231,15 +234,16 @@ def _framework_array(value: Any) -> bool:
             and (name != "Tensor" or hasattr(value, "numpy")))
 
 
-def equivalent(a: Any, b: Any) -> bool:
+def equivalent(a: Any, b: Any, depth: int = 0) -> bool:
     """Whether a copy's attribute holds what the layer's does: equal values for tensors
-    and arrays, the same code and captured values for functions."""
+    and arrays, the same code and captured values for functions (to a few levels of
+    functions capturing functions: a recursive closure captures itself)."""
     if a is b:
         return True
     if isinstance(a, (list, tuple)) and type(a) is type(b):
-        return len(a) == len(b) and all(equivalent(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(equivalent(x, y, depth) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(equivalent(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(equivalent(a[k], b[k], depth) for k in a)
     if _plain(a) or _plain(b):
         return same(a, b)
     if _framework_array(a) or _framework_array(b):
@@ -249,22 +253,35 @@ def equivalent(a: Any, b: Any) -> bool:
             return False
         return x.shape == y.shape and x.dtype == y.dtype and bool(np.array_equal(x, y))
     if isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType):
+        if a.__code__ is not b.__code__:
+            return False
+        if depth >= 3:
+            return True
         cells = [(c.cell_contents, d.cell_contents) for c, d in
-                 zip(a.__closure__ or (), b.__closure__ or ())]
-        return (a.__code__ is b.__code__ and len(a.__closure__ or ()) == len(b.__closure__ or ())
+                 zip(a.__closure__ or (), b.__closure__ or ())
+                 if _filled(c) and _filled(d)]
+        return (len(a.__closure__ or ()) == len(b.__closure__ or ())
                 and len(a.__defaults__ or ()) == len(b.__defaults__ or ())
-                and all(_captured_alike(x, y) for x, y in
+                and all(_captured_alike(x, y, depth + 1) for x, y in
                         cells + list(zip(a.__defaults__ or (), b.__defaults__ or ()))))
     return False
 
 
-def _captured_alike(x: Any, y: Any) -> bool:
+def _filled(cell: Any) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # a name the function captures, not yet assigned
+        return False
+    return True
+
+
+def _captured_alike(x: Any, y: Any, depth: int) -> bool:
     """A value a function captures: data, tensors and functions must be alike; another
     object (the layer itself, a sub-layer, a variable) is the copy's own counterpart."""
     if x is y:
         return True
     if _plain(x) or _tensors(x) or isinstance(x, types.FunctionType) or _holds(x):
-        return equivalent(x, y)
+        return equivalent(x, y, depth)
     return type(x) is type(y)
 
 
