@@ -9,6 +9,17 @@ The rule (every route calls it; nobody else re-derives a split):
   with the wrong weights.
 * Padding rows repeat real rows of the same batch (never zeros: a zero row can make a
   loss infinite, and ``inf * 0`` is NaN in the gradient).
+* A *whole* plan (``whole=True``, for a model whose step computes something from the
+  whole batch that no per-row weight reaches: an ``add_loss`` term, an activity
+  regularizer, a step's own loss) gives such a batch whole to every replica. Where each
+  replica runs its own step (``copies=True``) it is padded to ``real * replicas`` rows,
+  one copy a replica, the first replica's unmasked, the others' masked: each replica
+  computes exactly one device's terms, whatever function of the batch they are, and the
+  mean over replicas is that value. Where one program runs over the global batch
+  (``copies=False``, JAX) it is fed once, unpadded, and laid out *replicated* (every
+  device holds every row; the program computes the batch logically once): copies would
+  count in a sum there. The price either way is that step's per-replica rows (up to the
+  global batch, once per epoch).
 * Each fed row carries two numbers (``pack_weights``): the batch's *scale*
   ``padded / real`` and a *mask* (1 real, 0 padding); the user's own sample weights
   travel beside them, gathered like the rows. A mean-reduced loss over the padded batch
@@ -50,14 +61,28 @@ class BatchPlan:
 
     real: int
     replicas: int
+    # A batch that does not divide goes whole to every replica (see the module doc):
+    # as one copy a replica (`copies`), or fed once and laid out replicated.
+    whole: bool = False
+    copies: bool = True
 
     def __post_init__(self) -> None:
         _check_positive("real", self.real)
         _check_positive("replicas", self.replicas)
 
     @property
+    def replicated(self) -> bool:
+        """Fed once, unpadded, every row on every device (a whole plan without copies
+        for a batch that does not divide)."""
+        return self.whole and not self.copies and self.real % self.replicas != 0
+
+    @property
     def padded(self) -> int:
-        """Rows actually fed: `real` rounded up to a multiple of `replicas`."""
+        """Rows actually fed: `real` rounded up to a multiple of `replicas`, or with
+        `whole`, `real` times `replicas` (copies) or `real` (replicated) when it does
+        not divide."""
+        if self.whole and self.real % self.replicas:
+            return self.real * self.replicas if self.copies else self.real
         return -(-self.real // self.replicas) * self.replicas
 
     @property
@@ -66,7 +91,7 @@ class BatchPlan:
 
     @property
     def per_replica(self) -> int:
-        return self.padded // self.replicas
+        return self.real if self.replicated else self.padded // self.replicas
 
     @property
     def scale(self) -> float:
@@ -85,6 +110,8 @@ class BatchPlan:
 
     def replica_slices(self) -> List[slice]:
         """The contiguous fed rows each replica receives, in replica order."""
+        if self.replicated:
+            return [slice(0, self.real)] * self.replicas
         size = self.per_replica
         return [slice(r * size, (r + 1) * size) for r in range(self.replicas)]
 
@@ -96,7 +123,12 @@ class BatchPlan:
         sizes = self.real_rows_per_replica()
         replicas = "1 replica" if self.replicas == 1 else f"{self.replicas} replicas"
         text = f"global batch {self.real} -> {replicas} x {self.per_replica} rows"
-        if self.pad:
+        if self.replicated:
+            text += " (the whole batch on every device, laid out replicated: computed once)"
+        elif self.pad and self.whole:
+            text += (f" (the whole batch on every replica; the copies on replicas 2-"
+                     f"{self.replicas}, {self.pad} rows, masked)")
+        elif self.pad:
             text += f" (real rows per replica {sizes}; {self.pad} padding row(s), masked)"
         return text
 
@@ -122,8 +154,10 @@ def describe_split(real: int, replicas: int, *, padded: bool = True) -> str:
     return text
 
 
-def plan_batch(real: int, replicas: int) -> BatchPlan:
-    return BatchPlan(_check_positive("real", real), _check_positive("replicas", replicas))
+def plan_batch(real: int, replicas: int, whole: bool = False, copies: bool = True
+               ) -> BatchPlan:
+    return BatchPlan(_check_positive("real", real), _check_positive("replicas", replicas),
+                     bool(whole), bool(copies))
 
 
 def batch_sizes(num_samples: int, batch_size: int) -> List[int]:
@@ -183,7 +217,10 @@ class ProcessShard:
 
     @property
     def rows(self) -> slice:
-        """Fed-row slice of the padded global batch that this process feeds."""
+        """Fed-row slice of the padded global batch that this process feeds (all of it,
+        replicated)."""
+        if self.plan.replicated:
+            return slice(0, self.plan.real)
         size = self.plan.padded // self.process_count
         return slice(self.process_index * size, (self.process_index + 1) * size)
 
@@ -195,7 +232,8 @@ class ProcessShard:
 
 
 def shard(
-    real: int, replicas_per_process: int, process_index: int, process_count: int
+    real: int, replicas_per_process: int, process_index: int, process_count: int,
+    whole: bool = False, copies: bool = True,
 ) -> ProcessShard:
     """Split one global batch over processes (each with `replicas_per_process` replicas)."""
     _check_positive("process_count", process_count)
@@ -204,7 +242,7 @@ def shard(
             f"Invalid `process_index`. Received: {process_index}. Allowed: 0 to "
             f"{process_count - 1}. Fix: start workers with `kerasmgpu launch`."
         )
-    plan = plan_batch(real, replicas_per_process * process_count)
+    plan = plan_batch(real, replicas_per_process * process_count, whole, copies)
     return ProcessShard(plan, process_index, process_count)
 
 
@@ -215,6 +253,8 @@ class Planner:
     replicas: int  # replicas in the whole run
     process_index: int = 0
     process_count: int = 1
+    whole: bool = False  # BatchPlan.whole and .copies for every batch
+    copies: bool = True
 
     def __post_init__(self) -> None:
         if self.replicas % self.process_count:
@@ -229,7 +269,8 @@ class Planner:
 
     def plan(self, real: int) -> ProcessShard:
         """This process's share of a global batch of `real` rows (all of it when alone)."""
-        return shard(real, self.replicas_per_process, self.process_index, self.process_count)
+        return shard(real, self.replicas_per_process, self.process_index, self.process_count,
+                     self.whole, self.copies)
 
 
 def epoch_shards(

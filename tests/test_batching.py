@@ -27,9 +27,9 @@ def test_plan_pads_to_an_even_split(real: int, n: int) -> None:
     assert sum(plan.real_rows_per_replica()) == real
 
 
-@given(real=sizes, n=replicas)
-def test_padding_repeats_real_rows_and_is_masked(real: int, n: int) -> None:
-    plan = batching.plan_batch(real, n)
+@given(real=sizes, n=replicas, whole=st.booleans())
+def test_padding_repeats_real_rows_and_is_masked(real: int, n: int, whole: bool) -> None:
+    plan = batching.plan_batch(real, n, whole)
     rows = plan.source_rows()
     assert list(rows[:real]) == list(range(real))  # real rows first, in order
     assert rows.min() >= 0 and rows.max() < real  # padding copies real rows
@@ -37,10 +37,11 @@ def test_padding_repeats_real_rows_and_is_masked(real: int, n: int) -> None:
     assert mask.sum() == real and set(mask[real:].tolist()) <= {0.0}
 
 
-@given(real=sizes, n=replicas, data=st.data())
-def test_packed_weights_give_the_real_mean(real: int, n: int, data: st.DataObject) -> None:
+@given(real=sizes, n=replicas, whole=st.booleans(), data=st.data())
+def test_packed_weights_give_the_real_mean(real: int, n: int, whole: bool,
+                                           data: st.DataObject) -> None:
     """sum(scale*mask*w*l) / padded == sum(w*l) / real: the padded mean is the real one."""
-    plan = batching.plan_batch(real, n)
+    plan = batching.plan_batch(real, n, whole)
     weights = np.asarray(
         data.draw(st.lists(st.floats(0, 4, width=32), min_size=real, max_size=real)), "float32"
     )
@@ -56,6 +57,27 @@ def test_packed_weights_give_the_real_mean(real: int, n: int, data: st.DataObjec
     packed = batching.pack_weights(plan)
     assert plan.padded / packed[0, batching.SCALE] == pytest.approx(real)
     assert packed[:, batching.MASK].sum() == real
+
+
+@given(real=sizes, n=replicas)
+def test_a_whole_plan_gives_every_replica_the_whole_batch(real: int, n: int) -> None:
+    """BatchPlan.whole: a batch that does not divide reaches every replica whole, in
+    order, only the first replica's copy unmasked; one that divides is split as ever."""
+    plan, even = batching.plan_batch(real, n, whole=True), batching.plan_batch(real, n)
+    if real % n == 0:
+        assert plan.padded == even.padded == real and plan.per_replica == real // n
+        return
+    assert plan.padded == real * n and plan.per_replica == real
+    rows, mask = plan.source_rows(), plan.mask()
+    for replica, part in enumerate(plan.replica_slices()):
+        assert list(rows[part]) == list(range(real))
+        assert set(mask[part].tolist()) == {1.0 if replica == 0 else 0.0}
+    assert plan.real_rows_per_replica() == [real] + [0] * (n - 1)
+    assert "whole batch on every replica" in plan.describe()
+    # In a job of several processes each process feeds its replicas' copies.
+    shares = [batching.shard(real, 1, p, n, whole=True) for p in range(n)]
+    assert [list(share.source_rows()) for share in shares] == [list(range(real))] * n
+    assert [share.packed()[:, batching.MASK].sum() for share in shares] == [real] + [0] * (n - 1)
 
 
 @given(samples=st.integers(0, 2000), batch=st.integers(1, 300), n=replicas)

@@ -38,7 +38,11 @@ from packaging.version import Version
 
 import kerasmgpu
 from kerasmgpu import registry
-from kerasmgpu.env.versions import KERAS3_JAX_MULTI_PROCESS_MIN, KerasLine
+from kerasmgpu.env.versions import (
+    KERAS3_ACTIVITY_LOSS_IS_A_MEAN,
+    KERAS3_JAX_MULTI_PROCESS_MIN,
+    KerasLine,
+)
 from kerasmgpu.registry import below_multi_process_floor
 
 WORKERS = jobs.WORKERS
@@ -97,6 +101,11 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
         np.testing.assert_allclose(da[key], db[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+# Loss terms computed from the batch (an activity regularizer, an add_loss mean): each
+# process runs its own step, so a short last batch goes whole to every replica; Keras 3
+# before 3.15 sums the activity loss over rows and is refused on torch.
+BATCH_TERMS = ON_TORCH and Version(str(_VERSION)) >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN or \
+    LINE in MULTI_WORKER_LINES
 # In order: one process with one device trains the model as it is, and Keras shuffles
 # its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
 INPUTS: Dict[str, List[str]] = {"arrays": []}
@@ -121,6 +130,9 @@ RUNS: Dict[str, List[str]] = {
     "chief-parallel": ["train.py", "--chief-sets", "--on-parallel"],
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
+    # 103 rows: a last batch of 3, which 2 replicas split only by padding.
+    **({"batch-terms": ["train.py", "--epochs", "2", "--rows", "103", "--batch-terms"]}
+       if BATCH_TERMS else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -146,6 +158,7 @@ REFERENCES: Dict[str, List[str]] = {
     **({"chief-scope": RUNS["chief-scope"]} if ON_JAX else {}),
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
+    **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
@@ -293,6 +306,34 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
     two = _finished(job, "custom")
     assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr
     _assert_same(one / "custom" / "rank0.npz", two / "rank0.npz")
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not BATCH_TERMS, reason=f"torch from Keras "
+                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN} or the tf.keras lines; this env: "
+                    f"{LINE.value} {_VERSION}")
+def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path) -> None:
+    """An activity regularizer and a layer's add_loss, 103 rows in batches of 10: the
+    last batch of 3 goes whole to both processes, each computing one device's terms;
+    the job equals one process, with nothing to warn about."""
+    two = _finished(job, "batch-terms")
+    _assert_same(one / "batch-terms" / "rank0.npz", two / "rank0.npz")
+    assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not ON_TORCH or BATCH_TERMS, reason=f"torch below Keras "
+                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN}; this env: {LINE.value} {_VERSION}")
+def test_a_summed_activity_loss_is_refused_on_torch_processes(tmp_path: Path) -> None:
+    """Keras 3 before 3.15 sums an activity regularizer's loss over the rows; each
+    process sums over its own and the processes average: 1/2 of one process's term,
+    silently (Keras 3.8: loss 6.99 against 8.37). Refused on every process."""
+    run = _launch(tmp_path / "two", "--batch-terms", nproc=2, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert "with an activity_regularizer on Keras" in out and "Fix: upgrade Keras" in out, \
+        out[-3000:]
+    assert not list((tmp_path / "two").glob("rank*.npz"))
 
 
 @pytest.mark.core

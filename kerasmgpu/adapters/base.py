@@ -235,6 +235,14 @@ class Adapter(ModelCopying, StepOps):
     # packing by its static shape. On the Keras 2 lines every batch carries its packing.
     even_batches_run_plain = False
 
+    @property
+    def lays_out_replicated(self) -> bool:
+        """Whether a batch of kerasmgpu's PyDataset whose rows do not divide over the
+        devices can be laid out replicated - every device all rows, one program
+        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX from 3.8,
+        through `allow_changing_structure`'s runs."""
+        return False
+
     def steps_per_call(self, model: Any) -> int:
         """Steps one call of the model's step function runs (`steps_per_execution`)."""
         return int(getattr(model, "steps_per_execution", 1) or 1)

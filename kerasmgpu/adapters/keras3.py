@@ -46,6 +46,7 @@ from kerasmgpu.adapters.keras3_data import Keras3Data
 from kerasmgpu.adapters.step_ops import HOOKED
 from kerasmgpu.env.versions import (
     KERAS3_ACCUMULATION_COUNTS_STEPS,
+    KERAS3_ACTIVITY_LOSS_IS_A_MEAN,
     KERAS3_METRICS_MASK_WITHOUT_WEIGHT,
 )
 from kerasmgpu.registry import verified_range
@@ -330,6 +331,19 @@ class Keras3(Keras3Data, Keras3Backups):
             # built, which fit's symbolic build does before the first step.
             trackers.extend(list(getattr(container, "metrics", None) or []))
         return trackers
+
+    def strategy_loss_problem(self, model: Any) -> Optional[str]:
+        """Keras 3 before 3.15: layers with an activity regularizer, whose loss is a sum
+        over the rows each replica holds (env/versions.py KERAS3_ACTIVITY_LOSS_IS_A_MEAN);
+        asked by the routes where each replica runs its own step."""
+        if self.version is None or self.version >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN:
+            return None
+        named = [f"{layer.name!r}" for layer in self.layers_of(model)
+                 if getattr(layer, "activity_regularizer", None) is not None]
+        if not named:
+            return None
+        return (f"layers {', '.join(named)} with an activity_regularizer on Keras "
+                f"{self.version} with {self.keras.backend.backend()}")
 
     def has_call_time_losses(self, model: Any) -> bool:
         # On JAX a stateless step collects the added losses in its scope and leaves no

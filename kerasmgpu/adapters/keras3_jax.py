@@ -43,7 +43,11 @@ every backend shares are in `keras3`. What is read or wrapped here:
   with no layouts) and needs nothing. Read in the sources of Keras 3.3, 3.8 and 3.15
   (the same method in 3.8-3.15); where the method is not what was read, the answer is
   False and kerasmgpu keeps one structure per feed (an empty packing on full batches):
-  slower, never wrong.
+  slower, never wrong. The same runs lay a batch whose rows do not divide over the
+  devices out replicated (`keras.distribution.TensorLayout` with no sharded axis, public,
+  handed to the method in place of the distribution's own data layout): kerasmgpu feeds
+  such a batch, in one process, only for a model whose loss has terms of the whole
+  batch (`batching.BatchPlan.replicated`); `lays_out_replicated` says where it can.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from kerasmgpu.adapters.base import Held, StateReader
 from kerasmgpu.adapters.keras3 import Keras3
 from kerasmgpu.adapters.step_ops import HOOKED
+from kerasmgpu.env.versions import KERAS3_JAX_DATA_AS_LAID_OUT
 
 
 class Keras3Jax(Keras3):
@@ -71,6 +76,21 @@ class Keras3Jax(Keras3):
 
     def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
         return _allow_changing_structure(dataset, kind_of)
+
+    @property
+    def lays_out_replicated(self) -> bool:
+        # The per-kind runs (`_per_kind`) lay a run of batches whose rows do not divide
+        # over the devices out replicated; Keras 3.3 lays every batch out by itself in a
+        # module function kerasmgpu leaves alone.
+        # Keras 3.8 - 3.9 split every batch over the replicas whatever its layout
+        # (env/versions.py KERAS3_JAX_DATA_AS_LAID_OUT).
+        if self.version is None or self.version < KERAS3_JAX_DATA_AS_LAID_OUT:
+            return False
+        trainer = _trainer()
+        method = getattr(getattr(trainer, "JAXEpochIterator", None),
+                         "_get_distributed_iterator", None)
+        return method is not None and (getattr(method, _PATCHED_ATTR, False) or list(
+            inspect.signature(method).parameters) == ["self", "distribution"])
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
                           values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
@@ -196,8 +216,10 @@ class Keras3Jax(Keras3):
 
         def lay_out(leaf: Any) -> Any:
             array = np.asarray(leaf)
-            sharding = _sharding(backend, distribution.get_data_layout(array.shape)) \
-                if array.ndim else None
+            layout = (_replicated_layout(distribution, array.shape)
+                      if not _rows_divide(distribution, array) else
+                      distribution.get_data_layout(array.shape))
+            sharding = _sharding(backend, layout) if array.ndim else None
             if sharding is None:
                 return leaf
             return jax.make_array_from_callback(array.shape, sharding,
@@ -302,6 +324,39 @@ class _Source:
         return self._batches
 
 
+def _rows_divide(distribution: Any, leaf: Any) -> bool:
+    """Whether `leaf`'s rows divide over the distribution's batch axis (one process)."""
+    shape = getattr(leaf, "shape", None)
+    if not shape:
+        return True
+    mesh = distribution.device_mesh
+    axes = dict(zip(mesh.axis_names, mesh.shape))
+    return shape[0] % int(axes.get(distribution.batch_dim_name, 1)) == 0
+
+
+def _replicated_layout(distribution: Any, shape: Tuple[int, ...]) -> Any:
+    """Every device holds every row (public `keras.distribution.TensorLayout`)."""
+    from keras.distribution import TensorLayout
+
+    return TensorLayout([None] * len(shape), distribution.device_mesh)
+
+
+class _Replicated:
+    """The distribution as Keras's `_get_distributed_iterator` reads it, with every
+    batch's layout replicated: a run of batches whose rows do not divide over the
+    devices (`batching.BatchPlan.replicated`: kerasmgpu feeds such a batch only for a
+    model whose loss has terms of the whole batch, one process)."""
+
+    def __init__(self, distribution: Any) -> None:
+        self._distribution = distribution
+
+    def get_data_layout(self, shape: Tuple[int, ...]) -> Any:
+        return _replicated_layout(self._distribution, shape)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._distribution, name)
+
+
 def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
     def per_kind(self: Any, distribution: Any) -> Iterator[Any]:
         kind_of = getattr(getattr(self.data_adapter, "py_dataset", None), KIND_ATTR, None)
@@ -311,17 +366,29 @@ def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[
         batches = iter(self.data_adapter.get_jax_iterator())
         pending = [next(batches, _END)]
 
+        import jax
+
+        # In a job of several processes each feeds its share, never a replicated batch.
+        alone = jax.process_count() == 1
+
+        def key(batch: Any) -> Tuple[Any, bool]:
+            divides = not alone or all(_rows_divide(distribution, leaf)
+                                       for leaf in jax.tree_util.tree_leaves(batch))
+            return kind_of(batch), divides
+
         def run(kind: Any) -> Iterator[Any]:
             yield pending[0]
             for batch in batches:
-                if kind_of(batch) != kind:
+                if key(batch) != kind:
                     pending[0] = batch
                     return
                 yield batch
             pending[0] = _END
 
         while pending[0] is not _END:
-            yield from original(_Source(run(kind_of(pending[0]))), distribution)
+            kind = key(pending[0])
+            yield from original(_Source(run(kind)),
+                                distribution if kind[1] else _Replicated(distribution))
 
     setattr(per_kind, _PATCHED_ATTR, True)
     return per_kind

@@ -23,14 +23,13 @@ are in `keras3`. What is read or wrapped here:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
 from kerasmgpu.adapters.base import StateReader
 from kerasmgpu.adapters.keras3 import Keras3
 from kerasmgpu.adapters.step_ops import HOOKED
-from kerasmgpu.env.versions import KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE
 
 
 class Keras3TensorFlow(Keras3):
@@ -124,19 +123,6 @@ class Keras3TensorFlow(Keras3):
             return tf.squeeze(mean), tf.squeeze(variance)
 
         return moments
-
-    def strategy_loss_problem(self, model: Any) -> Optional[str]:
-        """Keras 3 on TF before 3.15: layers with an activity regularizer, whose loss a
-        tf.distribute strategy computes otherwise than one device
-        (env/versions.py KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE)."""
-        if self.version is None or self.version >= KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE:
-            return None
-        named = [f"{layer.name!r}" for layer in self.layers_of(model)
-                 if getattr(layer, "activity_regularizer", None) is not None]
-        if not named:
-            return None
-        return (f"layers {', '.join(named)} with an activity_regularizer on Keras "
-                f"{self.version} with TensorFlow")
 
     def accumulate_gradients(self, optimizer: Any, steps: int) -> bool:
         """Keras 3 on TF: kerasmgpu accumulates (Keras's own fails under MirroredStrategy:

@@ -7,6 +7,7 @@ plan comes from `kerasmgpu.batching` through `tf.numpy_function`), elsewhere thr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -32,9 +33,15 @@ from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to
 
 def pad_batch(
     adapter: Adapter, x: Any, y: Any, sample_weight: Any, class_weight: Any,
-    planner: batching.Planner,
+    planner: batching.Planner, replicated: bool = False,
 ) -> Tuple[Any, Any]:
-    """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls)."""
+    """One in-memory batch as `(x, bundle)`, padded and packed (the *_on_batch calls).
+
+    `replicated`: the caller lays a batch that does not divide out replicated itself
+    (verify=True's one-program side); Keras's *_on_batch calls lay every batch out
+    sharded, so there a whole plan without copies pads as for any model."""
+    if planner.whole and not planner.copies and not replicated:
+        planner = dataclasses.replace(planner, whole=False)
     x, y, sample_weight = to_numpy(x), to_numpy(y), to_numpy(sample_weight)
     weigh = adapter.class_weigher(class_weight, "batch")
     weights = user_weights(y, sample_weight, weigh)
@@ -167,6 +174,8 @@ class ArrayBatches:
 class Arrays(Input):
     """Numpy-like arrays (and lists/dicts of them), with targets and weights beside."""
 
+    REPLICATES = True  # read through ArrayBatches, a PyDataset of kerasmgpu's
+
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         if not is_array_like(request.x):
@@ -189,7 +198,7 @@ class Arrays(Input):
         check_inputs(x, request.inputs)
         size = 32 if request.batch_size is None else request.batch_size
         shuffle_rows = bool(request.shuffle) and not predict
-        self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, planner, request.seed,
+        self.plan = ArrayPlan(x, y, weights, size, shuffle_rows, self.planner, request.seed,
                               1 if predict else request.accumulate_steps)
 
     def python_feed(self) -> Feed:

@@ -8,9 +8,10 @@ it for the feed of the engine's kind (`FeedKind`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, ClassVar, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -56,6 +57,8 @@ class Feed:
     # Accumulating: after n micro-batches of a fit that stops there, the factor of the
     # incomplete group's gradient (`accumulation.stopped_group`), None when it is whole.
     stopped_group: Optional[Callable[[int], Optional[float]]] = None
+    # A batch that does not divide goes whole to every replica (`batching.BatchPlan.whole`).
+    whole: bool = False
 
 
 @dataclass
@@ -81,8 +84,20 @@ class Request:
 class Input:
     """One kind of input: what every engine needs from it, a method per feed kind."""
 
+    # Whether its batches reach Keras through kerasmgpu's own PyDataset, which one
+    # program can lay out replicated (`batching.BatchPlan.replicated`).
+    REPLICATES: ClassVar[bool] = False
+
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         self.adapter = adapter
+        if planner.whole and (request.predict or not planner.copies and not (
+                self.REPLICATES and adapter.even_batches_run_plain
+                and adapter.lays_out_replicated)):
+            # predict computes no loss: padded as for any model. One program cannot be
+            # given copies (a sum would count each): where it cannot lay the batch out
+            # replicated either, it is padded, and the step's report warns that padding
+            # rows count in its terms (`Feed.whole` False).
+            planner = dataclasses.replace(planner, whole=False)
         self.planner = planner
         self.request = request
         self.predict = request.predict
@@ -95,9 +110,11 @@ class Input:
     def feed(self, kind: FeedKind) -> Feed:
         """The padded feed in the form an engine of `kind` consumes."""
         if kind is FeedKind.TF:
-            return self.tf_feed()
-        self.plain_even = self.adapter.even_batches_run_plain and not self.predict
-        return self.python_feed()
+            feed = self.tf_feed()
+        else:
+            self.plain_even = self.adapter.even_batches_run_plain and not self.predict
+            feed = self.python_feed()
+        return dataclasses.replace(feed, whole=True) if self.planner.whole else feed
 
     def even_form(self, dataset: Any) -> Optional[str]:
         """How the PyDataset `dataset` hands a batch without padding rows to Keras
@@ -108,6 +125,12 @@ class Input:
             return None
         if self.adapter.allow_changing_structure(dataset, bundle.is_padded):
             return bundle.PLAIN
+        if self.planner.whole and not self.planner.copies:
+            # `lays_out_replicated` promised the runs that lay such a batch out.
+            raise RuntimeError(
+                f"kerasmgpu: {type(dataset).__name__} cannot be laid out per run of "
+                "batches on this Keras, though a replicated batch was planned for it; "
+                "please report this with your Keras and JAX versions")
         return bundle.EMPTY_PACKING
 
     def tf_feed(self) -> Feed:

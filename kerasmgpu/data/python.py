@@ -56,6 +56,8 @@ class Indexed(Input):
     same batch at the same step.
     """
 
+    REPLICATES = True  # read through PaddedBatches, a PyDataset of kerasmgpu's
+
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         self.weigh = adapter.class_weigher(request.class_weight, "pydataset")

@@ -36,6 +36,7 @@ from kerasmgpu.data.feeds import Feed
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
+from kerasmgpu.env.versions import KERAS3_ACTIVITY_LOSS_IS_A_MEAN
 from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import FeedKind, Route
 
@@ -278,6 +279,8 @@ class Engine(abc.ABC):
     def parallelize(self, model: Any, options: Options = DEFAULT_OPTIONS) -> Any:
         from kerasmgpu.training import model as parallel_model
 
+        if not self.one_program and not self.slices_in_graph:
+            self.refuse_summed_terms(model)
         if self.owns(model):
             return parallel_model.adopt(self, self.adapter, model, options)
         if self.job.multi_process() and model.weights:
@@ -285,6 +288,21 @@ class Engine(abc.ABC):
             # unless the script seeded them alike: all start from rank 0's.
             model.set_weights(self.broadcast_arrays(model.get_weights()))
         return parallel_model.parallel_copy(self, self.adapter, model, options)
+
+    def refuse_summed_terms(self, model: Any) -> None:
+        """Each replica runs its own step: a loss term that sums over the rows a replica
+        holds would be averaged over the replicas, 1/N of one device's (Keras 3 before
+        3.15's activity regularizers); refused before anything is built."""
+        problem = self.adapter.strategy_loss_problem(model)
+        if problem is not None:
+            raise bad_value(
+                "model", problem, f"activity regularizers on Keras 3 from "
+                f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN} on this route: before it Keras sums their "
+                "loss over the rows, and each replica sums over its own rows, which are "
+                "averaged (plain MirroredStrategy too: History 37.7 against 326.7 on one "
+                "device)", f"upgrade Keras to >= {KERAS3_ACTIVITY_LOSS_IS_A_MEAN}, train "
+                "with Keras 3 on JAX (KERAS_BACKEND=jax: one program over the global "
+                "batch), or drop activity_regularizer", raw=True)
 
     def describe(self) -> Dict[str, str]:
         return {"route": self.route.value, "replicas": str(self.replicas)}

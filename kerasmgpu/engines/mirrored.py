@@ -29,7 +29,6 @@ from kerasmgpu.env import cluster
 from kerasmgpu.env import devices as devices_module
 from kerasmgpu.env.cluster import ClusterEnvironment
 from kerasmgpu.env.devices import Device
-from kerasmgpu.env.versions import KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE
 from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.process import ending
 from kerasmgpu.registry import FeedKind, Route
@@ -309,16 +308,6 @@ class MirroredEngine(Engine):
                 "devices itself", raw=True)
         self.refuse_compiled(model)
         _refuse_stateful(self.adapter, model)
-        problem = self.adapter.strategy_loss_problem(model)
-        if problem is not None:
-            raise bad_value(
-                "model", problem, "activity regularizers on Keras 3 + TensorFlow from "
-                f"{KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE}: before it Keras computes their "
-                "loss otherwise under a tf.distribute strategy than on one device (plain "
-                "MirroredStrategy too: History 37.7 against 326.7)",
-                f"upgrade Keras to >= {KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE}, train with "
-                "Keras 3 on JAX or PyTorch (KERAS_BACKEND), or drop activity_regularizer",
-                raw=True)
         return super().parallelize(model, options)
 
     def refuse_compiled(self, model: Any) -> None:

@@ -63,11 +63,20 @@ KERAS3_TF_MIN = Version("3.10")
 # keras/src/trainers/data_adapters/__init__.py, checked on 3.3.3, 3.8.0, 3.9.2, 3.10.0);
 # 3.11 made that check depend on `auto_shard_dataset`, which kerasmgpu turns off.
 KERAS3_JAX_MULTI_PROCESS_MIN = Version("3.11")
-# Breakpoint: Keras 3 on TensorFlow before 3.15 computes a layer's activity
-# regularization loss otherwise under a tf.distribute strategy than on one device
-# (measured on 3.10.0 and 3.12.0: History 37.7 and 12.0 against 326.7 and 10784 on one
-# device, plain MirroredStrategy the same; 3.13 and 3.14 not measured); 3.15.1 agrees.
-KERAS3_TF_ACTIVITY_LOSS_AS_ONE_DEVICE = Version("3.15")
+# Breakpoint: Keras 3 before 3.15 makes a layer's activity regularization loss a sum
+# over the batch's rows (3.15 divides it by the batch size: keras/src/layers/layer.py,
+# read in 3.3.3, 3.8.0, 3.10.0 and 3.15.1). Where each replica runs its own step
+# (TensorFlow's strategy, torch's processes) the replicas' sums over their own rows are
+# averaged: 1/N of one device's term (measured: Keras 3.10/3.12 TF History 37.7 and
+# 12.0 against 326.7 and 10784 on one device, plain MirroredStrategy the same; Keras
+# 3.8 torch, 2 processes, loss 6.99 against 8.37). JAX's one program over the global
+# batch sums all rows, as one device does.
+KERAS3_ACTIVITY_LOSS_IS_A_MEAN = Version("3.15")
+# Breakpoint: Keras 3 on JAX lays a batch out with the layout it is given from 3.10
+# (`distribute_data_input` is `jax.make_array_from_process_local_data(layout, batch)`,
+# read in 3.10.0 and 3.15.1); 3.8 splits every batch over the replicas itself whatever
+# the layout (read in 3.8.0; 3.9 not read), so a batch cannot be laid out replicated.
+KERAS3_JAX_DATA_AS_LAID_OUT = Version("3.10")
 # Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
 # Breakpoint: Keras 3 accumulation (`gradient_accumulation_steps`) counts optimizer steps
 # in `iterations` from 3.8 (the micro-batches in `_iterations`), and clips and decays the

@@ -260,7 +260,7 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
             "train with fit(), or parallelize() with accumulate_steps=1")
     state = _state(self, training=True)
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight,
-                                 state.engine.planner)
+                                 state.planner)
     with state.engine.scope():
         logs = _on_batch(state, self, "train_on_batch", xb, packed, kwargs)
     _trained(state)
@@ -271,7 +271,7 @@ def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     _compiled_for(self, "test_on_batch")
     state = _state(self, training=False)
-    xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, None, state.engine.planner)
+    xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, None, state.planner)
     with state.engine.scope():
         return _on_batch(state, self, "test_on_batch", xb, packed, kwargs)
 

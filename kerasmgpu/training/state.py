@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
 from kerasmgpu.adapters import Adapter
+from kerasmgpu.batching import Planner
 from kerasmgpu.data import feeds
 from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
@@ -35,9 +37,22 @@ class ParallelState:
     # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
     verify: bool = False
     sync_batchnorm: bool = False
+    # Batches that do not divide go whole to every replica (`steps.batch_terms`).
+    whole_batches: bool = False
     # The self-check's per-replica computations, kept while what they read stays (an
     # engine that traces them - TensorFlow - then traces each once, not once a fit).
     checks: Dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def planner(self) -> Planner:
+        """How this model's batches are planned: the engine's way, whole where the
+        model's step needs it."""
+        planner = self.engine.planner
+        if not self.whole_batches:
+            return planner
+        # One program over the global batch lays the batch out replicated; a replica
+        # that runs its own step gets a copy.
+        return dataclasses.replace(planner, whole=True, copies=not self.engine.one_program)
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
@@ -51,10 +66,10 @@ class ParallelState:
             kwargs["accumulate_steps"] = self.accumulate_steps
         # A feed in parts needs a step function that runs one step per call.
         parts = model is not None and self.adapter.steps_per_call(model) == 1
-        feed = feeds.build(self.adapter, self.engine.feed_kind, self.engine.planner, x,
+        feed = feeds.build(self.adapter, self.engine.feed_kind, self.planner, x,
                            inputs=inputs, predict=kind == "predict", parts=parts, **kwargs)
         if kind != "predict" and self.report is not None:
-            self.report.feeding(kind, feed.pads, feed.padding_example)
+            self.report.feeding(kind, feed.pads, feed.padding_example, feed.whole)
         if training or feed.tail is not None:
             # Keras re-creates a dataset's iterator every epoch unless it is told the
             # steps (for a distributed dataset that costs as much as half an epoch of a

@@ -20,14 +20,21 @@ and sample weights (gathered like the rows). Then:
 * **predict** - the step returns the mask beside the outputs; padding rows are dropped.
 
 A step that computes its loss outside Keras's compiled loss (a GAN, a VAE trained by
-`add_loss`, a hand-written loss), or updates a metric that takes no sample weight,
-cannot be told about padding. Such a step is exact on batches that divide by the
-replica count; when a batch may be padded kerasmgpu warns once (`StepReport`).
+`add_loss`, a hand-written loss) or adds terms computed from the batch (`add_loss`, an
+activity regularizer) cannot be told about padding rows: no per-row weight reaches a
+function of the whole batch. Such a model's batches that do not divide go whole to every
+replica (`batch_terms`, `kerasmgpu.batching.BatchPlan.whole`): a copy each where each
+replica runs its own step (TensorFlow, torch), laid out replicated under JAX's one
+program. Each replica computes one device's terms. Where that cannot be done (Keras
+before 3.10 on JAX, JAX in several processes, an input JAX reads outside kerasmgpu's
+PyDataset, a term found only when the step is traced) and for a metric that takes no
+sample weight, kerasmgpu warns once when a batch may be padded (`StepReport`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -52,6 +59,41 @@ ORDER_OUT_KEY = "kerasmgpu_order"
 
 # Reductions whose value is a mean over rows: they need the padded/real scale.
 MEAN_REDUCTIONS = frozenset({"sum_over_batch_size", "mean", "auto", "mean_with_sample_weight"})
+
+
+# --- what no per-row weight reaches ------------------------------------------------------
+
+
+def _names(function: Any) -> frozenset:
+    """The global and attribute names a function's own code reads (not its callees')."""
+    code = getattr(inspect.unwrap(getattr(function, "__func__", function)), "__code__", None)
+    return frozenset(code.co_names) if code is not None else frozenset()
+
+
+def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> List[str]:
+    """What in `model`'s step is computed from the whole batch beyond Keras's compiled
+    loss, which a padding row's weight cannot reach - each in words, [] when nothing.
+
+    Read from the classes' code before any step runs (a feed is planned before the step
+    is traced): an activity regularizer; `add_loss` named in a layer's (or the model's)
+    own `call`; a `train_step` / `test_step` of the user's that names neither
+    `compute_loss` nor `compiled_loss` (its loss is its own). A term added by a helper
+    that `call` calls is found only when the step is traced (`StepReport` warns then).
+    `custom_steps`: step kind -> the user's step function.
+    """
+    found: List[str] = []
+    for layer in adapter.layers_of(model):
+        name = getattr(layer, "name", type(layer).__name__)
+        if getattr(layer, "activity_regularizer", None) is not None:
+            found.append(f"the activity regularizer of layer {name!r}")
+        elif "add_loss" in _names(getattr(type(layer), "call", None)):
+            found.append(f"add_loss in {type(layer).__name__}.call (layer {name!r})")
+    if not found and adapter.has_call_time_losses(model):
+        found.append("loss terms added by its last call (add_loss)")
+    for kind, step in sorted(custom_steps.items()):
+        if not {"compute_loss", "compiled_loss"} & _names(step):
+            found.append(f"its own {kind}_step's loss")
+    return found
 
 
 # --- the active packing ------------------------------------------------------------------
@@ -329,11 +371,17 @@ class StepReport:
     adapter: Adapter
     replicas: int
     model_name: str
+    # Per step kind: its feed gives a batch that does not divide whole to every replica
+    # (`batch_terms` found a term, `Feed.whole`): only a metric without sample weights
+    # can still count padding rows.
+    whole: Dict[str, bool] = field(default_factory=dict)
     # Per step kind ("train", "test"): True (a batch will be padded), None (may be), False.
     pads: Dict[str, Optional[bool]] = field(default_factory=dict)
     padding_example: Dict[str, str] = field(default_factory=dict)
     # Per step kind: why its step cannot be told about padding ([] when it can).
     opaque: Dict[str, List[str]] = field(default_factory=dict)
+    # Per step kind: whether the first of its `opaque` reasons is about the loss.
+    losses: Dict[str, bool] = field(default_factory=dict)
     warned: set = field(default_factory=set)
 
     def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
@@ -345,20 +393,27 @@ class StepReport:
                 "it has no compiled loss (its loss comes from add_loss or its own step)")
         elif self.adapter.has_call_time_losses(model):
             reasons.append("it adds loss terms computed from the batch (add_loss)")
+        about_loss = bool(reasons)
         if frame.unweightable_metric:
             reasons.append(f"its metric {frame.unweightable_metric!r} takes no sample_weight")
         if reasons or kind not in self.opaque:
-            self.opaque[kind] = reasons
+            self.opaque[kind], self.losses[kind] = reasons, about_loss
         self.check(kind)
 
-    def feeding(self, kind: str, pads: Optional[bool], example: Optional[str]) -> None:
+    def feeding(self, kind: str, pads: Optional[bool], example: Optional[str],
+                whole: bool = False) -> None:
         self.pads[kind] = pads
+        self.whole[kind] = whole
         if example:
             self.padding_example[kind] = example
         self.check(kind)
 
     def check(self, kind: str) -> None:
         reasons = self.opaque.get(kind)
+        if reasons and self.whole.get(kind) and self.losses.get(kind):
+            # Every replica computes one device's loss and terms: only a metric's reason
+            # is left.
+            reasons = reasons[1:]
         if not reasons or kind in self.warned or self.pads.get(kind, None) is False:
             return
         self.warned.add(kind)

@@ -167,8 +167,11 @@ def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
             replicas: int) -> Tuple[Any, Any, Any, Any]:
     """The whole global batch padded over `replicas` - all of the job's, in every
     process alike (a process's share is its replicas' rows of it) - or 1 (one device)."""
-    planner = batching.Planner(replicas)
-    parts = split(feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight, planner))
+    # The replicas' side is planned as the model's feeds are (`ParallelState.planner`).
+    planner = batching.Planner(replicas, whole=replicas > 1 and state.planner.whole,
+                               copies=state.planner.copies)
+    parts = split(feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight, planner,
+                                  replicated=True))
     assert parts is not None  # pad_batch always bundles
     return parts
 

@@ -25,7 +25,9 @@ at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 (a BatchNormalization layer after the hidden Dense), --sync-batchnorm
 (parallelize(sync_batchnorm=True)), --counted (a masked loss, ignore_class=-1), --per-row
 (a loss of one value per row of a sequence output), --verify (parallelize(verify=True)),
---momentum M (SGD(momentum=M): optimizer state to restore), --faults SPEC (a process dies
+--batch-terms (loss terms computed from the whole batch: an activity regularizer and a
+layer's add_loss of a mean square), --momentum M (SGD(momentum=M): optimizer state to
+restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
 that the one an earlier run left loads).
 The optimizer's variables are written too (optimizer_<i> in rank<R>.npz).
@@ -72,6 +74,7 @@ parser.add_argument("--on-parallel", action="store_true",
                     help="--chief-sets sets the parallel model, not the template")
 parser.add_argument("--in-scope", action="store_true",
                     help="build and compile the model in kerasmgpu.scope()")
+parser.add_argument("--batch-terms", action="store_true")
 parser.add_argument("--custom-step", action="store_true",
                     help="the Keras guide's own train_step (PyTorch form)")
 parser.add_argument("--accumulate", type=int, default=1,
@@ -128,7 +131,21 @@ building = contextlib.ExitStack()
 if args.in_scope:
     building.enter_context(kerasmgpu.scope())
 inputs = keras.Input((6,))
-hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+hidden = keras.layers.Dense(8, activation="tanh", activity_regularizer=keras.regularizers.L2(
+    0.2) if args.batch_terms else None)(inputs)
+if args.batch_terms:
+    class MeanSquare(keras.layers.Layer):
+        def call(self, inputs):
+            if hasattr(keras, "ops"):
+                square = keras.ops.mean(keras.ops.square(inputs - 0.2))
+            else:  # tf.keras / tf_keras
+                import tensorflow as tf
+
+                square = tf.reduce_mean(tf.square(inputs - 0.2))
+            self.add_loss(0.3 * square)
+            return inputs
+
+    hidden = MeanSquare()(hidden)
 loss, metrics = "mse", ["mae"]
 if args.counted:
     x = rng.integers(1, 9, size=(args.rows, 6)).astype("int32")
