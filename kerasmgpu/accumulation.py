@@ -62,6 +62,29 @@ def micro_batches(sizes: List[int], steps: int) -> List[MicroBatch]:
     return out
 
 
+def check_batch_terms(terms: List[str], sizes: List[int], steps: int) -> None:
+    """A loss term of the whole batch (`training.steps.batch_terms`) is computed per
+    micro-batch, and the k micro-batches' gradients are averaged: the group's term only
+    when its micro-batches hold equal rows (a mean over rows). A group with a short or
+    filler micro-batch would weigh its terms otherwise than one device: refused, before
+    training, with the fix."""
+    if steps < 2 or not terms:
+        return
+    for first in range(0, len(sizes), steps):
+        group = sizes[first:first + steps]
+        if len(group) < steps or len(set(group)) > 1:
+            raise bad_value(
+                "accumulate_steps", steps,
+                f"1 for this fit: its loss has terms computed from the batch "
+                f"({'; '.join(terms)}), which each micro-batch computes on its own rows and "
+                f"the optimizer step averages, and the micro-batches of its group of "
+                f"batches {first + 1}-{first + len(group)} hold {group} rows (of "
+                f"{sum(sizes)}): not one device's step over those rows",
+                f"make the number of samples a multiple of batch_size * {steps} "
+                f"({sizes[0] * steps}), or parallelize with accumulate_steps=1 and "
+                f"fit(batch_size={sizes[0] * steps})")
+
+
 def stopped_group(micro: List[MicroBatch], sizes: List[int], fed: int,
                   steps: int) -> Optional[float]:
     """A fit stopped after `fed` micro-batches (counted over the fit; the plan `micro`

@@ -559,3 +559,27 @@ def test_a_fit_stopped_inside_a_group_applies_it_over_its_rows() -> None:
     parallel.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     for a, b in zip(one.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.core
+@pytest.mark.skipif(not (ON_TF or ON_JAX), reason="Keras 3 on JAX or TensorFlow, tf.keras "
+                    f"(in process); this env: {LINE.value} {_VERSION}")
+def test_a_term_of_the_batch_accumulates_only_over_equal_micro_batches() -> None:
+    """An add_loss mean is computed per micro-batch and the group's gradients averaged:
+    one device's over k*B rows when the micro-batches hold equal rows (exact), not when
+    a group has a short one (55 rows in batches of 10, k=2: a group of 10 + 5 was 9e-4
+    off in weights, silently) - refused before training, naming the group and the fix."""
+    from test_models import X, Y, _batch_term_model
+
+    single, template = _batch_term_model("add_loss"), _batch_term_model("add_loss")
+    single.fit(X[:60], Y[:60], batch_size=20, epochs=2, shuffle=False, verbose=0)
+    parallel = kerasmgpu.parallelize(template, accumulate_steps=2)
+    parallel.fit(X[:60], Y[:60], batch_size=10, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(single.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+    before = template.get_weights()
+    with pytest.raises(ValueError, match=r"(?s)add_loss in BatchTerm\.call.*\[10, 5\].*"
+                                          r"multiple of batch_size \* 2 \(20\)"):
+        parallel.fit(X[:55], Y[:55], batch_size=10, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)

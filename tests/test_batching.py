@@ -80,6 +80,26 @@ def test_a_whole_plan_gives_every_replica_the_whole_batch(real: int, n: int) -> 
     assert [share.packed()[:, batching.MASK].sum() for share in shares] == [real] + [0] * (n - 1)
 
 
+@given(real=sizes, n=replicas)
+def test_a_replicated_plan_feeds_the_batch_once_to_every_device(real: int, n: int) -> None:
+    """BatchPlan.whole without copies (one program): a batch that does not divide is fed
+    once, unpadded, every device all of it, every row unmasked at scale 1; one that
+    divides is split as ever."""
+    plan = batching.plan_batch(real, n, whole=True, copies=False)
+    if real % n == 0:
+        assert not plan.replicated and plan.padded == real and plan.per_replica == real // n
+        return
+    assert plan.replicated and plan.padded == real and plan.pad == 0
+    assert plan.replica_slices() == [slice(0, real)] * n
+    assert list(plan.source_rows()) == list(range(real))
+    packed = batching.pack_weights(plan)
+    assert set(packed[:, batching.MASK].tolist()) == {1.0}
+    assert set(packed[:, batching.SCALE].tolist()) == {1.0}
+    assert "laid out replicated" in plan.describe()
+    share = batching.shard(real, n, 0, 1, whole=True, copies=False)
+    assert list(share.source_rows()) == list(range(real))
+
+
 @given(samples=st.integers(0, 2000), batch=st.integers(1, 300), n=replicas)
 @settings(max_examples=200)
 def test_an_epoch_covers_every_sample_once(samples: int, batch: int, n: int) -> None:

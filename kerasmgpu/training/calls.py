@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from kerasmgpu import accumulation
+from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.data.base import num_rows
 from kerasmgpu.training import parts, resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
@@ -110,6 +111,11 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
+    if state.accumulate_steps > 1 and state.batch_terms and structure.is_array_like(x):
+        accumulation.check_batch_terms(
+            state.batch_terms, batching.batch_sizes(
+                num_rows({"x": x, "y": y, "sample_weight": sample_weight}),
+                batch_size or 32), state.accumulate_steps)
     if state.verify:
         self_check.before_fit(state, self, x, y, sample_weight, class_weight, batch_size,
                               state.sync_batchnorm)

@@ -115,16 +115,17 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
     for name, kind in _STEP_KINDS.items():
         if not _is_keras_own(state.originals[name]):
             state.custom_steps.add(kind)
-    if not engine.slices_in_graph and engine.planner.replicas > 1 and (
-            not engine.one_program or engine.planner.process_count == 1):
+    if not engine.slices_in_graph and engine.planner.replicas > 1:
+        state.batch_terms = step_hooks.batch_terms(
+            adapter, template, {kind: state.originals[name]
+                                for name, kind in _STEP_KINDS.items()
+                                if kind in state.custom_steps})
         # A short batch whole on every replica computes one device's terms, whatever
         # they are (`batching.BatchPlan.whole`): as copies where each replica runs its
         # own step, laid out replicated under one program. Not for one program over
         # several processes, each feeding its share (a sum would count every copy).
-        state.whole_batches = bool(step_hooks.batch_terms(
-            adapter, template, {kind: state.originals[name]
-                                for name, kind in _STEP_KINDS.items()
-                                if kind in state.custom_steps}))
+        state.whole_batches = bool(state.batch_terms) and (
+            not engine.one_program or engine.planner.process_count == 1)
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state

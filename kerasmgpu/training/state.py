@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.batching import Planner
@@ -37,7 +37,10 @@ class ParallelState:
     # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
     verify: bool = False
     sync_batchnorm: bool = False
-    # Batches that do not divide go whole to every replica (`steps.batch_terms`).
+    # What the model's step computes from the whole batch beyond the compiled loss
+    # (`steps.batch_terms`), and whether batches that do not divide go whole to every
+    # replica for it.
+    batch_terms: List[str] = field(default_factory=list)
     whole_batches: bool = False
     # The self-check's per-replica computations, kept while what they read stays (an
     # engine that traces them - TensorFlow - then traces each once, not once a fit).
