@@ -239,8 +239,8 @@ class Adapter(ModelCopying, StepOps):
     def lays_out_replicated(self) -> bool:
         """Whether a batch of kerasmgpu's PyDataset whose rows do not divide over the
         devices can be laid out replicated - every device all rows, one program
-        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX from 3.8,
-        through `allow_changing_structure`'s runs."""
+        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX from
+        3.10, through `allow_changing_structure`'s runs."""
         return False
 
     def steps_per_call(self, model: Any) -> int:
@@ -580,6 +580,11 @@ class Adapter(ModelCopying, StepOps):
     def build_without_peeking(self, model: Any) -> None:
         """Make `fit`/`evaluate` build `model` without reading a batch of the data
         first where one device reads none (nothing to do where Keras does not)."""
+
+    def losses_per_replica(self, model: Any) -> None:
+        """Keep what `model`'s layers add in a call (`add_loss`, activity regularizers)
+        apart per replica where replicas call the same layer objects at once (nothing
+        to do where Keras already does)."""
 
     def reduce_gradients_first(self, optimizer: Any) -> None:
         """Make `optimizer` clip and transform the all-reduced gradient of a step

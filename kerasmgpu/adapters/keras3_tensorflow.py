@@ -19,11 +19,21 @@ are in `keras3`. What is read or wrapped here:
   (`tensorflow.value_hasher`).
 * `optimizer._distribution_strategy` and `model._distribute_strategy`: the
   tf.distribute strategy each was created under.
+* `Layer._losses`: the list `add_loss` extends and `_clear_losses` empties at each
+  outermost call, one per layer object. MirroredStrategy runs each replica's step in a
+  thread of its own on the same layers, so a replica entering the model emptied the
+  list another had filled, and read that replica's terms as its own (an activity
+  regularizer or `add_loss` before a synchronized BatchNormalization, whose all-reduce
+  holds the threads together: weights 1e-2 off one device after one step, plain
+  `MirroredStrategy` with `synchronized=True` the same). `losses_per_replica` gives
+  each layer instance a list per thread (`PerThreadLosses`). Read in Keras 3.10 and
+  3.15 (`layers/layer.py`: `add_loss`, `_get_own_losses`, `_clear_losses`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import tensorflow as tf_internals
@@ -233,6 +243,17 @@ class Keras3TensorFlow(Keras3):
         return [loss] + [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                          for g, v in zip(grads, trainable)]
 
+    def losses_per_replica(self, model: Any) -> None:
+        for layer in self.layers_of(model):
+            own = layer.__dict__.get("_losses")
+            if isinstance(own, PerThreadLosses):
+                continue
+            if not isinstance(own, list):
+                raise self.fail("`Layer._losses` is not a list",
+                                "the terms add_loss collects in a call")
+            # Past Keras's attribute tracking, which would wrap a list it is given.
+            object.__setattr__(layer, "_losses", PerThreadLosses(own))
+
     def build_without_peeking(self, model: Any) -> None:
         """Keras 3 on TF: fit/evaluate build the model from the data's element spec, as
         on one device, instead of a batch pulled through a throw-away iterator.
@@ -341,3 +362,55 @@ class Keras3TensorFlow(Keras3):
         # one state.
         tf_internals.equalize_across_replicas(
             [getattr(v, "value", v) for v in model.non_trainable_variables], strategy)
+
+
+class PerThreadLosses:
+    """A layer's `_losses` as each thread sees it: the list a thread filled or emptied
+    itself, and where it has none (a read outside any replica's step) the list last
+    written. The operations Keras's `Layer` uses (extend, append, clear, copy by slice,
+    len, iteration, truth)."""
+
+    def __init__(self, items: List[Any]) -> None:
+        self._lists: Dict[int, List[Any]] = {}
+        self._latest: List[Any] = list(items)
+        self._lock = threading.Lock()
+
+    def _own(self) -> List[Any]:
+        with self._lock:
+            mine = self._lists.get(threading.get_ident())
+            if mine is None:
+                mine = self._lists[threading.get_ident()] = []
+            self._latest = mine
+            return mine
+
+    def _seen(self) -> List[Any]:
+        with self._lock:
+            found: Optional[List[Any]] = self._lists.get(threading.get_ident())
+            return self._latest if found is None else found
+
+    def extend(self, items: Any) -> None:
+        self._own().extend(items)
+
+    def append(self, item: Any) -> None:
+        self._own().append(item)
+
+    def clear(self) -> None:
+        self._own().clear()
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._seen()[index]
+
+    def __len__(self) -> int:
+        return len(self._seen())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._seen()))
+
+    def __bool__(self) -> bool:
+        return bool(self._seen())
+
+    def __deepcopy__(self, memo: Any) -> PerThreadLosses:
+        return PerThreadLosses([])
+
+    def __copy__(self) -> PerThreadLosses:
+        return PerThreadLosses([])

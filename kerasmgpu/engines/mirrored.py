@@ -346,6 +346,8 @@ class MirroredEngine(Engine):
         # Keras 3 reads a batch through an iterator of its own before fit/evaluate
         # under a strategy; one device does not (a reshuffle would be drawn by it).
         self.adapter.build_without_peeking(replica)
+        # Each replica's step runs in a thread of its own on the same layers.
+        self.adapter.losses_per_replica(replica)
 
     def prepare_compiled(self, replica: Any) -> None:
         self.refuse_compiled(replica)  # a compile of the parallel model
