@@ -331,7 +331,10 @@ def _rows_divide(distribution: Any, leaf: Any) -> bool:
         return True
     mesh = distribution.device_mesh
     axes = dict(zip(mesh.axis_names, mesh.shape))
-    return shape[0] % int(axes.get(distribution.batch_dim_name, 1)) == 0
+    # The axis the distribution shards rows over, from its public data layout (Keras 3.3
+    # has no public `batch_dim_name`; 3.8 on do).
+    batch_axis = distribution.get_data_layout(tuple(shape)).axes[0]
+    return shape[0] % int(axes.get(batch_axis, 1)) == 0
 
 
 def _replicated_layout(distribution: Any, shape: Tuple[int, ...]) -> Any:
