@@ -214,10 +214,12 @@ class Keras3Jax(Keras3):
         import jax
         import numpy as np
 
+        split = _batch_split(distribution)
+
         def lay_out(leaf: Any) -> Any:
             array = np.asarray(leaf)
             layout = (_replicated_layout(distribution, array.shape)
-                      if not _rows_divide(distribution, array) else
+                      if not _rows_divide(split, array) else
                       distribution.get_data_layout(array.shape))
             sharding = _sharding(backend, layout) if array.ndim else None
             if sharding is None:
@@ -324,17 +326,20 @@ class _Source:
         return self._batches
 
 
-def _rows_divide(distribution: Any, leaf: Any) -> bool:
-    """Whether `leaf`'s rows divide over the distribution's batch axis (one process)."""
-    shape = getattr(leaf, "shape", None)
-    if not shape:
-        return True
+def _batch_split(distribution: Any) -> int:
+    """How many pieces the distribution splits a batch's rows into (one process), read
+    once per feed, not per batch."""
     mesh = distribution.device_mesh
     axes = dict(zip(mesh.axis_names, mesh.shape))
-    # The axis the distribution shards rows over, from its public data layout (Keras 3.3
-    # has no public `batch_dim_name`; 3.8 on do).
-    batch_axis = distribution.get_data_layout(tuple(shape)).axes[0]
-    return shape[0] % int(axes.get(batch_axis, 1)) == 0
+    # The axis rows are sharded over, from the public data layout (Keras 3.3 has no
+    # public `batch_dim_name`; 3.8 on do). The first axis is the same for every rank.
+    return int(axes.get(distribution.get_data_layout((1,)).axes[0], 1))
+
+
+def _rows_divide(split: int, leaf: Any) -> bool:
+    """Whether `leaf`'s rows divide into `split` pieces (`_batch_split`)."""
+    shape = getattr(leaf, "shape", None)
+    return not shape or shape[0] % split == 0
 
 
 def _replicated_layout(distribution: Any, shape: Tuple[int, ...]) -> Any:
@@ -373,9 +378,10 @@ def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[
 
         # In a job of several processes each feeds its share, never a replicated batch.
         alone = jax.process_count() == 1
+        split = _batch_split(distribution) if alone else 1
 
         def key(batch: Any) -> Tuple[Any, bool]:
-            divides = not alone or all(_rows_divide(distribution, leaf)
+            divides = not alone or all(_rows_divide(split, leaf)
                                        for leaf in jax.tree_util.tree_leaves(batch))
             return kind_of(batch), divides
 
