@@ -334,7 +334,13 @@ def test_the_readme_batch_script_preempted_and_requeued_by_slurm_resumes_exactly
             if (not released and job.get("Restarts", "0") != "0"
                     and job.get("JobState") == "PENDING" and job.get("Reason") == "BeginTime"):
                 # SLURM holds a requeued job until the first run's credentials expire
-                # (120 s); an operator may start it now.
+                # (120 s); an operator may start it sooner, but not in the second the
+                # first run was killed: slurmd compares a credential's creation with that
+                # kill in whole seconds and refuses one from the same second ("Job
+                # credential revoked": the job ends FAILED, exit 1:0; seen in CI). Two
+                # seconds on is always a later second. (Not StartTime=now+2: a begin time
+                # in the future waits for the backfill pass, up to 30 s.)
+                time.sleep(2)
                 subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
                                capture_output=True, timeout=30)
                 released = True
