@@ -298,6 +298,69 @@ def test_what_a_layer_holds_besides_weights_reaches_the_copy_or_is_refused(kind:
     assert_weights_close(single, template, atol=1e-5)
 
 
+def _activated_model():
+    seed_all(keras, 5)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def _activation(kind, layer):
+    """A function to set as `layer.activation`: Keras's own, a closure over a number, a
+    partial of Keras's own (carried: portable), or one capturing the layer itself,
+    which reads the layer's kernel (not portable)."""
+    if KERAS3:
+        ops = keras.ops
+    else:
+        import tensorflow as ops
+    if kind == "keras":
+        return keras.activations.tanh
+    if kind == "partial":
+        import functools
+        return functools.partial(keras.activations.relu, max_value=0.05)
+    if kind == "closure":
+        slope = 0.3
+        return lambda t: ops.maximum(t, t * slope)
+    return lambda t: ops.tanh(t) * (1.0 + 0.0 * ops.sum(layer.kernel))
+
+
+# Core: Keras's own tanh (it fails with the carry off: the copy kept relu) and the
+# refusal.
+@pytest.mark.parametrize("kind", [pytest.param("keras", marks=pytest.mark.core), "partial",
+                                  "closure", pytest.param("layer", marks=pytest.mark.core)])
+def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> None:
+    """`Dense.activation` replaced on the template after parallelize(), before the first
+    fit: one device traces the new one. Before: the copy the TF routes train kept its
+    relu, silently (tanh: one device's epoch losses 0.835, 0.811, the copy's 13.1,
+    0.863). A function capturing a Keras object (here the layer, to read its kernel)
+    would read the template's state from the copy: refused at the fit before any weight
+    moves, naming it; JAX trains the model itself: exact."""
+    single, template = _activated_model(), _activated_model()
+    template.set_weights(single.get_weights())
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    for model in (single, template):
+        layer = model.get_layer("hidden")
+        layer.activation = _activation(kind, layer)
+    x = XN / 100
+    fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
+    if kind == "layer" and not ON_JAX:
+        before = [np.array(w) for w in template.get_weights()]
+        with pytest.raises(ValueError) as caught:
+            pmodel.fit(x, Y, **fit)
+        text = str(caught.value)
+        assert "'hidden' (Dense)" in text and "activation (a function reaching a Dense)" in text, text
+        assert "kerasmgpu.scope()" in text
+        for a, b in zip(before, template.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        return
+    assert_history_close(single.fit(x, Y, **fit), pmodel.fit(x, Y, **fit))
+    assert_weights_close(single, template, atol=1e-5)
+    np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.core
 def test_functional_model_with_a_lambda_trains() -> None:
     # Before, on Keras 3: refused as "a subclassed model that cannot be copied".

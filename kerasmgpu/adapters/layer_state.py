@@ -15,9 +15,16 @@ Only public methods and attributes of the layers are used. A layer of a class of
 user's own (defined outside keras, tf_keras and tensorflow) also carries the private
 plain-data attributes its own classes assign (`self._temperature = t` in their source),
 never Keras's private bookkeeping, and the framework tensors they assign (the same
-tensor object). A function they assign is not carried (it may read the template's own
-variables): where the copy's, remade from the config, differs in code or in what it
-captures, `not_carried` names it and the copy is refused.
+tensor object).
+
+Functions a layer holds (Keras's own public ones, as `Dense.activation`; those the user's
+classes assign, private too) are carried as the same object where they are *portable*:
+nothing they capture reaches a Keras object with state (`portable`). One that does (the
+layer itself, another layer, a variable) would read the template's state, not the
+copy's: not carried; where the copy's, remade from the config, differs in code or in
+what it captures, `not_carried` names it and the copy is refused (functions the user's
+classes assign), and one set on the template after the copy was made is refused at the
+next call (`unportable_changes`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import inspect
 import tempfile
 import textwrap
 import types
-from typing import Any, Dict, FrozenSet, List, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -131,17 +138,78 @@ def _users_own(layer: Any) -> FrozenSet[str]:
 
 def attributes(layer: Any) -> Dict[str, Any]:
     """The layer's public plain-data attributes (its own `__dict__`, not its class's),
-    the private ones its user-defined classes assign (`_users_private`), and the
-    framework tensors those classes assign (values: a copy remade from the config would
-    draw a random one anew, or derive it from weights it did not have yet)."""
+    the private ones its user-defined classes assign (`_users_private`), the framework
+    tensors those classes assign (values: a copy remade from the config would draw a
+    random one anew, or derive it from weights it did not have yet), and the functions
+    among all of these but a model's own (an activation replaced after the copy was
+    made: compared by identity, carried where `portable`)."""
     found = {}
     own = _users_own(layer)
+    # A model's public functions are Keras's step functions (`train_function`, made
+    # anew at every compile, capturing the model): the copy's own, never carried.
+    model = hasattr(type(layer), "train_step")
     for key, value in vars(layer).items():
         if (key.startswith("_") and key not in own) or key in _SKIPPED:
             continue
-        if _plain(value) or (key in own and _tensors(value)):
+        if (_plain(value) or (key in own and _tensors(value))
+                or (_function(value) and (key in own or not model))):
             found[key] = value
     return found
+
+
+def _function(value: Any) -> bool:
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType,
+                              functools.partial))
+
+
+def portable(value: Any) -> bool:
+    """A function a copy may hold as the template's own object: nothing it reaches (its
+    closure, its defaults, a partial's arguments, the objects those hold) is a Keras
+    object the copy has its own counterpart of (`_reaches_state`)."""
+    return _reaches_state(value, set()) is None
+
+
+# Followed at most this many objects deep into what a function captures; beyond, it is
+# not known what it reads, so it is not carried.
+_FOLLOWED = 500
+
+
+def _reaches_state(value: Any, seen: Set[int]) -> Optional[str]:
+    """What of a template's own state `value` reaches, for a message ("a Dense"); None
+    when nothing. A layer, a model, a variable, an optimizer or a metric is state the
+    copy has its own of: a function reading the template's would train the copy with
+    it. Data, tensors, modules, classes and other objects are one object either way
+    (TensorFlow's own functions capture its dispatchers: shared, as on one device)."""
+    if _plain(value) or _tensors(value) or isinstance(value, (types.ModuleType, type)):
+        return None
+    if id(value) in seen:  # a recursive closure captures itself
+        return None
+    seen.add(id(value))
+    if len(seen) > _FOLLOWED:
+        return f"more than {_FOLLOWED} objects"
+    if any(hasattr(type(value), n) for n in ("assign", "trainable_weights", "variables")):
+        return f"a {type(value).__name__}"
+    if isinstance(value, functools.partial):
+        parts = [value.func, *value.args, *value.keywords.values()]
+    elif isinstance(value, types.MethodType):
+        parts = [value.__self__, value.__func__]
+    elif isinstance(value, types.FunctionType):
+        cells = value.__closure__ or ()
+        if not all(_filled(c) for c in cells):
+            return "a name not yet assigned"
+        parts = ([c.cell_contents for c in cells] + list(value.__defaults__ or ())
+                 + list((value.__kwdefaults__ or {}).values()))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        parts = list(value)
+    elif isinstance(value, dict):
+        parts = list(value.values())
+    else:
+        parts = list(getattr(value, "__dict__", {}).values())
+    for part in parts:
+        found = _reaches_state(part, seen)
+        if found:
+            return found
+    return None
 
 
 def _tensors(value: Any, depth: int = 0) -> bool:
@@ -189,6 +257,8 @@ def carry_attributes(source: Any, target: Any, keys: Any = None) -> List[str]:
             continue
         if key not in theirs and not _plain(getattr(type(target), key, None)):
             continue  # a property or method of the copy's class: not data it holds
+        if _function(value) and not portable(value):
+            continue  # it would read `source`'s state: refused where it differs instead
         setattr(target, key, _copied(value))
         carried.append(key)
     return carried
@@ -283,6 +353,16 @@ def _captured_alike(x: Any, y: Any, depth: int) -> bool:
     if _plain(x) or _tensors(x) or isinstance(x, types.FunctionType) or _holds(x):
         return equivalent(x, y, depth)
     return type(x) is type(y)
+
+
+def unportable_changes(layer: Any, copy: Any, keys: Any) -> List[str]:
+    """Of the attributes `keys` changed on `layer` since it and its copy agreed, the
+    functions the copy cannot take (not `portable`) and does not hold alike:
+    "name (a function reaching a Dense)"."""
+    mine, theirs = vars(layer), vars(copy)
+    return [f"{key} (a function reaching {_reaches_state(mine[key], set())})" for key in keys
+            if key in mine and _function(mine[key]) and not portable(mine[key])
+            and not (key in theirs and equivalent(mine[key], theirs[key]))]
 
 
 def not_carried(layer: Any, copy: Any) -> List[str]:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter, layer_state
 from kerasmgpu.adapters.base import StateReader
 from kerasmgpu.training.ops import EngineOps
@@ -297,19 +298,37 @@ def _copy_flags(mirror: Mirror) -> None:
 
 
 def _carry_attributes(mirror: Mirror) -> None:
-    """A plain attribute (a temperature, a flag a callback flips) set on either side since
-    the two last agreed goes to the other side (the template's when both changed it):
-    at every call and at every epoch end, as the variables. A traced step reads such an
-    attribute when it is traced, as on one device."""
+    """A plain attribute (a temperature, a flag a callback flips) or a portable function
+    (an activation) set on either side since the two last agreed goes to the other side
+    (the template's when both changed it): at every call and at every epoch end, as the
+    variables. A traced step reads such an attribute when it is traced, as on one device.
+    A function set on the template that the copy cannot take (it captures a Keras
+    object: `layer_state.portable`) is refused before anything is carried."""
     if len(mirror.attributes) != len(mirror.pairs):
         mirror.attributes = [_snapshot(t, r) for t, r in mirror.pairs]
         return
+    changes = []
     for index, (template, replica) in enumerate(mirror.pairs):
         seen_t, seen_r = mirror.attributes[index]
         ours = _changed(layer_state.attributes(template), seen_t)
         theirs = [k for k in _changed(layer_state.attributes(replica), seen_r) if k not in ours]
-        if not ours and not theirs:
-            continue
+        if ours or theirs:
+            changes.append((index, template, replica, ours, theirs))
+    for _, template, replica, ours, _ in changes:
+        refused = layer_state.unportable_changes(template, replica, ours)
+        if refused:
+            raise bad_value(
+                "model", f"layer {template.name!r} ({type(template).__name__}) of the model "
+                f"given to parallelize(), its attribute {', '.join(refused)} set after "
+                "parallelize(): the copy this route trains would read the model's own "
+                "state through it, not the copy's",
+                "functions set after parallelize() that capture only data (numbers, "
+                "strings, NumPy arrays), tensors and such functions (they are carried), "
+                "or that the copy holds alike",
+                "pass what the function reads as its arguments, or capture it as data "
+                "(a method of the layer's class is the copy's own), or build and compile "
+                "the model inside `with kerasmgpu.scope():` (no copy is made then)", raw=True)
+    for index, template, replica, ours, theirs in changes:
         layer_state.carry_attributes(template, replica, ours)
         layer_state.carry_attributes(replica, template, theirs)
         mirror.attributes[index] = _snapshot(template, replica)
