@@ -360,9 +360,13 @@ def unportable_changes(layer: Any, copy: Any, keys: Any) -> List[str]:
     functions the copy cannot take (not `portable`) and does not hold alike:
     "name (a function reaching a Dense)"."""
     mine, theirs = vars(layer), vars(copy)
-    return [f"{key} (a function reaching {_reaches_state(mine[key], set())})" for key in keys
-            if key in mine and _function(mine[key]) and not portable(mine[key])
-            and not (key in theirs and equivalent(mine[key], theirs[key]))]
+    refused = []
+    for key in keys:
+        value = mine.get(key)
+        reached = _reaches_state(value, set()) if _function(value) else None
+        if reached and not (key in theirs and equivalent(value, theirs[key])):
+            refused.append(f"{key} (a function reaching {reached})")
+    return refused
 
 
 def not_carried(layer: Any, copy: Any) -> List[str]:

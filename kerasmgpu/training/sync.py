@@ -322,9 +322,9 @@ def _carry_attributes(mirror: Mirror) -> None:
                 f"given to parallelize(), its attribute {', '.join(refused)} set after "
                 "parallelize(): the copy this route trains would read the model's own "
                 "state through it, not the copy's",
-                "functions set after parallelize() that capture only data (numbers, "
-                "strings, NumPy arrays), tensors and such functions (they are carried), "
-                "or that the copy holds alike",
+                "functions set after parallelize() that capture no Keras object with "
+                "state - a layer, a model, a variable, an optimizer or a metric - (they "
+                "are carried), or that the copy holds alike",
                 "pass what the function reads as its arguments, or capture it as data "
                 "(a method of the layer's class is the copy's own), or build and compile "
                 "the model inside `with kerasmgpu.scope():` (no copy is made then)", raw=True)
