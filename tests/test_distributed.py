@@ -126,7 +126,8 @@ RUNS: Dict[str, List[str]] = {
     "chief": ["train.py", "--chief-sets", "--verify"],
     # Built in scope on JAX: one global array per variable, which rank 0 changes alone.
     **({"chief-scope": ["train.py", "--chief-sets", "--in-scope"]} if ON_JAX else {}),
-    # Rank 0 alone sets the parallel model (set_weights, its optimizer's learning rate).
+    # Rank 0 alone sets the parallel model (set_weights, its optimizer's learning rate,
+    # a variable assigned directly).
     "chief-parallel": ["train.py", "--chief-sets", "--on-parallel"],
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
@@ -272,8 +273,9 @@ def test_the_chiefs_template_is_the_truth(job: Job, one: Path) -> None:
     "chief-scope", marks=requires(jax=True))])
 def test_the_chiefs_change_reaches_every_process(job: Job, one: Path, run: str) -> None:
     """As above, rank 0 alone changing between fits: "chief-parallel", the parallel model
-    (set_weights, and its optimizer's learning rate, which no template token shows: the
-    processes diverged silently, 0.38 off one process on JAX); "chief-scope", a model
+    (set_weights, its optimizer's learning rate and a variable assigned directly, which
+    no template token shows: the processes diverged silently, 0.38 off one process on
+    JAX; on TensorFlow the direct assign was lost until hashed); "chief-scope", a model
     built in `kerasmgpu.scope()` on JAX, each variable one array laid out over both
     processes' devices (the job crashed in JAX's cross-process check)."""
     two = _finished(job, run)

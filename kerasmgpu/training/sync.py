@@ -29,8 +29,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter, layer_state
 from kerasmgpu.adapters.base import StateReader
@@ -53,6 +51,8 @@ class Part:
     # A job: the replica's state kerasmgpu last wrote or read (`_direct_tokens`), to
     # find what one process set on the parallel model directly; None: not known.
     direct_seen: Optional[List[Any]] = None
+    # The replica's reader for `direct_seen`, made once (a traced function on TF).
+    direct_reader: Optional[StateReader] = None
 
 
 @dataclass
@@ -199,30 +199,22 @@ def _replica_changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[in
         if seen is None or len(seen) != len(part.replica):
             continue
         now = _direct_tokens(mirror, part)
-        indexes = [i for i, (a, b) in enumerate(zip(now or [], seen)) if a != b]
+        indexes = [i for i, (a, b) in enumerate(zip(now, seen)) if a != b]
         if indexes:
             found.append((part, indexes))
     return found
 
 
-def _direct_tokens(mirror: Mirror, part: Part) -> Optional[List[Any]]:
+def _direct_tokens(mirror: Mirror, part: Part) -> List[Any]:
     """What tells a direct change of the replica's side of `part`: every variable's
-    token where tokens are free (`Adapter.identity_tokens`: JAX, torch); elsewhere
-    (TensorFlow, where a token is a hash on the device) the optimizer's scalars by value
-    - its learning rate and other hyperparameters, a few numbers read per call - and
-    nothing of the weights (set_weights / load_weights on the parallel model tell it
-    themselves: `Mirror.changed_here`)."""
-    adapter = mirror.adapter
-    if adapter.identity_tokens:
-        tokens: List[Any] = adapter.state_reader(part.replica)()
-        return tokens
-    if part is not mirror.optimizer:
-        return None
-    scalars = [i for i, v in enumerate(part.replica) if not len(getattr(v, "shape", (1,)))]
-    found: List[Any] = [None] * len(part.replica)
-    for i, value in zip(scalars, adapter.read_values([part.replica[i] for i in scalars])):
-        found[i] = np.asarray(value).item()
-    return found
+    token - free where tokens are identities (`Adapter.identity_tokens`: JAX, torch), a
+    hash of each value on TensorFlow, read on the devices and crossing as one number a
+    variable, as the template's own tokens are (a weight one worker assigned on the
+    parallel model alone changed nothing the template's tokens show)."""
+    if part.direct_reader is None:
+        part.direct_reader = mirror.adapter.state_reader(part.replica)
+    tokens: List[Any] = part.direct_reader()
+    return tokens
 
 
 def _changes(mirror: Mirror, training: bool) -> List[Tuple[Part, List[int], List[Any]]]:
@@ -466,6 +458,7 @@ def _part(old: Optional[Part], template: List[Any], replica: List[Any],
     if old is not None and _same(tuple(old.template), tuple(template)):
         if not _same(tuple(old.replica), tuple(replica)):
             old.replica_seen = None
+            old.direct_reader = None
         old.replica = replica
         return old  # the same variables: keep the reader (a traced function on TF)
     return Part(template, replica, adapter.state_reader(template))

@@ -14,7 +14,8 @@ a batched tf.data.Dataset), --listeners (write the TCP sockets this process list
 --chief-sets (after fit, rank 0 alone halves the template's weights and sets its learning
 rate, then every process fits one more epoch: the chief's template is the truth),
 --in-scope (the model built and compiled in `kerasmgpu.scope()`: no copy), --on-parallel
-(--chief-sets sets the parallel model instead of the template),
+(--chief-sets sets the parallel model instead of the template, and assigns its first
+variable directly),
 --clipnorm C (SGD(clipnorm=C)), --accumulate K (accumulate_steps=K),
 --optimizer-accumulates K (SGD(gradient_accumulation_steps=K)), --custom-step (the
 PyTorch guide's own train_step), --save-freq N (BackupAndRestore(save_freq=N)),
@@ -347,6 +348,11 @@ if args.chief_sets:
         target = pmodel if args.on_parallel else model
         target.set_weights([w * 0.5 for w in model.get_weights()])
         target.optimizer.learning_rate = 0.01
+        if args.on_parallel:
+            # And a variable of the parallel model assigned directly, as a callback or
+            # a restore might: no set_weights to say so (on TensorFlow, found by hash).
+            variable = pmodel.trainable_weights[0]
+            variable.assign(np.full(tuple(variable.shape), 0.1, dtype="float32"))
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
                          validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(x, y, batch_size=args.batch, verbose=0)
