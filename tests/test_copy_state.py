@@ -361,6 +361,93 @@ def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> No
                                rtol=1e-5, atol=1e-5)
 
 
+class _Shaper:
+    """A helper of the user's own that a layer holds and reads in call(): a leaky slope
+    (1.0: the identity), and maybe a layer whose kernel it reads (not portable)."""
+
+    def __init__(self, slope, layer=None):
+        self.slope, self.layer = slope, layer
+
+    def apply(self, t):
+        if KERAS3:
+            ops, total = keras.ops, keras.ops.sum
+        else:
+            import tensorflow as ops
+            total = ops.reduce_sum
+        shaped = ops.maximum(t, t * self.slope)
+        if self.layer is None:
+            return shaped
+        return shaped * (1.0 + 0.0 * total(self.layer.kernel))
+
+
+def _shaped_layer_class():
+    class Shaped(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.shaper = _Shaper(1.0)  # the copy, made from the config, makes this one
+
+        def call(self, inputs):
+            return self.shaper.apply(inputs)
+
+    return Shaped
+
+
+def _steeper(model):
+    class Steeper(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):  # in place, on the template's object
+            model.get_layer("scaled").shaper.slope *= 0.5
+
+    return Steeper()
+
+
+# "before" / "after": a helper object set on the template's layer before or after
+# parallelize(); "in-place": set before, then changed in place by a callback at every
+# epoch end; "layer": one holding a Dense, set after parallelize().
+@pytest.mark.parametrize("kind", [pytest.param("before", marks=pytest.mark.core), "after",
+                                  "in-place", pytest.param("layer", marks=pytest.mark.core)])
+def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
+    """A layer of the user's own holds a helper object it reads in call(), which its
+    config does not make (eager steps: read at every step, here and on one device).
+    Before: the copy the TF routes train kept the helper its __init__ made (slope 1.0,
+    not 0.2), silently, whether the helper was set before or after parallelize(). A
+    helper holding a Keras object with state (a layer) would read the template's state
+    from the copy: refused at the fit, naming it, before any weight moves. JAX in one
+    process trains the model itself: exact on every kind."""
+    cls = _shaped_layer_class()
+    single, template = _scaled_model(cls), _scaled_model(cls)
+    template.set_weights(single.get_weights())
+
+    def shape(model):
+        layer = model.get_layer("scaled")
+        layer.shaper = _Shaper(0.2, model.layers[1] if kind == "layer" else None)
+
+    if kind in ("before", "in-place"):
+        shape(single), shape(template)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    if kind in ("after", "layer"):
+        shape(single), shape(template)
+    x = XN / 100
+    fit = dict(batch_size=20, epochs=3, shuffle=False, verbose=0)
+    if kind == "layer" and not ON_JAX:
+        before = [np.array(w) for w in template.get_weights()]
+        with pytest.raises(ValueError) as caught:
+            pmodel.fit(x, Y, **fit)
+        text = str(caught.value)
+        assert "'scaled' (Shaped)" in text and "shaper (a _Shaper reaching a Dense)" in text, text
+        for a, b in zip(before, template.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        return
+    steeper = kind == "in-place"
+    one = single.fit(x, Y, callbacks=[_steeper(single)] if steeper else [], **fit)
+    par = pmodel.fit(x, Y, callbacks=[_steeper(template)] if steeper else [], **fit)
+    assert_history_close(one, par, rtol=1e-5)
+    assert_weights_close(single, template, atol=1e-5)
+    np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+    if steeper:
+        assert pmodel.get_layer("scaled").shaper.slope == 0.2 / 8
+
+
 @pytest.mark.core
 def test_functional_model_with_a_lambda_trains() -> None:
     # Before, on Keras 3: refused as "a subclassed model that cannot be copied".

@@ -18,13 +18,16 @@ never Keras's private bookkeeping, and the framework tensors they assign (the sa
 tensor object).
 
 Functions a layer holds (Keras's own public ones, as `Dense.activation`; those the user's
-classes assign, private too) are carried as the same object where they are *portable*:
-nothing they capture reaches a Keras object with state (`portable`). One that does (the
-layer itself, another layer, a variable) would read the template's state, not the
-copy's: not carried; where the copy's, remade from the config, differs in code or in
-what it captures, `not_carried` names it and the copy is refused (functions the user's
-classes assign), and one set on the template after the copy was made is refused at the
-next call (`unportable_changes`).
+classes assign, private too), and other objects the user's classes assign (a helper of
+the user's own holding parameters, a bound method), are carried as the same object
+where they are *portable*: nothing they capture or hold reaches a Keras object with
+state (`portable`). One that does (the layer itself, another layer, a variable) would
+read the template's state, not the copy's: not carried; where a function the user's
+classes assign differs in the copy, remade from the config, in code or in what it
+captures, `not_carried` names it and the copy is refused; a function or object set on
+the template after the copy was made is refused at the next call
+(`unportable_changes`). Such an object made by the layer's own `__init__` with another
+layer in it is the copy's own, made alike.
 """
 
 from __future__ import annotations
@@ -140,9 +143,10 @@ def attributes(layer: Any) -> Dict[str, Any]:
     """The layer's public plain-data attributes (its own `__dict__`, not its class's),
     the private ones its user-defined classes assign (`_users_private`), the framework
     tensors those classes assign (values: a copy remade from the config would draw a
-    random one anew, or derive it from weights it did not have yet), and the functions
+    random one anew, or derive it from weights it did not have yet), the functions
     among all of these but a model's own (an activation replaced after the copy was
-    made: compared by identity, carried where `portable`)."""
+    made: compared by identity, carried where `portable`), and the other objects those
+    classes assign (`_other_object`: by identity, carried where `portable`)."""
     found = {}
     own = _users_own(layer)
     # A model's public functions are Keras's step functions (`train_function`, made
@@ -151,7 +155,7 @@ def attributes(layer: Any) -> Dict[str, Any]:
     for key, value in vars(layer).items():
         if (key.startswith("_") and key not in own) or key in _SKIPPED:
             continue
-        if (_plain(value) or (key in own and _tensors(value))
+        if (_plain(value) or (key in own and (_tensors(value) or _other_object(value)))
                 or (_function(value) and (key in own or not model))):
             found[key] = value
     return found
@@ -162,10 +166,24 @@ def _function(value: Any) -> bool:
                               functools.partial))
 
 
+def _stateful(value: Any) -> bool:
+    """A Keras object with state: a layer, a model, a variable, an optimizer, a metric."""
+    return any(hasattr(type(value), n) for n in ("assign", "trainable_weights", "variables"))
+
+
+def _other_object(value: Any) -> bool:
+    """An object that is not data, a tensor, a function, a module, a class, nor itself
+    a Keras object with state (a sub-layer is a layer of the model: copied as one): a
+    helper of the user's own, a bound method."""
+    return not (_plain(value) or _tensors(value) or _function(value) or _stateful(value)
+                or isinstance(value, (types.ModuleType, type)))
+
+
 def portable(value: Any) -> bool:
-    """A function a copy may hold as the template's own object: nothing it reaches (its
-    closure, its defaults, a partial's arguments, the objects those hold) is a Keras
-    object the copy has its own counterpart of (`_reaches_state`)."""
+    """A function or object a copy may hold as the template's own: nothing it reaches
+    (a function's closure, its defaults, a partial's arguments, a method's object, an
+    object's attributes, the objects those hold) is a Keras object the copy has its own
+    counterpart of (`_reaches_state`)."""
     return _reaches_state(value, set()) is None
 
 
@@ -187,7 +205,7 @@ def _reaches_state(value: Any, seen: Set[int]) -> Optional[str]:
     seen.add(id(value))
     if len(seen) > _FOLLOWED:
         return f"more than {_FOLLOWED} objects"
-    if any(hasattr(type(value), n) for n in ("assign", "trainable_weights", "variables")):
+    if _stateful(value):
         return f"a {type(value).__name__}"
     if isinstance(value, functools.partial):
         parts = [value.func, *value.args, *value.keywords.values()]
@@ -234,6 +252,10 @@ def same(a: Any, b: Any) -> bool:
         # Immutable: replaced, not changed in place; comparing values at every call
         # would read them back from the device.
         return False
+    if _other_object(a) or _other_object(b):
+        # By identity: an equal object is still another one, which a later change in
+        # place would reach on one side only.
+        return False
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
                 and a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b)))
@@ -257,7 +279,7 @@ def carry_attributes(source: Any, target: Any, keys: Any = None) -> List[str]:
             continue
         if key not in theirs and not _plain(getattr(type(target), key, None)):
             continue  # a property or method of the copy's class: not data it holds
-        if _function(value) and not portable(value):
+        if (_function(value) or _other_object(value)) and not portable(value):
             continue  # it would read `source`'s state: refused where it differs instead
         setattr(target, key, _copied(value))
         carried.append(key)
@@ -357,15 +379,17 @@ def _captured_alike(x: Any, y: Any, depth: int) -> bool:
 
 def unportable_changes(layer: Any, copy: Any, keys: Any) -> List[str]:
     """Of the attributes `keys` changed on `layer` since it and its copy agreed, the
-    functions the copy cannot take (not `portable`) and does not hold alike:
-    "name (a function reaching a Dense)"."""
+    functions and objects the copy cannot take (not `portable`) and does not hold
+    alike: "name (a function reaching a Dense)"."""
     mine, theirs = vars(layer), vars(copy)
     refused = []
     for key in keys:
         value = mine.get(key)
-        reached = _reaches_state(value, set()) if _function(value) else None
+        other = _other_object(value)
+        reached = _reaches_state(value, set()) if _function(value) or other else None
         if reached and not (key in theirs and equivalent(value, theirs[key])):
-            refused.append(f"{key} (a function reaching {reached})")
+            kind = f"a {type(value).__name__}" if other else "a function"
+            refused.append(f"{key} ({kind} reaching {reached})")
     return refused
 
 
