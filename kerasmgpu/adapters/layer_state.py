@@ -26,8 +26,8 @@ read the template's state, not the copy's: not carried; where a function the use
 classes assign differs in the copy, remade from the config, in code or in what it
 captures, `not_carried` names it and the copy is refused; a function or object set on
 the template after the copy was made is refused at the next call
-(`unportable_changes`). Such an object made by the layer's own `__init__` with another
-layer in it is the copy's own, made alike.
+(`unportable_changes`). One holding such a Keras object that the layer held when the
+copy was made is the copy's own, as its class made it.
 """
 
 from __future__ import annotations
