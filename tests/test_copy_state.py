@@ -298,6 +298,17 @@ def test_what_a_layer_holds_besides_weights_reaches_the_copy_or_is_refused(kind:
     assert_weights_close(single, template, atol=1e-5)
 
 
+def _refused_at_fit(pmodel, template, x, fit):
+    """The parallel fit raises a ValueError before any weight of the template moves;
+    its message."""
+    before = [np.array(w) for w in template.get_weights()]
+    with pytest.raises(ValueError) as caught:
+        pmodel.fit(x, Y, **fit)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    return str(caught.value)
+
+
 def _activated_model():
     seed_all(keras, 5)
     inputs = keras.Input((4,))
@@ -346,14 +357,9 @@ def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> No
     x = XN / 100
     fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
     if kind == "layer" and not ON_JAX:
-        before = [np.array(w) for w in template.get_weights()]
-        with pytest.raises(ValueError) as caught:
-            pmodel.fit(x, Y, **fit)
-        text = str(caught.value)
+        text = _refused_at_fit(pmodel, template, x, fit)
         assert "'hidden' (Dense)" in text and "activation (a function reaching a Dense)" in text, text
         assert "kerasmgpu.scope()" in text
-        for a, b in zip(before, template.get_weights()):
-            np.testing.assert_array_equal(a, b)
         return
     assert_history_close(single.fit(x, Y, **fit), pmodel.fit(x, Y, **fit))
     assert_weights_close(single, template, atol=1e-5)
@@ -429,13 +435,8 @@ def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
     x = XN / 100
     fit = dict(batch_size=20, epochs=3, shuffle=False, verbose=0)
     if kind == "layer" and not ON_JAX:
-        before = [np.array(w) for w in template.get_weights()]
-        with pytest.raises(ValueError) as caught:
-            pmodel.fit(x, Y, **fit)
-        text = str(caught.value)
+        text = _refused_at_fit(pmodel, template, x, fit)
         assert "'scaled' (Shaped)" in text and "shaper (a _Shaper reaching a Dense)" in text, text
-        for a, b in zip(before, template.get_weights()):
-            np.testing.assert_array_equal(a, b)
         return
     steeper = kind == "in-place"
     one = single.fit(x, Y, callbacks=[_steeper(single)] if steeper else [], **fit)
