@@ -224,6 +224,12 @@ class ProcessShard:
         size = self.plan.padded // self.process_count
         return slice(self.process_index * size, (self.process_index + 1) * size)
 
+    @property
+    def whole_in_every_process(self) -> bool:
+        """Every process of a job feeds this batch whole (replicated): its rows alone
+        cannot tell it from a share, so the fed batch must say so."""
+        return self.plan.replicated and self.process_count > 1
+
     def source_rows(self) -> np.ndarray:
         return self.plan.source_rows()[self.rows]
 

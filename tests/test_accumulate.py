@@ -569,12 +569,11 @@ def test_a_term_of_the_batch_accumulates_only_over_equal_micro_batches() -> None
     one device's over k*B rows when the micro-batches hold equal rows (exact), not when
     a group has a short one (55 rows in batches of 10, k=2: a group of 10 + 5 was 9e-4
     off in weights, silently) - refused before training, naming the group and the fix."""
-    from test_models import WHOLE_BATCHES, X, Y, _batch_term_model
+    from test_models import X, Y, _batch_term_model
 
-    # Micro-batches of 10 rows do not divide over 3 replicas: exact only where a batch
-    # goes whole to every replica; Keras 3.3 - 3.9 on JAX pad it (warned, test_models),
-    # so there the micro-batches divide (6 rows) and the refusal is the same.
-    batch = 10 if WHOLE_BATCHES else 6
+    # Micro-batches of 10 rows do not divide over 3 replicas: exact because each goes
+    # whole to every replica (a copy each, or laid out replicated on JAX).
+    batch = 10
     single, template = _batch_term_model("add_loss"), _batch_term_model("add_loss")
     single.fit(X[:60], Y[:60], batch_size=2 * batch, epochs=2, shuffle=False, verbose=0)
     parallel = kerasmgpu.parallelize(template, accumulate_steps=2)

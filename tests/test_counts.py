@@ -32,7 +32,6 @@ import kerasmgpu
 from kerasmgpu import registry
 from kerasmgpu.env.versions import (
     KERAS3_ACTIVITY_LOSS_IS_A_MEAN,
-    KERAS3_JAX_DATA_AS_LAID_OUT,
     KerasLine,
 )
 
@@ -115,14 +114,13 @@ def _fit_and_compare(kind: str, rows: int, replicas: int) -> None:
     np.testing.assert_allclose(e1, e2, rtol=1e-5)
 
 
-@pytest.mark.skipif(LINE is not KerasLine.KERAS_3,
-                    reason="keras.ops; the TF lines' own warning is tested elsewhere")
+@pytest.mark.skipif(LINE is not KerasLine.KERAS_3, reason="keras.ops")
 @pytest.mark.parametrize("term", ["activity_regularizer", "add_loss"])
-def test_batch_loss_terms_on_a_padded_batch_warn_where_not_whole(term: str) -> None:
+def test_batch_loss_terms_on_a_padded_batch_need_no_warning(term: str) -> None:
     """A loss term computed from the batch (an activity regularizer, `add_loss`) would
-    count padding copies: the short batch goes whole to every replica, silently (exact:
-    tests/test_models.py), and where it cannot - Keras 3.3 - 3.9 on JAX - kerasmgpu warns
-    (JAX said nothing before)."""
+    count padding copies: the short batch goes whole to every replica instead, silently,
+    on every Keras 3 route (exact: tests/test_models.py). Keras 3.3 - 3.9 on JAX padded
+    it and warned, until kerasmgpu laid it out replicated itself there."""
 
     class Penalty(keras.layers.Layer):
         def call(self, inputs):
@@ -142,12 +140,8 @@ def test_batch_loss_terms_on_a_padded_batch_warn_where_not_whole(term: str) -> N
     model.compile(optimizer="sgd", loss="mse")
     pmodel = kerasmgpu.parallelize(model, gpus=REPLICAS[0])
     x = RNG.normal(size=(9, 6)).astype("float32")
-    if not ON_JAX or registry.active().version >= KERAS3_JAX_DATA_AS_LAID_OUT:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            pmodel.fit(x, x[:, :1], batch_size=9, epochs=1, verbose=0)
-        return
-    with pytest.warns(UserWarning, match="add_loss"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
         pmodel.fit(x, x[:, :1], batch_size=9, epochs=1, verbose=0)
 
 

@@ -101,11 +101,12 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
         np.testing.assert_allclose(da[key], db[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-# Loss terms computed from the batch (an activity regularizer, an add_loss mean): each
-# process runs its own step, so a short last batch goes whole to every replica; Keras 3
-# before 3.15 sums the activity loss over rows and is refused on torch.
+# Loss terms computed from the batch (an activity regularizer, an add_loss mean): a short
+# last batch goes whole to every replica - where each process runs its own step, and on
+# JAX, whose one program spans the processes, fed whole by each and laid out replicated;
+# Keras 3 before 3.15 sums the activity loss over rows and is refused on torch.
 BATCH_TERMS = ON_TORCH and Version(str(_VERSION)) >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN or \
-    LINE in MULTI_WORKER_LINES
+    ON_JAX or LINE in MULTI_WORKER_LINES
 # In order: one process with one device trains the model as it is, and Keras shuffles
 # its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
 INPUTS: Dict[str, List[str]] = {"arrays": []}
@@ -134,6 +135,10 @@ RUNS: Dict[str, List[str]] = {
     # 103 rows: a last batch of 3, which 2 replicas split only by padding.
     **({"batch-terms": ["train.py", "--epochs", "2", "--rows", "103", "--batch-terms"]}
        if BATCH_TERMS else {}),
+    # The same read from a PyDataset: on JAX each process reads the global batch and
+    # feeds its share, or all of it, marked, where the batch goes whole.
+    **({"batch-terms-pydataset": ["train.py", "--epochs", "2", "--rows", "103",
+                                   "--batch-terms", "--pydataset"]} if ON_JAX else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -160,6 +165,7 @@ REFERENCES: Dict[str, List[str]] = {
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
+    **({"batch-terms-pydataset": RUNS["batch-terms-pydataset"]} if ON_JAX else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
@@ -312,14 +318,19 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
 
 @pytest.mark.core
 @pytest.mark.skipif(not BATCH_TERMS, reason=f"torch from Keras "
-                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN} or the tf.keras lines; this env: "
+                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN}, JAX or the tf.keras lines; this env: "
                     f"{LINE.value} {_VERSION}")
-def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path) -> None:
+@pytest.mark.parametrize("run", ["batch-terms", pytest.param(
+    "batch-terms-pydataset", marks=requires(jax=True))])
+def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path, run: str
+                                                        ) -> None:
     """An activity regularizer and a layer's add_loss, 103 rows in batches of 10: the
-    last batch of 3 goes whole to both processes, each computing one device's terms;
-    the job equals one process, with nothing to warn about."""
-    two = _finished(job, "batch-terms")
-    _assert_same(one / "batch-terms" / "rank0.npz", two / "rank0.npz")
+    last batch of 3 goes whole to both processes, each computing one device's terms
+    (JAX: one program over both processes' devices, the batch laid out replicated);
+    the job equals one process, with nothing to warn about. JAX padded it and warned
+    before. "batch-terms-pydataset" reads the rows from a PyDataset (JAX)."""
+    two = _finished(job, run)
+    _assert_same(one / run / "rank0.npz", two / "rank0.npz")
     assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr
 
 

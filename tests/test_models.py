@@ -12,7 +12,6 @@ parallel model must agree.
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
@@ -31,19 +30,15 @@ from helpers import (
     requires,
     seed_all,
 )
-from packaging.version import Version
 
 import kerasmgpu
-from kerasmgpu.env.versions import KERAS3_JAX_DATA_AS_LAID_OUT, KerasLine
+from kerasmgpu.env.versions import KerasLine
 
 pytestmark = requires(in_process=True)
 
 if IN_PROCESS:
     keras = keras_module()
 KERAS3 = LINE is KerasLine.KERAS_3
-# A short batch reaches every replica whole for a model with terms of the whole batch:
-# everywhere but Keras 3.3 - 3.9 on JAX (laid out replicated from 3.10).
-WHOLE_BATCHES = not ON_JAX or Version(str(_VERSION)) >= KERAS3_JAX_DATA_AS_LAID_OUT
 
 RNG = np.random.default_rng(7)
 X = RNG.normal(size=(61, 6)).astype("float32")
@@ -345,30 +340,21 @@ def _autoencoder(units: int = 3):
 @pytest.mark.core
 def test_fit_without_targets_add_loss_model() -> None:
     """fit(x) with no y: exact when the batches divide, and when not (every replica gets
-    the short batch whole); announced where that cannot be done (Keras < 3.10 on JAX)."""
+    the short batch whole, on every line: Keras 3.3 - 3.9 on JAX were padded, and
+    warned, before kerasmgpu laid such a batch out itself there)."""
     replicas = REPLICAS[-1]
     single, template = _autoencoder(), _autoencoder()
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)
     batch = 6 * replicas
     # 60 rows divide: no padding anywhere. 61 leave a short last batch: every replica
     # computes the add_loss term on all of it.
-    for rows in (60, 61) if WHOLE_BATCHES else (60,):
+    for rows in (60, 61):
         h1 = single.fit(X[:rows], batch_size=batch, epochs=2, shuffle=False, verbose=0)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
             h2 = pmodel.fit(X[:rows], batch_size=batch, epochs=2, shuffle=False, verbose=0)
         assert_history_close(h1, h2)
         assert_weights_close(single, template)
-    if WHOLE_BATCHES:
-        return
-    # Keras 3.3 - 3.9 on JAX: one program, which kerasmgpu cannot lay out replicated.
-    with pytest.warns(UserWarning, match="add_loss|no compiled loss") as record:
-        pmodel.fit(X, batch_size=batch, epochs=1, shuffle=False, verbose=0)
-    # pytest.warns records every warning: numpy's own DeprecationWarning (emitted once
-    # per process, so where it falls depends on the tests run before) can come first.
-    message = next(str(w.message) for w in record if issubclass(w.category, UserWarning)
-                   and re.search("add_loss|no compiled loss", str(w.message)))
-    assert f"multiple of the {replicas} replicas" in message and "Fix:" in message
 
 
 def _batch_term_model(kind: str, batchnorm: bool = False):
@@ -410,9 +396,6 @@ def test_a_term_computed_from_the_batch_reads_one_devices_on_a_short_batch(kind:
     replicated under JAX's one program - and computes one device's terms; before, the
     padding copies counted in them (History up to 9e-4 relative off, weights 4e-3 on 3
     replicas), with only a warning."""
-    if not WHOLE_BATCHES:
-        pytest.skip("Keras 3.3 - 3.9 on JAX: padded, and warned (test_fit_without_"
-                    "targets_add_loss_model)")
     if kind == "sum" and not ON_JAX:
         pytest.skip("a sum over a replica's rows is averaged over the replicas on any "
                     "batch where each replica runs its own step (docs/semantics.md)")
@@ -457,7 +440,7 @@ def test_a_term_before_a_synchronized_batchnorm_reads_one_devices(kind: str) -> 
         pytest.skip("refused before 3.15 on TensorFlow (test_a_term_computed_from_the_"
                     "batch...)")
     fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
-    for rows in (60, 55) if WHOLE_BATCHES else (60,):
+    for rows in (60, 55):
         single, template = (_batch_term_model(kind, batchnorm=True),
                             _batch_term_model(kind, batchnorm=True))
         h1 = single.fit(X[:rows], Y[:rows], **fit)
@@ -513,8 +496,6 @@ def test_a_step_with_its_own_loss_reads_one_devices_on_a_short_batch() -> None:
     where no padding weight reaches: its short last batch (55 rows, batch 10: 5) goes
     whole to every replica, and the weights are one device's, with nothing to warn
     about; before, the padding copies counted in that loss, with a warning."""
-    if not WHOLE_BATCHES:
-        pytest.skip("Keras 3.3 - 3.9 on JAX: padded, and warned")
     for replicas in REPLICAS:
         single, template = _own_loss_model(), _own_loss_model()
         fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)

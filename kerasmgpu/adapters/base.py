@@ -239,19 +239,21 @@ class Adapter(ModelCopying, StepOps):
     def lays_out_replicated(self) -> bool:
         """Whether a batch of kerasmgpu's PyDataset whose rows do not divide over the
         devices can be laid out replicated - every device all rows, one program
-        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX from
-        3.10, through `allow_changing_structure`'s runs."""
+        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX. Arranges
+        what it answers for where the adapter must."""
         return False
 
     def steps_per_call(self, model: Any) -> int:
         """Steps one call of the model's step function runs (`steps_per_execution`)."""
         return int(getattr(model, "steps_per_execution", 1) or 1)
 
-    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any],
+                                 replicated: Callable[[Any], bool]) -> bool:
         """Whether the batches of `dataset`, a PyDataset of kerasmgpu's, may change
         structure from one batch to the next (a full batch as the user's data, a padded
         one as `(x, bundle)`), `kind_of(batch)` telling the kinds apart; arranged here
-        where Keras needs it. Asked only where `even_batches_run_plain`; False keeps one
+        where Keras needs it. `replicated(batch)`: whether every process of a job feeds
+        that batch whole, to be laid out replicated. Asked only where `even_batches_run_plain`; False keeps one
         structure per feed (an empty packing on full batches): slower, never wrong."""
         return False
 

@@ -48,10 +48,17 @@ every backend shares are in `keras3`. What is read or wrapped here:
   handed to the method in place of the distribution's own data layout): kerasmgpu feeds
   such a batch, in one process, only for a model whose loss has terms of the whole
   batch (`batching.BatchPlan.replicated`); `lays_out_replicated` says where it can.
+* `keras.src.backend.jax.trainer._distribute_data` (Keras 3.3 - 3.9, whose
+  `distribute_data_input` splits every batch over the replicas whatever its layout):
+  wrapped in the module, in one process, to lay such a batch out replicated itself
+  (`jax.device_put` with the replicated layout's sharding); any batch whose rows divide
+  goes to Keras's own function as before. Read in 3.3.3 and 3.8.0; where the function
+  is not what was read, such a model's short batches are padded, with a warning.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any, Callable, Iterator, List, Optional, Tuple
@@ -74,23 +81,32 @@ class Keras3Jax(Keras3):
     def identity_tokens(self) -> bool:
         return True  # see state_reader
 
-    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
-        return _allow_changing_structure(dataset, kind_of)
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any],
+                                 replicated: Callable[[Any], bool]) -> bool:
+        return _allow_changing_structure(dataset, kind_of, replicated)
 
     @property
     def lays_out_replicated(self) -> bool:
+        # Arranges what it answers for, as allow_changing_structure does.
         # The per-kind runs (`_per_kind`) lay a run of batches whose rows do not divide
-        # over the devices out replicated; Keras 3.3 lays every batch out by itself in a
-        # module function kerasmgpu leaves alone.
-        # Keras 3.8 - 3.9 split every batch over the replicas whatever its layout
-        # (env/versions.py KERAS3_JAX_DATA_AS_LAID_OUT).
-        if self.version is None or self.version < KERAS3_JAX_DATA_AS_LAID_OUT:
+        # over the devices out replicated (3.10+: Keras lays a batch out as given).
+        # Keras 3.3 - 3.9 split every batch over the replicas whatever its layout
+        # (env/versions.py KERAS3_JAX_DATA_AS_LAID_OUT): there kerasmgpu lays such a
+        # batch out itself, in the trainer's `_distribute_data` (`_lay_out_uneven`).
+        if self.version is None:
             return False
         trainer = _trainer()
         method = getattr(getattr(trainer, "JAXEpochIterator", None),
                          "_get_distributed_iterator", None)
-        return method is not None and (getattr(method, _PATCHED_ATTR, False) or list(
-            inspect.signature(method).parameters) == ["self", "distribution"])
+        if method is None:
+            # Keras 3.3: `_distribute_data(data)` lays out every batch by itself.
+            runs = self.version < KERAS3_JAX_DATA_AS_LAID_OUT
+        else:
+            runs = getattr(method, _PATCHED_ATTR, False) or list(
+                inspect.signature(method).parameters) == ["self", "distribution"]
+        if not runs or self.version >= KERAS3_JAX_DATA_AS_LAID_OUT:
+            return runs
+        return _lay_out_uneven(trainer)
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
                           values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
@@ -277,7 +293,8 @@ def _on_one_device(value: Any) -> Any:
 # --- a Python feed whose batches change structure (allow_changing_structure) ---------
 
 # Set on a kerasmgpu PyDataset whose batches may change structure: the function that
-# tells the kind of a batch (batches of one kind have one structure).
+# tells the kind of a batch (batches of one kind have one structure), and the one that
+# tells a batch every process of a job feeds whole.
 KIND_ATTR = "kerasmgpu_batch_kind"
 _PATCHED_ATTR = "kerasmgpu_per_kind"
 
@@ -291,7 +308,8 @@ def _trainer() -> Optional[Any]:
         return None
 
 
-def _allow_changing_structure(dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+def _allow_changing_structure(dataset: Any, kind_of: Callable[[Any], Any],
+                              replicated: Callable[[Any], bool]) -> bool:
     """Whether the batches of `dataset` (a kerasmgpu PyDataset) may change structure
     from one batch to the next on Keras 3 with JAX; arranges it where needed."""
     trainer = _trainer()
@@ -309,7 +327,7 @@ def _allow_changing_structure(dataset: Any, kind_of: Callable[[Any], Any]) -> bo
             return False
         epoch_iterator._get_distributed_iterator = _per_kind(method)
     try:
-        setattr(dataset, KIND_ATTR, kind_of)
+        setattr(dataset, KIND_ATTR, (kind_of, replicated))
     except (AttributeError, TypeError):  # a generator: Keras reads no `py_dataset` of it
         return False
     return True
@@ -349,6 +367,61 @@ def _replicated_layout(distribution: Any, shape: Tuple[int, ...]) -> Any:
     return TensorLayout([None] * len(shape), distribution.device_mesh)
 
 
+_UNEVEN_ATTR = "kerasmgpu_lays_out_uneven"
+
+
+def _lay_out_uneven(trainer: Any) -> bool:
+    """Keras 3.3 - 3.9 (whose `distribute_data_input` splits a batch over the replicas
+    whatever its layout): whether the trainer's `_distribute_data` lays a batch whose
+    rows do not divide over the devices out replicated, in one process; arranges it.
+    That module function is what the epoch iterators and the `*_on_batch` calls look up
+    when they run: `_distribute_data(data)` in 3.3, `(data, layouts=None)` in 3.8 (read
+    in 3.3.3 and 3.8.0); another signature: False, and the batch is padded (warned).
+    Such a batch reaches it only from a kerasmgpu feed planned whole
+    (`batching.BatchPlan.replicated`); on any other the wrapper hands Keras the batch
+    as before (Keras itself fails on rows that do not divide)."""
+    original = getattr(trainer, "_distribute_data", None)
+    if original is None:
+        return False
+    if getattr(original, _UNEVEN_ATTR, False):
+        return True
+    if list(inspect.signature(original).parameters) not in (["data"], ["data", "layouts"]):
+        return False
+    import jax
+    import keras
+
+    backend = importlib.import_module("keras.src.backend.jax.distribution_lib")
+
+    def replicated(distribution: Any, leaf: Any) -> Any:
+        shape = tuple(getattr(leaf, "shape", ()))
+        return jax.device_put(leaf, _sharding(backend, _replicated_layout(distribution, shape)))
+
+    current = keras.distribution.distribution
+    leaves_of = jax.tree_util.tree_leaves
+    splits: dict = {}  # id(distribution) -> (distribution, its batch split): per batch
+
+    @functools.wraps(original)
+    def distribute_data(data: Any, *args: Any, **kwargs: Any) -> Any:
+        distribution = current()
+        if distribution is not None:
+            known = splits.get(id(distribution))
+            if known is None or known[0] is not distribution:
+                known = splits[id(distribution)] = (distribution, _batch_split(distribution))
+            split = known[1]
+            for leaf in leaves_of(data):
+                shape = getattr(leaf, "shape", None)
+                if shape and shape[0] % split:
+                    if jax.process_count() == 1:
+                        return jax.tree_util.tree_map(
+                            lambda leaf: replicated(distribution, leaf), data)
+                    break
+        return original(data, *args, **kwargs)
+
+    setattr(distribute_data, _UNEVEN_ATTR, True)
+    trainer._distribute_data = distribute_data
+    return True
+
+
 class _Replicated:
     """The distribution as Keras's `_get_distributed_iterator` reads it, with every
     batch's layout replicated: a run of batches whose rows do not divide over the
@@ -367,22 +440,25 @@ class _Replicated:
 
 def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
     def per_kind(self: Any, distribution: Any) -> Iterator[Any]:
-        kind_of = getattr(getattr(self.data_adapter, "py_dataset", None), KIND_ATTR, None)
-        if kind_of is None:  # not kerasmgpu's: Keras's own method, untouched
+        kinds = getattr(getattr(self.data_adapter, "py_dataset", None), KIND_ATTR, None)
+        if kinds is None:  # not kerasmgpu's: Keras's own method, untouched
             yield from original(self, distribution)
             return
+        kind_of, replicated = kinds
         batches = iter(self.data_adapter.get_jax_iterator())
         pending = [next(batches, _END)]
 
         import jax
 
-        # In a job of several processes each feeds its share, never a replicated batch.
+        # In a job of several processes each feeds its share of a batch, or the whole
+        # batch where it says so (its rows cannot tell: a share can have as many).
         alone = jax.process_count() == 1
         split = _batch_split(distribution) if alone else 1
 
         def key(batch: Any) -> Tuple[Any, bool]:
-            divides = not alone or all(_rows_divide(split, leaf)
-                                       for leaf in jax.tree_util.tree_leaves(batch))
+            if not alone:
+                return kind_of(batch), not replicated(batch)
+            divides = all(_rows_divide(split, leaf) for leaf in jax.tree_util.tree_leaves(batch))
             return kind_of(batch), divides
 
         def run(kind: Any) -> Iterator[Any]:

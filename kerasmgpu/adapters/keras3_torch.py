@@ -29,7 +29,8 @@ class Keras3Torch(Keras3):
     def identity_tokens(self) -> bool:
         return True  # see state_reader
 
-    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any]) -> bool:
+    def allow_changing_structure(self, dataset: Any, kind_of: Callable[[Any], Any],
+                                 replicated: Callable[[Any], bool]) -> bool:
         return True  # Keras 3 on torch reads every batch as it comes
 
     @property

@@ -143,10 +143,13 @@ class ArrayPlan:
         x = gather(self.x, take)
         if predict:
             return (x, bundle(share.packed(), order=order_key(index, len(take))))
-        if even is not None and not share.plan.pad:
+        # In a job, a batch every process feeds whole says so (`bundle.REPLICATED_KEY`).
+        marked = share.whole_in_every_process
+        if even is not None and not share.plan.pad and not marked:
             return even_batch(even, len(take), x, gather(self.y, take),
                               gather(self.weights, take))
-        return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take)))
+        return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take),
+                          replicated=marked))
 
 
 class ArrayBatches:

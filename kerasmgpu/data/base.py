@@ -123,7 +123,8 @@ class Input:
         with an empty packing."""
         if not self.plain_even:
             return None
-        if self.adapter.allow_changing_structure(dataset, bundle.is_padded):
+        if self.adapter.allow_changing_structure(dataset, bundle.is_padded,
+                                                 bundle.is_replicated):
             return bundle.PLAIN
         if self.planner.whole and not self.planner.copies:
             # `lays_out_replicated` promised the runs that lay such a batch out.

@@ -20,13 +20,20 @@ SAMPLE_WEIGHT_KEY = "sample_weight"
 # (`distribute_data_input` zips them with `layout.addressable_devices`), so the rows of
 # a predicted batch can come back permuted; the order key puts them back.
 ORDER_KEY = "kerasmgpu_order"
+# A batch every process of a job feeds whole, to be laid out replicated
+# (`batching.BatchPlan.replicated`): (rows, 0), no value at all. In one process such a
+# batch is told by its rows, which do not divide over the devices; in a job each process
+# feeds a share of the others, whose rows can be as many, so the batch says so itself.
+REPLICATED_KEY = "kerasmgpu_replicated"
 
 
-def bundle(packed: Any, y: Any = None, sample_weight: Any = None, order: Any = None
-           ) -> Dict[str, Any]:
+def bundle(packed: Any, y: Any = None, sample_weight: Any = None, order: Any = None,
+           replicated: bool = False) -> Dict[str, Any]:
     out: Dict[str, Any] = {PACKING_KEY: packed}
     if order is not None:
         out[ORDER_KEY] = order
+    if replicated:
+        out[REPLICATED_KEY] = np.zeros((len(packed), 0), np.float32)
     if y is not None:
         out[Y_KEY] = y
     if sample_weight is not None:
@@ -66,6 +73,11 @@ def is_padded(batch: Any) -> bool:
     """Whether a fed batch carries a packing (`(x, bundle)`), as opposed to the user's
     data: the two kinds of batch a feed's structure may change between."""
     return isinstance(batch, tuple) and len(batch) == 2 and is_bundle(batch[1])
+
+
+def is_replicated(batch: Any) -> bool:
+    """Whether a fed batch is one every process of a job feeds whole (REPLICATED_KEY)."""
+    return is_padded(batch) and REPLICATED_KEY in batch[1]
 
 
 def plain(x: Any, y: Any = None, sample_weight: Any = None) -> Tuple[Any, ...]:

@@ -42,10 +42,13 @@ def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: 
     take = share.source_rows()
     if predict:
         return gather(x, take), bundle(share.packed(), order=order_key(number, len(take)))
-    if even is not None and not share.plan.pad:
+    # In a job, a batch every process feeds whole says so (`bundle.REPLICATED_KEY`).
+    marked = share.whole_in_every_process
+    if even is not None and not share.plan.pad and not marked:
         return even_batch(even, len(take), gather(x, take), gather(y, take),
                           gather(weights, take))
-    return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take))
+    return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take),
+                                   replicated=marked)
 
 
 class Indexed(Input):

@@ -75,7 +75,8 @@ KERAS3_ACTIVITY_LOSS_IS_A_MEAN = Version("3.15")
 # Breakpoint: Keras 3 on JAX lays a batch out with the layout it is given from 3.10
 # (`distribute_data_input` is `jax.make_array_from_process_local_data(layout, batch)`,
 # read in 3.10.0 and 3.15.1); 3.8 splits every batch over the replicas itself whatever
-# the layout (read in 3.8.0; 3.9 not read), so a batch cannot be laid out replicated.
+# the layout (read in 3.8.0; 3.9 not read), so the JAX adapter lays a batch whose rows
+# do not divide out replicated itself there (`keras3_jax._lay_out_uneven`).
 KERAS3_JAX_DATA_AS_LAID_OUT = Version("3.10")
 # Standalone Keras: 2.3.1, the last release with `multi_gpu_model`.
 # Breakpoint: Keras 3 accumulation (`gradient_accumulation_steps`) counts optimizer steps

@@ -122,10 +122,9 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
                                 if kind in state.custom_steps})
         # A short batch whole on every replica computes one device's terms, whatever
         # they are (`batching.BatchPlan.whole`): as copies where each replica runs its
-        # own step, laid out replicated under one program. Not for one program over
-        # several processes, each feeding its share (a sum would count every copy).
-        state.whole_batches = bool(state.batch_terms) and (
-            not engine.one_program or engine.planner.process_count == 1)
+        # own step, laid out replicated under one program (in a job, every process
+        # feeding it whole).
+        state.whole_batches = bool(state.batch_terms)
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state

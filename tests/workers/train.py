@@ -69,6 +69,8 @@ parser.add_argument("--preempt-step", type=int, default=0,
                     help="rank 0 sends SIGTERM to the launcher after this step (once)")
 parser.add_argument("--preempt-slurm", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
+parser.add_argument("--pydataset", action="store_true",
+                    help="fit and evaluate read a keras.utils.PyDataset of the arrays")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--on-parallel", action="store_true",
@@ -317,6 +319,18 @@ if args.tf_data:
                          validation_data=tf.data.Dataset.from_tensor_slices(
                              (x[:33], y[:33])).batch(args.batch))
     evaluation = pmodel.evaluate(train, verbose=0)
+elif args.pydataset:
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return -(-len(x) // args.batch)
+
+        def __getitem__(self, index):
+            rows = slice(index * args.batch, (index + 1) * args.batch)
+            return x[rows], y[rows]
+
+    history = pmodel.fit(Batches(), epochs=args.epochs, shuffle=False, verbose=0,
+                         callbacks=callbacks, validation_data=(x[:33], y[:33]))
+    evaluation = pmodel.evaluate(Batches(), verbose=0)
 else:
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs,
                          shuffle=False, verbose=0, callbacks=callbacks,
