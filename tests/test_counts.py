@@ -145,6 +145,84 @@ def test_batch_loss_terms_on_a_padded_batch_need_no_warning(term: str) -> None:
         pmodel.fit(x, x[:, :1], batch_size=9, epochs=1, verbose=0)
 
 
+def _penalize(layer, values):
+    """A module-level helper that adds a layer's loss term (found up front)."""
+    layer.add_loss(0.01 * keras.ops.mean(values * values))
+
+
+class _Penalizer:
+    """A helper object whose method adds a layer's loss term (found only when traced)."""
+
+    def apply(self, layer, values):
+        _penalize(layer, values)
+
+
+def _helper_model(helper: str):
+    # One class per helper: the code read up front is every branch of `call`.
+    class ByMethod(keras.layers.Layer):
+        def penalize(self, values):
+            self.add_loss(0.01 * keras.ops.mean(values * values))
+
+        def call(self, inputs):
+            self.penalize(inputs)
+            return inputs
+
+    class ByFunction(keras.layers.Layer):
+        def call(self, inputs):
+            _penalize(self, inputs)
+            return inputs
+
+    class ByObject(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.penalizer = _Penalizer()
+
+        def call(self, inputs):
+            self.penalizer.apply(self, inputs)
+            return inputs
+
+    Penalized = {"method": ByMethod, "function": ByFunction, "object": ByObject}[helper]
+    seed_all(keras, 28)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(Penalized()(inputs)))
+    deterministic_weights(model, 28)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+@requires(lines=[KerasLine.KERAS_3])
+@pytest.mark.parametrize("helper", ["method", "function", "object"])
+def test_a_term_added_by_a_helper(helper: str) -> None:
+    """`add_loss` called from code `call` reaches. A method of the layer's own class or a
+    module-level function is read before the batches are planned: the padded batch goes
+    whole to every replica, one device's terms, nothing to warn (before, only a term
+    named in `call` itself was read, and these were padded, with a warning). A method
+    of an object the layer holds is found only once the step is traced, after the
+    batches were planned: its copies count in the term, and kerasmgpu warns once,
+    naming the term and the fix - and says nothing while every batch divides. (tf.keras
+    and tf_keras keep the terms of the functional model's symbolic call on the layer,
+    so kerasmgpu finds them all up front.)"""
+    replicas = REPLICAS[-1]
+    x = RNG.normal(size=(4 * replicas + 1, 6)).astype("float32")
+    fit = dict(batch_size=2 * replicas, epochs=1, shuffle=False, verbose=0)
+    single, template = _helper_model(helper), _helper_model(helper)
+    pmodel = kerasmgpu.parallelize(template, gpus=replicas)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        single.fit(x[:-1], x[:-1, :1], **fit)
+        pmodel.fit(x[:-1], x[:-1, :1], **fit)
+        if helper != "object":
+            h1 = single.fit(x, x[:, :1], **fit)
+            h2 = pmodel.fit(x, x[:, :1], **fit)
+            assert_history_close(h1, h2)
+            assert_weights_close(single, template)
+            return
+    with pytest.warns(UserWarning, match="add_loss") as record:
+        pmodel.fit(x, x[:, :1], **fit)
+    message = next(str(w.message) for w in record if "add_loss" in str(w.message))
+    assert f"multiple of the {replicas} replicas" in message and "Fix:" in message, message
+
+
 @pytest.mark.parametrize("replicas", REPLICAS)
 @pytest.mark.parametrize("kind", ["ignore_class", "mask_zero"])
 def test_a_replica_with_nothing_valid_matches_one_device(kind: str, replicas: int) -> None:
