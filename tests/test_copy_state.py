@@ -339,8 +339,10 @@ def _activation(kind, layer):
 
 # Core: Keras's own tanh (it fails with the carry off: the copy kept relu) and the
 # refusal.
+# "on-parallel": Keras's tanh set on the parallel model's layer instead.
 @pytest.mark.parametrize("kind", [pytest.param("keras", marks=pytest.mark.core), "partial",
-                                  "closure", pytest.param("layer", marks=pytest.mark.core)])
+                                  "closure", pytest.param("layer", marks=pytest.mark.core),
+                                  "on-parallel"])
 def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> None:
     """`Dense.activation` replaced on the template after parallelize(), before the first
     fit: one device traces the new one. Before: the copy the TF routes train kept its
@@ -351,9 +353,9 @@ def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> No
     single, template = _activated_model(), _activated_model()
     template.set_weights(single.get_weights())
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
-    for model in (single, template):
+    for model in (single, pmodel if kind == "on-parallel" else template):
         layer = model.get_layer("hidden")
-        layer.activation = _activation(kind, layer)
+        layer.activation = _activation("keras" if kind == "on-parallel" else kind, layer)
     x = XN / 100
     fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
     if kind == "layer" and not ON_JAX:
@@ -364,6 +366,9 @@ def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> No
     assert_history_close(single.fit(x, Y, **fit), pmodel.fit(x, Y, **fit))
     assert_weights_close(single, template, atol=1e-5)
     np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+    # Both ways: the template holds what the parallel model's layer was given.
+    np.testing.assert_allclose(single.predict(x, verbose=0), template.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -409,8 +414,10 @@ def _steeper(model):
 # "before" / "after": a helper object set on the template's layer before or after
 # parallelize(); "in-place": set before, then changed in place by a callback at every
 # epoch end; "layer": one holding a Dense, set after parallelize().
+# "on-parallel": set on the parallel model's layer after parallelize().
 @pytest.mark.parametrize("kind", [pytest.param("before", marks=pytest.mark.core), "after",
-                                  "in-place", pytest.param("layer", marks=pytest.mark.core)])
+                                  "in-place", pytest.param("layer", marks=pytest.mark.core),
+                                  "on-parallel"])
 def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
     """A layer of the user's own holds a helper object it reads in call(), which its
     config does not make (eager steps: read at every step, here and on one device).
@@ -430,8 +437,8 @@ def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
     if kind in ("before", "in-place"):
         shape(single), shape(template)
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
-    if kind in ("after", "layer"):
-        shape(single), shape(template)
+    if kind in ("after", "layer", "on-parallel"):
+        shape(single), shape(pmodel if kind == "on-parallel" else template)
     x = XN / 100
     fit = dict(batch_size=20, epochs=3, shuffle=False, verbose=0)
     if kind == "layer" and not ON_JAX:
@@ -444,6 +451,8 @@ def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
     assert_history_close(one, par, rtol=1e-5)
     assert_weights_close(single, template, atol=1e-5)
     np.testing.assert_allclose(single.predict(x, verbose=0), pmodel.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(single.predict(x, verbose=0), template.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-5)
     if steeper:
         assert pmodel.get_layer("scaled").shaper.slope == 0.2 / 8
