@@ -63,7 +63,7 @@ def micro_batches(sizes: List[int], steps: int) -> List[MicroBatch]:
 
 
 def check_batch_terms(terms: List[str], sizes: List[int], steps: int) -> None:
-    """A loss term of the whole batch (`training.steps.batch_terms`) is computed per
+    """A loss term of the whole batch (`training.terms.batch_terms`) is computed per
     micro-batch, and the k micro-batches' gradients are averaged: the group's term only
     when its micro-batches hold equal rows (a mean over rows). A group with a short or
     filler micro-batch would weigh its terms otherwise than one device: refused, before

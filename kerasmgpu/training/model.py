@@ -33,7 +33,7 @@ from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.options import Options
 from kerasmgpu.training import steps as step_hooks
-from kerasmgpu.training import sync
+from kerasmgpu.training import sync, terms
 from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.calls import _REPLACED
 from kerasmgpu.training.compiling import (
@@ -116,7 +116,7 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
         if not _is_keras_own(state.originals[name]):
             state.custom_steps.add(kind)
     if not engine.slices_in_graph and engine.planner.replicas > 1:
-        state.batch_terms = step_hooks.batch_terms(
+        state.batch_terms = terms.batch_terms(
             adapter, template, {kind: state.originals[name]
                                 for name, kind in _STEP_KINDS.items()
                                 if kind in state.custom_steps})

@@ -38,7 +38,7 @@ class ParallelState:
     verify: bool = False
     sync_batchnorm: bool = False
     # What the model's step computes from the whole batch beyond the compiled loss
-    # (`steps.batch_terms`), and whether batches that do not divide go whole to every
+    # (`terms.batch_terms`), and whether batches that do not divide go whole to every
     # replica for it.
     batch_terms: List[str] = field(default_factory=list)
     whole_batches: bool = False

@@ -1,0 +1,88 @@
+"""What in a model's step is computed from the whole batch beyond Keras's compiled loss
+(`batch_terms`): what no per-row weight reaches, so padding rows would count in it.
+
+Read from the classes' code before any step runs, since a feed is planned before the
+step is traced; `steps.StepReport` reports what only the traced step shows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Optional
+
+from kerasmgpu.adapters import Adapter
+
+_FRAMEWORKS = frozenset({"keras", "tf_keras", "tensorflow"})
+# Functions `_names` follows at most per question: a class's helpers, not a program.
+_FOLLOWED_AT_MOST = 200
+
+
+def _users_function(value: Any) -> Optional[Any]:
+    """`value` as a plain function defined outside the frameworks, else None."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if not inspect.isfunction(value):
+        return None
+    module = getattr(value, "__module__", "") or ""
+    return None if module.split(".")[0] in _FRAMEWORKS else value
+
+
+def _names(function: Any, owner: Optional[type] = None) -> frozenset:
+    """The global and attribute names a function's code reads, and those of the code
+    it reaches that the user wrote: its nested functions and lambdas, the methods of
+    `owner` (the class it belongs to) it names (a helper `call` calls,
+    `self.penalize(x)`), and the module-level functions it names, each followed once.
+    Keras's own methods are not followed (they name everything)."""
+    names: set = set()
+    seen: set = set()
+    pending = [function]
+    while pending and len(seen) < _FOLLOWED_AT_MOST:
+        item = pending.pop()
+        fn = inspect.unwrap(getattr(item, "__func__", item))
+        code = getattr(fn, "__code__", None)
+        if code is None or code in seen:
+            continue
+        seen.add(code)
+        own: set = set()
+        codes = [code]
+        while codes:  # the function's code and the functions defined in it
+            current = codes.pop()
+            own.update(current.co_names)
+            codes.extend(c for c in current.co_consts if inspect.iscode(c))
+        names |= own
+        scope = getattr(fn, "__globals__", {})
+        for name in own:
+            found = _users_function(inspect.getattr_static(owner, name, None)
+                                    if owner is not None else None)
+            found = found or _users_function(scope.get(name))
+            if found is not None:
+                pending.append(found)
+    return frozenset(names)
+
+
+def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> List[str]:
+    """What in `model`'s step is computed from the whole batch beyond Keras's compiled
+    loss, which a padding row's weight cannot reach - each in words, [] when nothing.
+
+    Read from the classes' code before any step runs (a feed is planned before the step
+    is traced): an activity regularizer; `add_loss` named in a layer's (or the model's)
+    own `call` or in the code of the user's it reaches (`_names`); a `train_step` /
+    `test_step` of the user's that names neither `compute_loss` nor `compiled_loss`
+    there (its loss is its own). A term added by code `call` reaches only through an
+    object it holds (a helper object's method) is found only when the step is traced
+    (`StepReport` warns then).
+    `custom_steps`: step kind -> the user's step function.
+    """
+    found: List[str] = []
+    for layer in adapter.layers_of(model):
+        name = getattr(layer, "name", type(layer).__name__)
+        if getattr(layer, "activity_regularizer", None) is not None:
+            found.append(f"the activity regularizer of layer {name!r}")
+        elif "add_loss" in _names(getattr(type(layer), "call", None), type(layer)):
+            found.append(f"add_loss in {type(layer).__name__}.call (layer {name!r})")
+    if not found and adapter.has_call_time_losses(model):
+        found.append("loss terms added by its last call (add_loss)")
+    for kind, step in sorted(custom_steps.items()):
+        if not {"compute_loss", "compiled_loss"} & _names(step, type(model)):
+            found.append(f"its own {kind}_step's loss")
+    return found
