@@ -106,7 +106,7 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
 # JAX, whose one program spans the processes, fed whole by each and laid out replicated;
 # Keras 3 before 3.15 sums the activity loss over rows and is refused on torch.
 BATCH_TERMS = ON_TORCH and Version(str(_VERSION)) >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN or \
-    ON_JAX or LINE in MULTI_WORKER_LINES
+    ON_JAX and not JAX_TOO_OLD or LINE in MULTI_WORKER_LINES
 # In order: one process with one device trains the model as it is, and Keras shuffles
 # its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
 INPUTS: Dict[str, List[str]] = {"arrays": []}
@@ -138,7 +138,8 @@ RUNS: Dict[str, List[str]] = {
     # The same read from a PyDataset: on JAX each process reads the global batch and
     # feeds its share, or all of it, marked, where the batch goes whole.
     **({"batch-terms-pydataset": ["train.py", "--epochs", "2", "--rows", "103",
-                                   "--batch-terms", "--pydataset"]} if ON_JAX else {}),
+                                   "--batch-terms", "--pydataset"]}
+       if ON_JAX and BATCH_TERMS else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -165,7 +166,8 @@ REFERENCES: Dict[str, List[str]] = {
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
-    **({"batch-terms-pydataset": RUNS["batch-terms-pydataset"]} if ON_JAX else {}),
+    **({"batch-terms-pydataset": RUNS["batch-terms-pydataset"]}
+       if ON_JAX and BATCH_TERMS else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
@@ -318,7 +320,8 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
 
 @pytest.mark.core
 @pytest.mark.skipif(not BATCH_TERMS, reason=f"torch from Keras "
-                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN}, JAX or the tf.keras lines; this env: "
+                    f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN}, JAX from {KERAS3_JAX_MULTI_PROCESS_MIN} or "
+                    f"the tf.keras lines; this env: "
                     f"{LINE.value} {_VERSION}")
 @pytest.mark.parametrize("run", ["batch-terms", pytest.param(
     "batch-terms-pydataset", marks=requires(jax=True))])
