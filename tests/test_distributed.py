@@ -133,8 +133,9 @@ RUNS: Dict[str, List[str]] = {
     "clip": ["train.py", "--clipnorm", "0.05"],
     **({"custom": ["train.py", "--custom-step"]} if ON_TORCH else {}),
     # 103 rows: a last batch of 3, which 2 replicas split only by padding.
-    **({"batch-terms": ["train.py", "--epochs", "2", "--rows", "103", "--batch-terms"]}
-       if BATCH_TERMS else {}),
+    # With the self-check: its first padded batch is the whole one too.
+    **({"batch-terms": ["train.py", "--epochs", "2", "--rows", "103", "--batch-terms",
+                        "--verify"]} if BATCH_TERMS else {}),
     # The same read from a PyDataset: on JAX each process reads the global batch and
     # feeds its share, or all of it, marked, where the batch goes whole.
     **({"batch-terms-pydataset": ["train.py", "--epochs", "2", "--rows", "103",
