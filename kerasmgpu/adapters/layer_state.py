@@ -42,6 +42,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import numpy as np
 
+from kerasmgpu.env.versions import frameworks_own
+
 # Attributes Keras manages itself and kerasmgpu keeps equal another way (trainable
 # flags: training.sync) or that must stay the copy's own.
 _SKIPPED = frozenset({"built", "trainable", "name"})
@@ -60,17 +62,12 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-# Top-level packages whose classes are Keras's (their private attributes are its
-# bookkeeping), not the user's.
-_FRAMEWORKS = frozenset({"keras", "tf_keras", "tensorflow"})
-
-
 def _users_classes(cls: type) -> List[type]:
     """The classes of `cls`'s MRO defined outside the frameworks, up to the first
     framework class (a user's layer and its own bases)."""
     found = []
     for klass in cls.__mro__:
-        if (klass.__module__ or "").split(".")[0] in _FRAMEWORKS or klass is object:
+        if frameworks_own(klass) or klass is object:
             break
         found.append(klass)
     return found
@@ -135,7 +132,7 @@ def _users_own(layer: Any) -> FrozenSet[str]:
     for klass in users:
         names = names | _assigned(klass)
     bases = [k for k in cls.__mro__ if k.__name__ == "Layer"
-             and (k.__module__ or "").split(".")[0] in _FRAMEWORKS]
+             and frameworks_own(k)]
     return names - _bookkeeping(bases[-1]) if names and bases else names
 
 

@@ -27,7 +27,7 @@ from kerasmgpu.data.base import (
     tf_pad,
     user_weights,
 )
-from kerasmgpu.data.bundle import PACKING_KEY, bundle, even_batch, order_key, plain
+from kerasmgpu.data.bundle import PACKING_KEY, bundle, for_share, order_key, plain
 from kerasmgpu.data.structure import as_tuples, is_array_like, map_structure, to_numpy
 
 
@@ -143,13 +143,8 @@ class ArrayPlan:
         x = gather(self.x, take)
         if predict:
             return (x, bundle(share.packed(), order=order_key(index, len(take))))
-        # In a job, a batch every process feeds whole says so (`bundle.REPLICATED_KEY`).
-        marked = share.whole_in_every_process
-        if even is not None and not share.plan.pad and not marked:
-            return even_batch(even, len(take), x, gather(self.y, take),
-                              gather(self.weights, take))
-        return (x, bundle(share.packed(), gather(self.y, take), gather(self.weights, take),
-                          replicated=marked))
+        return for_share(share, len(take), x, gather(self.y, take),
+                         gather(self.weights, take), even)
 
 
 class ArrayBatches:

@@ -69,6 +69,18 @@ def even_batch(form: str, rows: int, x: Any, y: Any, sample_weight: Any) -> Tupl
     return (x, bundle(unpadded(rows), y, sample_weight))
 
 
+def for_share(share: Any, rows: int, x: Any, y: Any, sample_weight: Any,
+              even: Optional[str]) -> Tuple[Any, ...]:
+    """A training batch of `rows` fed rows, planned as `share` (a
+    `batching.ProcessShard`), with its rows gathered: `(x, bundle)`, or with `even` (an
+    `even_batch` form) one that needs no padding in that form. In a job, a batch every
+    process feeds whole says so (REPLICATED_KEY) and is never in the plain form."""
+    marked = share.whole_in_every_process
+    if even is not None and not share.plan.pad and not marked:
+        return even_batch(even, rows, x, y, sample_weight)
+    return (x, bundle(share.packed(), y, sample_weight, replicated=marked))
+
+
 def is_padded(batch: Any) -> bool:
     """Whether a fed batch carries a packing (`(x, bundle)`), as opposed to the user's
     data: the two kinds of batch a feed's structure may change between."""

@@ -26,7 +26,7 @@ from kerasmgpu.data.base import (
     num_rows,
     user_weights,
 )
-from kerasmgpu.data.bundle import bundle, even_batch, order_key
+from kerasmgpu.data.bundle import bundle, for_share, order_key
 from kerasmgpu.data.structure import as_tuples, to_numpy, unpack
 
 
@@ -42,13 +42,8 @@ def pad_element(element: Any, weigh: Weigh, planner: batching.Planner, predict: 
     take = share.source_rows()
     if predict:
         return gather(x, take), bundle(share.packed(), order=order_key(number, len(take)))
-    # In a job, a batch every process feeds whole says so (`bundle.REPLICATED_KEY`).
-    marked = share.whole_in_every_process
-    if even is not None and not share.plan.pad and not marked:
-        return even_batch(even, len(take), gather(x, take), gather(y, take),
-                          gather(weights, take))
-    return gather(x, take), bundle(share.packed(), gather(y, take), gather(weights, take),
-                                   replicated=marked)
+    return for_share(share, len(take), gather(x, take), gather(y, take),
+                     gather(weights, take), even)
 
 
 class Indexed(Input):

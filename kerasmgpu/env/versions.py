@@ -19,6 +19,14 @@ from typing import Optional, Tuple
 
 from packaging.version import Version
 
+# Top-level packages whose classes and functions are the frameworks' own, not the user's.
+FRAMEWORK_PACKAGES = frozenset({"keras", "tf_keras", "tensorflow"})
+
+
+def frameworks_own(obj: object) -> bool:
+    """Whether `obj` (a class or a function) is defined in a FRAMEWORK_PACKAGES package."""
+    return (getattr(obj, "__module__", "") or "").split(".")[0] in FRAMEWORK_PACKAGES
+
 # --- Version facts -------------------------------------------------------------------
 # Breakpoint: keras 2.4 (June 2020) dropped the multi-backend code and became tf.keras;
 # `keras.utils.multi_gpu_model` exists up to standalone Keras 2.3.1.

@@ -12,6 +12,7 @@ from kerasmgpu import accumulation, batching
 from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.data.base import num_rows
+from kerasmgpu.env.versions import frameworks_own
 from kerasmgpu.training import parts, resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
@@ -63,9 +64,7 @@ def _callbacks_may_change_models(callbacks: List[Any]) -> bool:
     progress bar and history, which change nothing."""
     for callback in callbacks:
         kind = type(callback)
-        package = kind.__module__.split(".")[0]
-        if not (package in ("keras", "tf_keras", "tensorflow")
-                and kind.__name__ in ("ProgbarLogger", "History")):
+        if not (frameworks_own(kind) and kind.__name__ in ("ProgbarLogger", "History")):
             return True
     return False
 

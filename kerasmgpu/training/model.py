@@ -31,6 +31,7 @@ from typing import Any
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.env.versions import frameworks_own
 from kerasmgpu.options import Options
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import sync, terms
@@ -155,8 +156,7 @@ def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None
 
 
 def _is_keras_own(function: Any) -> bool:
-    module = getattr(function, "__module__", "") or ""
-    return module.split(".")[0] in ("keras", "tf_keras", "tensorflow")
+    return frameworks_own(function)
 
 
 def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any, options: Options

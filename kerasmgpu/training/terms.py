@@ -11,8 +11,8 @@ import inspect
 from typing import Any, Dict, List, Optional
 
 from kerasmgpu.adapters import Adapter
+from kerasmgpu.env.versions import frameworks_own
 
-_FRAMEWORKS = frozenset({"keras", "tf_keras", "tensorflow"})
 # Functions `_names` follows at most per question: a class's helpers, not a program.
 _FOLLOWED_AT_MOST = 200
 
@@ -23,8 +23,7 @@ def _users_function(value: Any) -> Optional[Any]:
         value = value.__func__
     if not inspect.isfunction(value):
         return None
-    module = getattr(value, "__module__", "") or ""
-    return None if module.split(".")[0] in _FRAMEWORKS else value
+    return None if frameworks_own(value) else value
 
 
 def _names(function: Any, owner: Optional[type] = None) -> frozenset:
