@@ -339,28 +339,33 @@ def _activation(kind, layer):
 
 # Core: Keras's own tanh (it fails with the carry off: the copy kept relu) and the
 # refusal.
-# "on-parallel": Keras's tanh set on the parallel model's layer instead.
+# "on-parallel": Keras's tanh set on the parallel model's layer instead;
+# "layer-on-parallel": the one capturing the layer, set there (refused the other way round).
 @pytest.mark.parametrize("kind", [pytest.param("keras", marks=pytest.mark.core), "partial",
                                   "closure", pytest.param("layer", marks=pytest.mark.core),
-                                  "on-parallel"])
+                                  "on-parallel", "layer-on-parallel"])
 def test_a_function_set_after_parallelize_is_carried_or_refused(kind: str) -> None:
     """`Dense.activation` replaced on the template after parallelize(), before the first
     fit: one device traces the new one. Before: the copy the TF routes train kept its
     relu, silently (tanh: one device's epoch losses 0.835, 0.811, the copy's 13.1,
     0.863). A function capturing a Keras object (here the layer, to read its kernel)
     would read the template's state from the copy: refused at the fit before any weight
-    moves, naming it; JAX trains the model itself: exact."""
+    moves, naming it, and so would one set on the parallel model's layer (the template
+    would read the copy's); JAX trains the model itself: exact."""
     single, template = _activated_model(), _activated_model()
     template.set_weights(single.get_weights())
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
-    for model in (single, pmodel if kind == "on-parallel" else template):
+    on_parallel = kind.endswith("on-parallel")
+    for model in (single, pmodel if on_parallel else template):
         layer = model.get_layer("hidden")
-        layer.activation = _activation("keras" if kind == "on-parallel" else kind, layer)
+        layer.activation = _activation(
+            {"on-parallel": "keras", "layer-on-parallel": "layer"}.get(kind, kind), layer)
     x = XN / 100
     fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
-    if kind == "layer" and not ON_JAX:
+    if kind.startswith("layer") and not ON_JAX:
         text = _refused_at_fit(pmodel, template, x, fit)
         assert "'hidden' (Dense)" in text and "activation (a function reaching a Dense)" in text, text
+        assert ("of the parallel model parallelize() returned" in text) == on_parallel, text
         assert "kerasmgpu.scope()" in text
         return
     assert_history_close(single.fit(x, Y, **fit), pmodel.fit(x, Y, **fit))
@@ -414,36 +419,40 @@ def _steeper(model):
 # "before" / "after": a helper object set on the template's layer before or after
 # parallelize(); "in-place": set before, then changed in place by a callback at every
 # epoch end; "layer": one holding a Dense, set after parallelize().
-# "on-parallel": set on the parallel model's layer after parallelize().
+# "on-parallel": set on the parallel model's layer after parallelize(); "layer-on-parallel":
+# the one holding a Dense, set there.
 @pytest.mark.parametrize("kind", [pytest.param("before", marks=pytest.mark.core), "after",
                                   "in-place", pytest.param("layer", marks=pytest.mark.core),
-                                  "on-parallel"])
+                                  "on-parallel", "layer-on-parallel"])
 def test_an_object_a_layer_holds_is_carried_or_refused(kind: str) -> None:
     """A layer of the user's own holds a helper object it reads in call(), which its
     config does not make (eager steps: read at every step, here and on one device).
     Before: the copy the TF routes train kept the helper its __init__ made (slope 1.0,
     not 0.2), silently, whether the helper was set before or after parallelize(). A
     helper holding a Keras object with state (a layer) would read the template's state
-    from the copy: refused at the fit, naming it, before any weight moves. JAX in one
-    process trains the model itself: exact on every kind."""
+    from the copy: refused at the fit, naming it, before any weight moves; set on the
+    parallel model's layer, the template would read the copy's: refused the same way.
+    JAX in one process trains the model itself: exact on every kind."""
     cls = _shaped_layer_class()
     single, template = _scaled_model(cls), _scaled_model(cls)
     template.set_weights(single.get_weights())
 
     def shape(model):
         layer = model.get_layer("scaled")
-        layer.shaper = _Shaper(0.2, model.layers[1] if kind == "layer" else None)
+        layer.shaper = _Shaper(0.2, model.layers[1] if kind.startswith("layer") else None)
 
+    on_parallel = kind.endswith("on-parallel")
     if kind in ("before", "in-place"):
         shape(single), shape(template)
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
-    if kind in ("after", "layer", "on-parallel"):
-        shape(single), shape(pmodel if kind == "on-parallel" else template)
+    if kind not in ("before", "in-place"):
+        shape(single), shape(pmodel if on_parallel else template)
     x = XN / 100
     fit = dict(batch_size=20, epochs=3, shuffle=False, verbose=0)
-    if kind == "layer" and not ON_JAX:
+    if kind.startswith("layer") and not ON_JAX:
         text = _refused_at_fit(pmodel, template, x, fit)
         assert "'scaled' (Shaped)" in text and "shaper (a _Shaper reaching a Dense)" in text, text
+        assert ("of the parallel model parallelize() returned" in text) == on_parallel, text
         return
     steeper = kind == "in-place"
     one = single.fit(x, Y, callbacks=[_steeper(single)] if steeper else [], **fit)

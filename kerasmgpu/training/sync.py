@@ -294,8 +294,9 @@ def _carry_attributes(mirror: Mirror) -> None:
     (an activation) set on either side since the two last agreed goes to the other side
     (the template's when both changed it): at every call and at every epoch end, as the
     variables. A traced step reads such an attribute when it is traced, as on one device.
-    A function set on the template that the copy cannot take (it captures a Keras
-    object: `layer_state.portable`) is refused before anything is carried."""
+    A function or object set on either side that the other cannot take (it reaches a
+    Keras object with state: `layer_state.portable`) is refused before anything is
+    carried."""
     if len(mirror.attributes) != len(mirror.pairs):
         mirror.attributes = [_snapshot(t, r) for t, r in mirror.pairs]
         return
@@ -306,24 +307,34 @@ def _carry_attributes(mirror: Mirror) -> None:
         theirs = [k for k in _changed(layer_state.attributes(replica), seen_r) if k not in ours]
         if ours or theirs:
             changes.append((index, template, replica, ours, theirs))
-    for _, template, replica, ours, _ in changes:
-        refused = layer_state.unportable_changes(template, replica, ours)
-        if refused:
-            raise bad_value(
-                "model", f"layer {template.name!r} ({type(template).__name__}) of the model "
-                f"given to parallelize(), its attribute {', '.join(refused)} set after "
-                "parallelize(): the copy this route trains would read the model's own "
-                "state through it, not the copy's",
-                "functions set after parallelize() that capture no Keras object with "
-                "state - a layer, a model, a variable, an optimizer or a metric - (they "
-                "are carried), or that the copy holds alike",
-                "pass what the function reads as its arguments, or capture it as data "
-                "(a method of the layer's class is the copy's own), or build and compile "
-                "the model inside `with kerasmgpu.scope():` (no copy is made then)", raw=True)
+    for _, template, replica, ours, theirs in changes:
+        # Either way round: the side that did not set it would read the other's state.
+        for layer, other, keys, side, reads in (
+                (template, replica, ours, "of the model given to parallelize()",
+                 "the copy this route trains would read the model's own state through "
+                 "it, not the copy's"),
+                (replica, template, theirs, "of the parallel model parallelize() returned",
+                 "the model given to parallelize() would read the copy's state through "
+                 "it, not its own")):
+            refused = layer_state.unportable_changes(layer, other, keys)
+            if refused:
+                raise _unportable(layer, side, refused, reads)
     for index, template, replica, ours, theirs in changes:
         layer_state.carry_attributes(template, replica, ours)
         layer_state.carry_attributes(replica, template, theirs)
         mirror.attributes[index] = _snapshot(template, replica)
+
+
+def _unportable(layer: Any, side: str, refused: List[str], reads: str) -> ValueError:
+    return bad_value(
+        "model", f"layer {layer.name!r} ({type(layer).__name__}) {side}, its attribute "
+        f"{', '.join(refused)} set after parallelize(): {reads}",
+        "functions and objects set after parallelize() that reach no Keras object with "
+        "state - a layer, a model, a variable, an optimizer or a metric - (they are "
+        "carried to the other side), or that the other side holds alike",
+        "pass what the function reads as its arguments, or capture it as data (a method "
+        "of the layer's class is the copy's own), or build and compile the model inside "
+        "`with kerasmgpu.scope():` (no copy is made then)", raw=True)
 
 
 def _changed(now: Dict[str, Any], seen: Dict[str, Any]) -> List[str]:
