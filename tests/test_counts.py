@@ -151,7 +151,7 @@ def _penalize(layer, values):
 
 
 class _Penalizer:
-    """A helper object whose method adds a layer's loss term (found only when traced)."""
+    """A helper object whose method adds a layer's loss term (found up front)."""
 
     def apply(self, layer, values):
         _penalize(layer, values)
@@ -181,7 +181,17 @@ def _helper_model(helper: str):
             self.penalizer.apply(self, inputs)
             return inputs
 
-    Penalized = {"method": ByMethod, "function": ByFunction, "object": ByObject}[helper]
+    class ByName(ByMethod):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.how = "penalize"  # the method to call, chosen by a name held as data
+
+        def call(self, inputs):
+            getattr(self, self.how)(inputs)
+            return inputs
+
+    Penalized = {"method": ByMethod, "function": ByFunction, "object": ByObject,
+                 "by-name": ByName}[helper]
     seed_all(keras, 28)
     inputs = keras.Input((6,))
     model = keras.Model(inputs, keras.layers.Dense(1)(Penalized()(inputs)))
@@ -191,14 +201,15 @@ def _helper_model(helper: str):
 
 
 @requires(lines=[KerasLine.KERAS_3])
-@pytest.mark.parametrize("helper", ["method", "function", "object"])
+@pytest.mark.parametrize("helper", ["method", "function", "object", "by-name"])
 def test_a_term_added_by_a_helper(helper: str) -> None:
-    """`add_loss` called from code `call` reaches. A method of the layer's own class or a
-    module-level function is read before the batches are planned: the padded batch goes
-    whole to every replica, one device's terms, nothing to warn (before, only a term
-    named in `call` itself was read, and these were padded, with a warning). A method
-    of an object the layer holds is found only once the step is traced, after the
-    batches were planned: its copies count in the term, and kerasmgpu warns once,
+    """`add_loss` called from code `call` reaches. A method of the layer's own class, a
+    module-level function or a method of a helper object the layer holds is read before
+    the batches are planned: the padded batch goes whole to every replica, one device's
+    terms, nothing to warn (before, only a term named in `call` itself was read, and
+    these were padded, with a warning). A method `call` reaches only by a name it
+    computes (`getattr(self, self.how)`) is found only once the step is traced, after
+    the batches were planned: its copies count in the term, and kerasmgpu warns once,
     naming the term and the fix - and says nothing while every batch divides. (tf.keras
     and tf_keras keep the terms of the functional model's symbolic call on the layer,
     so kerasmgpu finds them all up front.)"""
@@ -211,7 +222,7 @@ def test_a_term_added_by_a_helper(helper: str) -> None:
         warnings.simplefilter("error", UserWarning)
         single.fit(x[:-1], x[:-1, :1], **fit)
         pmodel.fit(x[:-1], x[:-1, :1], **fit)
-        if helper != "object":
+        if helper != "by-name":
             h1 = single.fit(x, x[:, :1], **fit)
             h2 = pmodel.fit(x, x[:, :1], **fit)
             assert_history_close(h1, h2)

@@ -8,10 +8,10 @@ step is traced; `steps.StepReport` reports what only the traced step shows.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.env.versions import frameworks_own
+from kerasmgpu.env.versions import FRAMEWORK_PACKAGES, frameworks_own
 
 # Functions `_names` follows at most per question: a class's helpers, not a program.
 _FOLLOWED_AT_MOST = 200
@@ -26,12 +26,18 @@ def _users_function(value: Any) -> Optional[Any]:
     return None if frameworks_own(value) else value
 
 
-def _names(function: Any, owner: Optional[type] = None) -> frozenset:
+def _names(function: Any, owner: Optional[type] = None,
+           held: Sequence[Any] = ()) -> frozenset:
     """The global and attribute names a function's code reads, and those of the code
     it reaches that the user wrote: its nested functions and lambdas, the methods of
     `owner` (the class it belongs to) it names (a helper `call` calls,
-    `self.penalize(x)`), and the module-level functions it names, each followed once.
-    Keras's own methods are not followed (they name everything)."""
+    `self.penalize(x)`), the methods and function attributes of the `held` objects
+    (the layer, the helpers it holds: `self.penalizer.apply(self, x)`), and the
+    module-level functions it names, each followed once. Keras's own methods are not
+    followed (they name everything)."""
+    # Looked up on the objects themselves: a function held as an attribute
+    # (`self.penalty = penalize`) is found as well as their classes' methods.
+    owners = ([owner] if owner is not None else []) + list(held)
     names: set = set()
     seen: set = set()
     pending = [function]
@@ -51,12 +57,37 @@ def _names(function: Any, owner: Optional[type] = None) -> frozenset:
         names |= own
         scope = getattr(fn, "__globals__", {})
         for name in own:
-            found = _users_function(inspect.getattr_static(owner, name, None)
-                                    if owner is not None else None)
+            found = next((f for f in (_users_function(inspect.getattr_static(cls, name, None))
+                                      for cls in owners) if f is not None), None)
             found = found or _users_function(scope.get(name))
             if found is not None:
                 pending.append(found)
     return frozenset(names)
+
+
+# Classes whose methods never add a loss term and would only spend `_FOLLOWED_AT_MOST`:
+# Python's own and the array libraries' (a layer holds arrays and tensors).
+_NOT_HELPERS = FRAMEWORK_PACKAGES | {"builtins", "numpy", "jax", "jaxlib", "torch"}
+
+
+def _helpers(obj: Any, depth: int = 0) -> List[Any]:
+    """The objects of the user's classes `obj` holds as attributes (a helper a layer
+    reads in `call`, `self.penalizer = Penalizer()`), and those they hold: two levels,
+    sixteen objects at most. Keras objects (sub-layers: batch_terms reads them itself),
+    containers and arrays are not helpers."""
+    try:
+        held = list(vars(obj).values())
+    except Exception:  # no __dict__, or a proxy whose __getattr__ raises anything
+        return []
+    found: List[Any] = []
+    for value in held:
+        module = (getattr(type(value), "__module__", "") or "").split(".")[0]
+        if module in _NOT_HELPERS or inspect.isroutine(value) or isinstance(value, type):
+            continue
+        found.append(value)
+        if depth < 1:
+            found.extend(_helpers(value, depth + 1))
+    return found[:16]
 
 
 def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> List[str]:
@@ -65,11 +96,12 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
 
     Read from the classes' code before any step runs (a feed is planned before the step
     is traced): an activity regularizer; `add_loss` named in a layer's (or the model's)
-    own `call` or in the code of the user's it reaches (`_names`); a `train_step` /
-    `test_step` of the user's that names neither `compute_loss` nor `compiled_loss`
-    there (its loss is its own). A term added by code `call` reaches only through an
-    object it holds (a helper object's method) is found only when the step is traced
-    (`StepReport` warns then).
+    own `call` or in the code of the user's it reaches (`_names`: its class's methods,
+    module-level functions, the methods of the helper objects the layer holds); a
+    `train_step` / `test_step` of the user's that names neither `compute_loss` nor
+    `compiled_loss` there (its loss is its own). A term added by code that `call`
+    reaches only by a name it computes (`getattr(self, self.how)`) is found only when
+    the step is traced (`StepReport` warns then).
     `custom_steps`: step kind -> the user's step function.
     """
     found: List[str] = []
@@ -77,7 +109,8 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
         name = getattr(layer, "name", type(layer).__name__)
         if getattr(layer, "activity_regularizer", None) is not None:
             found.append(f"the activity regularizer of layer {name!r}")
-        elif "add_loss" in _names(getattr(type(layer), "call", None), type(layer)):
+        elif "add_loss" in _names(getattr(type(layer), "call", None), type(layer),
+                                  [layer, *_helpers(layer)]):
             found.append(f"add_loss in {type(layer).__name__}.call (layer {name!r})")
     if not found and adapter.has_call_time_losses(model):
         found.append("loss terms added by its last call (add_loss)")
