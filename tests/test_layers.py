@@ -417,3 +417,63 @@ def test_the_choice_check_can_fail() -> None:
     assert sum("detects" in f for f in found) == 2 and sum("route" in f for f in found) == 2
     assert any("keras3_jax" in f and "backend" in f for f in found)
     assert any("data.arrays" in f and "Keras line" in f for f in found)
+
+
+# --- the suite's own markers ---------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+# What a test of `kerasmgpu migrate`'s text alone never reaches (tox.ini runs those, marked
+# `text`, in one env only): code run (exec, a subprocess, a migrated case), Keras, an engine,
+# numbers, or a fact of this env.
+RUNS_SOMETHING = frozenset({
+    "run_keras23", "exec", "subprocess", "keras", "tf", "tensorflow", "jax", "torch", "np",
+    "registry", "parallelize", "env_target", "LINE", "BACKEND", "ON_LEGACY", "ON_TF",
+    "ON_JAX", "ON_TORCH", "KERAS3", "requires"})
+
+
+def _marked_text(decorator: ast.expr) -> bool:
+    return (isinstance(decorator, ast.Attribute) and decorator.attr == "text"
+            and isinstance(decorator.value, ast.Attribute) and decorator.value.attr == "mark")
+
+
+def _text_tests_that_run_something(files: Iterator[Tuple[str, ast.Module]]) -> List[str]:
+    """`file::test (names)` for each test marked `text` whose code - or the code of its
+    module's functions and classes it names, followed - names something that runs."""
+    found = []
+    for where, tree in files:
+        defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef)
+                    and any(_marked_text(d) for d in node.decorator_list)):
+                continue
+            names: Set[str] = set()
+            pending, seen = [node], {node.name}
+            while pending:
+                for sub in ast.walk(pending.pop()):
+                    if not isinstance(sub, ast.Name):  # `np.x` names np; `Target.KERAS3`, no env
+                        continue
+                    name = sub.id
+                    names.add(name)
+                    if name in defs and name not in seen:
+                        seen.add(name)
+                        pending.append(defs[name])
+            if names & RUNS_SOMETHING:
+                found.append(f"{where}::{node.name} ({', '.join(sorted(names & RUNS_SOMETHING))})")
+    return found
+
+
+def test_a_text_test_runs_nothing() -> None:
+    files = ((path.name, ast.parse(path.read_text())) for path in sorted(TESTS.glob("test_*.py")))
+    found = _text_tests_that_run_something(files)
+    assert not found, ("marked `text` (run by one env: tox.ini) but running code, Keras or "
+                       f"an env's fact - remove the mark: {found}")
+
+
+def test_the_text_check_can_fail() -> None:
+    code = ("import pytest\n"
+            "def _case(text):\n    return run_keras23(text)\n"
+            "@pytest.mark.text\ndef test_a():\n    assert _case('x')\n"
+            "@pytest.mark.text\ndef test_b():\n    assert migrate('x') == 'x'\n"
+            "def test_c():\n    exec('x')\n")
+    assert _text_tests_that_run_something(iter([("t.py", ast.parse(code))])) == [
+        "t.py::test_a (run_keras23)"]

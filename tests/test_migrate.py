@@ -58,6 +58,7 @@ def report_lines(out: str, path: Path) -> List[str]:
 # migrate_source
 
 
+@pytest.mark.text
 def test_default_target_is_keras3() -> None:
     assert DEFAULT_TARGET is Target.KERAS3
     assert migrate_source(OLD).new_source == NEW
@@ -65,6 +66,7 @@ def test_default_target_is_keras3() -> None:
     assert migrate_source(OLD, target=Target.TF_KERAS).new_source != OLD
 
 
+@pytest.mark.text
 def test_unknown_target_is_a_value_error_that_names_the_choices() -> None:
     with pytest.raises(ValueError) as info:
         migrate_source(OLD, target="keras2")
@@ -73,11 +75,13 @@ def test_unknown_target_is_a_value_error_that_names_the_choices() -> None:
     assert "'keras3', 'tf_keras', 'keras23'" in message
 
 
+@pytest.mark.text
 def test_finding_prints_as_path_line_col_severity_message() -> None:
     finding = Finding("src/train.py", 12, 5, Severity.WARNING, "generators", "what changes")
     assert str(finding) == "src/train.py:12:5: WARNING: what changes"
 
 
+@pytest.mark.text
 def test_findings_are_sorted_by_position_and_carry_their_family() -> None:
     text = "import keras\nm.fit_generator(g, 10)\np = keras.utils.multi_gpu_model(m, 2)\n"
     result = migrate_source(text, "t.py")
@@ -85,11 +89,13 @@ def test_findings_are_sorted_by_position_and_carry_their_family() -> None:
     assert [f.col for f in result.findings] == [3, 5]  # the method name; the reference
 
 
+@pytest.mark.text
 def test_unchanged_source_reports_unchanged() -> None:
     text = "import keras\n\nmodel = keras.Sequential()  # nothing to do\n"
     assert migrate_source(text) == MigrationResult(new_source=text, changed=False, findings=[])
 
 
+@pytest.mark.text
 def test_unparsable_source_raises_migration_error() -> None:
     with pytest.raises(MigrationError) as info:
         migrate_source('print "python 2"\n', "old.py")
@@ -101,6 +107,7 @@ def test_unparsable_source_raises_migration_error() -> None:
     assert "old.py" in message and "cannot parse" in message and "2to3" in message
 
 
+@pytest.mark.text
 def test_parse_error_cites_the_line_and_column_of_the_error() -> None:
     # libcst's own position is off when lines follow the error; the report must not be.
     text = 'import os\nimport keras\nprint "hello"\nx = 1\n'
@@ -111,6 +118,7 @@ def test_parse_error_cites_the_line_and_column_of_the_error() -> None:
     assert info.value.line == 3
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", list(Target))
 def test_crlf_newlines_are_kept(target: Target) -> None:
     before = "import keras\r\n\r\np = keras.utils.multi_gpu_model(m, 2)\r\nm.fit_generator(g, 5)\r\n"
@@ -119,6 +127,7 @@ def test_crlf_newlines_are_kept(target: Target) -> None:
     assert "\n" not in after.replace("\r\n", "")
 
 
+@pytest.mark.text
 def test_moved_lines_follow_inserted_and_rewritten_lines() -> None:
     old = "a\nb\nc\nd\n"
     new = "a\nimport x\nB\nc\nd\n"
@@ -131,6 +140,7 @@ def test_moved_lines_follow_inserted_and_rewritten_lines() -> None:
 # The command: modes and exit status
 
 
+@pytest.mark.text
 def test_report_mode_prints_the_report_and_touches_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -149,6 +159,7 @@ def test_report_mode_prints_the_report_and_touches_nothing(
     assert snapshot(target) == before
 
 
+@pytest.mark.text
 def test_diff_prints_the_unified_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = write(tmp_path / "train.py", OLD)
     before = snapshot(target)
@@ -162,6 +173,7 @@ def test_diff_prints_the_unified_diff(tmp_path: Path, capsys: pytest.CaptureFixt
     assert snapshot(target) == before
 
 
+@pytest.mark.text
 def test_check_exits_1_when_a_file_would_change_then_0(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -178,6 +190,7 @@ def test_check_exits_1_when_a_file_would_change_then_0(
     assert "would rewrite" not in capsys.readouterr().out
 
 
+@pytest.mark.text
 def test_check_fails_on_an_error_alone_and_passes_on_warnings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -192,6 +205,7 @@ def test_check_fails_on_an_error_alone_and_passes_on_warnings(
     assert f"{warned}:1:1: WARNING: multi_gpu_model imported from" in capsys.readouterr().out
 
 
+@pytest.mark.text
 def test_help_documents_the_targets_the_default_and_the_check(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -206,6 +220,7 @@ def test_help_documents_the_targets_the_default_and_the_check(
     assert "Lines cite each file as it is on disk when the command ends" in out
 
 
+@pytest.mark.text
 def test_write_rewrites_and_a_second_write_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -222,6 +237,7 @@ def test_write_rewrites_and_a_second_write_changes_nothing(
     assert snapshot(target) == before
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras", "keras23"])
 def test_to_chooses_the_target(target: str, tmp_path: Path) -> None:
     path = write(tmp_path / "train.py", OLD)
@@ -232,6 +248,7 @@ def test_to_chooses_the_target(target: str, tmp_path: Path) -> None:
         assert expected == NEW_KERAS23
 
 
+@pytest.mark.text
 def test_write_preserves_file_mode(tmp_path: Path) -> None:
     target = write(tmp_path / "run.py", OLD, mode=0o751)
     assert main(["--write", str(target)]) == 0
@@ -239,6 +256,7 @@ def test_write_preserves_file_mode(tmp_path: Path) -> None:
     assert target.stat().st_mode & 0o7777 == 0o751
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("mode", [0o2755, 0o4755, 0o1644, 0o6750], ids=oct)
 def test_write_preserves_setgid_setuid_and_sticky_bits(tmp_path: Path, mode: int) -> None:
     target = write(tmp_path / "run.py", OLD, mode=mode)
@@ -249,6 +267,7 @@ def test_write_preserves_setgid_setuid_and_sticky_bits(tmp_path: Path, mode: int
     assert oct(target.stat().st_mode & 0o7777) == oct(mode)
 
 
+@pytest.mark.text
 def test_write_keeps_the_encoding(tmp_path: Path) -> None:
     text = (
         "# -*- coding: latin-1 -*-\nimport keras\n# café\np = keras.utils.multi_gpu_model(m, 2)\n"
@@ -262,6 +281,7 @@ def test_write_keeps_the_encoding(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.text
 def test_write_keeps_a_utf8_bom_and_crlf(tmp_path: Path) -> None:
     text = "\ufeffimport keras\r\n# é\r\np = keras.utils.multi_gpu_model(m, 2)\r\n"
     target = tmp_path / "bom.py"
@@ -272,6 +292,7 @@ def test_write_keeps_a_utf8_bom_and_crlf(tmp_path: Path) -> None:
     ).encode("utf-8")
 
 
+@pytest.mark.text
 def test_directory_walk_skips_tool_and_cache_dirs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -292,6 +313,7 @@ def test_directory_walk_skips_tool_and_cache_dirs(
     assert "2 file(s) rewritten, 0 unchanged" in out
 
 
+@pytest.mark.text
 def test_unparsable_file_is_reported_with_its_line_and_never_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -306,6 +328,7 @@ def test_unparsable_file_is_reported_with_its_line_and_never_written(
     assert good.read_text() == NEW
 
 
+@pytest.mark.text
 def test_missing_path_exits_2_before_touching_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -318,6 +341,7 @@ def test_missing_path_exits_2_before_touching_anything(
     assert snapshot(good) == before
 
 
+@pytest.mark.text
 def test_write_and_check_together_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -328,6 +352,7 @@ def test_write_and_check_together_is_a_usage_error(
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("flags", "status", "line"), [([], 0, 2), (["--check"], 1, 2), (["--write"], 0, 4)]
 )
@@ -346,6 +371,7 @@ def test_findings_cite_the_lines_of_the_file_on_disk_after_the_run(
     assert target.read_text().splitlines()[line - 1].startswith("m.fit")
 
 
+@pytest.mark.text
 def test_missing_libcst_names_the_extra(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -371,6 +397,7 @@ def test_python_dash_m_check_in_a_subprocess(module: str, tmp_path: Path) -> Non
     assert target.read_text() == OLD
 
 
+@pytest.mark.text
 def test_symlinked_files_are_not_followed_by_the_walk(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -384,6 +411,7 @@ def test_symlinked_files_are_not_followed_by_the_walk(
     assert "1 file(s) rewritten" in capsys.readouterr().out
 
 
+@pytest.mark.text
 def test_each_import_finding_cites_its_own_line_after_write(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rewritten import lines, one removed among them: the text diff alone matched each
@@ -414,6 +442,7 @@ def test_each_import_finding_cites_its_own_line_after_write(
         assert name in written[int(number) - 1], (number, message)
 
 
+@pytest.mark.text
 def test_comments_survive_dropped_arguments() -> None:
     text = """
         from keras.callbacks import TensorBoard

@@ -19,6 +19,7 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
+@pytest.mark.text
 def test_same_meaning_functions_go_to_ops_with_keras23_defaults_written() -> None:
     text = """
         from keras import backend as K
@@ -38,6 +39,7 @@ def test_same_meaning_functions_go_to_ops_with_keras23_defaults_written() -> Non
     assert_idempotent(text)
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("call", "expected"),
     [
@@ -60,12 +62,14 @@ def test_other_shapes_of_the_same_thing(call: str, expected: str) -> None:
     assert f"y = {expected}\n" in after
 
 
+@pytest.mark.text
 def test_shape_is_a_warning_unless_indexed_by_a_number() -> None:
     text = "from keras import backend as K\na = K.shape(x)[0]\nb = K.shape(x)[:1] // 2\n"
     assert severities(text, "returns a tuple") == [Severity.WARNING]
     assert "a = keras.ops.shape(x)[0]" in migrate(text)
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("name", ["function", "gradients", "learning_phase", "batch_dot",
                                   "hard_sigmoid", "rnn"])
 def test_functions_without_equivalent_are_errors(name: str) -> None:
@@ -74,6 +78,7 @@ def test_functions_without_equivalent_are_errors(name: str) -> None:
     assert severities(text, f"K.{name} does not exist in Keras 3") == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_direct_imports_of_rewritten_functions_go() -> None:
     text = "from keras.backend import int_shape, epsilon\nn = int_shape(x)\ne = epsilon()\n"
     after = migrate(text)
@@ -81,6 +86,7 @@ def test_direct_imports_of_rewritten_functions_go() -> None:
     assert "n = tuple(x.shape)\n" in after
 
 
+@pytest.mark.text
 def test_tf_keras_keeps_its_backend_but_for_what_it_dropped() -> None:
     text = "from keras import backend as K\na = K.mean(x)\nb = K.logsumexp(x, axis=1)\n"
     after = migrate(text, "tf_keras")
@@ -89,12 +95,14 @@ def test_tf_keras_keeps_its_backend_but_for_what_it_dropped() -> None:
     assert "import tensorflow as tf\n" in after
 
 
+@pytest.mark.text
 def test_tf_keras_gradients_is_a_warning() -> None:
     text = "from keras import backend as K\ng = K.gradients(loss, x)\n"
     assert migrate(text, "tf_keras") == text.replace("from keras", "from tf_keras")
     assert severities(text, "tf.GradientTape", "tf_keras") == [Severity.WARNING]
 
 
+@pytest.mark.text
 def test_repeat_bias_add_cast_to_floatx_are_rewritten_on_keras3_only() -> None:
     text = ("import numpy as np\nfrom keras import backend as K\nr = K.repeat(h, n + 1)\n"
             "b = K.bias_add(x, self.bias) * 2\nc = K.bias_add(x, b, data_format='channels_last')\n"
@@ -110,12 +118,14 @@ def test_repeat_bias_add_cast_to_floatx_are_rewritten_on_keras3_only() -> None:
     assert migrate(text, "tf_keras") == text.replace("from keras", "from tf_keras")
 
 
+@pytest.mark.text
 def test_cast_to_floatx_imports_numpy_where_the_file_has_none() -> None:
     after = migrate("from keras import backend as K\nf = K.cast_to_floatx([1, 2])\n")
     assert "import numpy\n" in after
     assert "f = numpy.asarray([1, 2], dtype=keras.backend.floatx())\n" in after
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("data_format", ["'channels_first'", "fmt"])
 def test_bias_add_not_channels_last_stays_an_error(data_format: str) -> None:
     text = f"from keras import backend as K\ny = K.bias_add(x, b, {data_format})\n"
@@ -123,12 +133,14 @@ def test_bias_add_not_channels_last_stays_an_error(data_format: str) -> None:
     assert severities(text, "channels_first adds the bias on axis 1") == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_in_train_phase_stays_an_error() -> None:
     text = "from keras import backend as K\ny = K.in_train_phase(a, b, training=t)\n"
     assert migrate(text) == text
     assert severities(text, "K.in_train_phase does not exist") == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_keras23_target_changes_nothing() -> None:
     text = "from keras import backend as K\nn = K.int_shape(x)\n"
     assert migrate(text, "keras23") == text
@@ -322,6 +334,7 @@ def test_migrated_backend_calls_compute_what_keras23_computed() -> None:
         np.testing.assert_allclose(values, KERAS23[name], rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.text
 def test_unseeded_random_in_a_layer_call_warns_on_keras3() -> None:
     text = """
         from keras import backend as K

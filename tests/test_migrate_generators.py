@@ -15,6 +15,7 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_fit_generator_positionals_become_keywords(target: str) -> None:
     text = "model.fit_generator(gen, 100, 5, 2, [cb], val_gen, 10)\n"
@@ -25,11 +26,13 @@ def test_fit_generator_positionals_become_keywords(target: str) -> None:
     assert_idempotent(text, target)
 
 
+@pytest.mark.text
 def test_generator_keyword_becomes_the_first_positional() -> None:
     text = "h = self.model.fit_generator(epochs=3, generator=gen(), steps_per_epoch=7)\n"
     assert migrate(text) == "h = self.model.fit(gen(), epochs=3, steps_per_epoch=7)\n"
 
 
+@pytest.mark.text
 def test_worker_arguments_stay_on_tf_keras() -> None:
     text = ("model.fit_generator(seq, workers=4, use_multiprocessing=True,\n"
             "                    max_queue_size=20)\n")
@@ -40,6 +43,7 @@ def test_worker_arguments_stay_on_tf_keras() -> None:
     assert severities(text, "dropped", "tf_keras") == []
 
 
+@pytest.mark.text
 def test_worker_arguments_are_dropped_on_keras3_with_a_warning_that_says_what_changes() -> None:
     text = "model.fit_generator(seq, 10, workers=4, use_multiprocessing=True)\n"
     assert migrate(text) == "model.fit(seq, steps_per_epoch=10)\n"
@@ -50,12 +54,14 @@ def test_worker_arguments_are_dropped_on_keras3_with_a_warning_that_says_what_ch
     assert "batches repeated" in warning.message  # what multiprocessing did to a generator
 
 
+@pytest.mark.text
 def test_worker_arguments_at_their_defaults_are_dropped_with_an_info() -> None:
     text = "model.fit_generator(seq, 10, workers=1, max_queue_size=10)\n"
     assert migrate(text) == "model.fit(seq, steps_per_epoch=10)\n"
     assert [f.severity for f in findings(text)] == [Severity.INFO]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("method", ["evaluate_generator", "predict_generator"])
 def test_evaluate_and_predict_keep_verbose_0(method: str) -> None:
     base = method.split("_")[0]
@@ -65,11 +71,13 @@ def test_evaluate_and_predict_keep_verbose_0(method: str) -> None:
         f"out = m.{base}(gen, steps=3, verbose=1)\n")
 
 
+@pytest.mark.text
 def test_evaluate_generator_warns_that_the_loss_becomes_the_mean() -> None:
     assert severities("m.evaluate_generator(gen, 3)\n", "loss of the last batch only") == [
         Severity.WARNING]
 
 
+@pytest.mark.text
 def test_keras1_keywords() -> None:
     text = ("m.fit_generator(gen, steps_per_epoch=10, nb_epoch=3, nb_worker=2, pickle_safe=True,"
             " max_q_size=5, validation_data=v, nb_val_samples=4)\n")
@@ -80,12 +88,14 @@ def test_keras1_keywords() -> None:
     assert severities(text, "it counts batches, not samples", "tf_keras") == [Severity.WARNING]
 
 
+@pytest.mark.text
 def test_samples_per_epoch_is_an_error_and_stays() -> None:
     text = "m.fit_generator(gen, samples_per_epoch=1000, nb_epoch=3)\n"
     assert migrate(text) == text
     assert severities(text, "samples_per_epoch is Keras 1's") == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_a_local_fit_generator_method_is_not_keras() -> None:
     text = """
         class Trainer:
@@ -98,6 +108,7 @@ def test_a_local_fit_generator_method_is_not_keras() -> None:
     assert "defined in this file" in findings(text)[0].message
 
 
+@pytest.mark.text
 def test_keras23_target_only_informs() -> None:
     text = "m.fit_generator(g, 10)\n"
     assert migrate(text, "keras23") == text
@@ -166,6 +177,7 @@ def test_migrated_generator_calls_train_and_predict_as_keras23_did() -> None:
     assert float(ran["loss"]) == pytest.approx(expected, abs=2e-6)
 
 
+@pytest.mark.text
 def test_predict_classes_and_predict_proba_are_keras23s_definitions() -> None:
     text = "c = model.predict_classes(x, batch_size=8)\np = model.predict_proba(x)\n"
     assert migrate(text) == (
@@ -177,6 +189,7 @@ def test_predict_classes_and_predict_proba_are_keras23s_definitions() -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_add_loss_on_a_functional_model_is_an_error_on_keras3() -> None:
     text = "vae.add_loss(vae_loss)\nclass L:\n    def call(self, x):\n        self.add_loss(x)\n"
     assert severities(text, "add_loss(<tensor>)") == [Severity.ERROR]
@@ -202,6 +215,7 @@ def test_migrated_predict_classes_gives_keras23s_classes() -> None:
     assert run_keras23(PREDICT_SOURCE, "predict.py")["result"] == [[0, 0, 0, 0], [0, 0, 1, 1]]
 
 
+@pytest.mark.text
 def test_worker_arguments_move_to_a_sequence_the_file_defines_on_keras3() -> None:
     text = """
         from keras.utils import Sequence

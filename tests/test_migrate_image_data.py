@@ -16,6 +16,7 @@ datagen = ImageDataGenerator(rescale=1. / 255, rotation_range=20, horizontal_fli
 """
 
 
+@pytest.mark.text
 def test_keras3_imports_keras_preprocessing_told_to_use_keras_3() -> None:
     # the line for ImageDataGenerator opens the file's import block: libcst's
     # AddImportsVisitor adds `import keras` after it (before the call, which needs it)
@@ -34,6 +35,7 @@ def test_keras3_imports_keras_preprocessing_told_to_use_keras_3() -> None:
     assert "pip install keras-preprocessing" in warning.message
 
 
+@pytest.mark.text
 def test_keras3_other_names_of_the_module_stay_and_an_alias_is_kept() -> None:
     out = migrate("""
         import keras
@@ -52,6 +54,7 @@ def test_keras3_other_names_of_the_module_stay_and_an_alias_is_kept() -> None:
         """)
 
 
+@pytest.mark.text
 def test_keras3_the_calls_map_each_argument_to_a_layer() -> None:
     calls = [f for f in findings(TEXT) if "in Keras 3:" in f.message]
     assert [(f.line, f.severity) for f in calls] == [(2, Severity.INFO)]
@@ -62,6 +65,7 @@ def test_keras3_the_calls_map_each_argument_to_a_layer() -> None:
     assert "channel_shift_range: no layer, write it yourself" in call
 
 
+@pytest.mark.text
 def test_keras3_a_module_spelling_is_an_error_with_the_mapping() -> None:
     text = """
         from keras.preprocessing import image
@@ -73,6 +77,7 @@ def test_keras3_a_module_spelling_is_an_error_with_the_mapping() -> None:
     assert "horizontal_flip -> keras.layers.RandomFlip('horizontal')" in errors[0].message
 
 
+@pytest.mark.text
 def test_keras3_none_defaults_resolved_as_keras23s_wrapper_did() -> None:
     """cifar10_cnn.py of Keras 2.3.1 passes data_format=None; keras-preprocessing rejects it."""
     text = """
@@ -89,6 +94,7 @@ def test_keras3_none_defaults_resolved_as_keras23s_wrapper_did() -> None:
     assert "data_format=keras.config.image_data_format())" in migrate(changed + src(TEXT))
 
 
+@pytest.mark.text
 def test_keras3_keras_imported_further_down_is_imported_before_the_call() -> None:
     text = """
         from keras.preprocessing.image import ImageDataGenerator
@@ -99,6 +105,7 @@ def test_keras3_keras_imported_further_down_is_imported_before_the_call() -> Non
                             "keras_preprocessing.set_keras_submodules(")
 
 
+@pytest.mark.text
 def test_keras3_text_module_becomes_keras_preprocessing_text() -> None:
     text = """
         from keras.preprocessing.text import Tokenizer, text_to_word_sequence as words
@@ -115,6 +122,7 @@ def test_keras3_text_module_becomes_keras_preprocessing_text() -> None:
     assert kept.startswith("from tf_keras.preprocessing.text import Tokenizer")
 
 
+@pytest.mark.text
 def test_tf_keras_still_has_it() -> None:
     assert [f.severity for f in findings(TEXT, "tf_keras") if "ImageDataGenerator" in
             f.message] == [Severity.INFO]

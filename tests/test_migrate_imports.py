@@ -27,6 +27,7 @@ from kerasmgpu.migrate.import_tables import (
 )
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("line", "keras3", "tf_keras"),
     [
@@ -66,6 +67,7 @@ def test_import_lines(line: str, keras3: str, tf_keras: str) -> None:
     assert migrate(f"{line}\n", "keras23") == f"{line}\n"
 
 
+@pytest.mark.text
 def test_an_import_of_two_moved_modules_is_split_one_line_each() -> None:
     text = "from keras.engine.topology import Input, Network, get_source_inputs\n"
     assert migrate(text) == (
@@ -74,6 +76,7 @@ def test_an_import_of_two_moved_modules_is_split_one_line_each() -> None:
     )
 
 
+@pytest.mark.text
 def test_renamed_names_are_renamed_where_the_file_uses_them() -> None:
     text = """
         from keras.engine.topology import Network
@@ -90,6 +93,7 @@ def test_renamed_names_are_renamed_where_the_file_uses_them() -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_loss_aliases_keras3_dropped() -> None:
     text = "from keras.losses import mse, binary_crossentropy\nl = mse(a, b)\n"
     assert migrate(text) == (
@@ -99,6 +103,7 @@ def test_loss_aliases_keras3_dropped() -> None:
     assert migrate(text, "tf_keras").startswith("from tf_keras.losses import mse,")
 
 
+@pytest.mark.text
 def test_module_chains_in_code() -> None:
     text = """
         import keras
@@ -116,6 +121,7 @@ def test_module_chains_in_code() -> None:
     assert "z = keras.layers.Conv2D(3, 3)" in after_tf
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("line", "target"),
     [("from keras.layers import LocallyConnected2D", "keras3"),
@@ -131,16 +137,19 @@ def test_names_the_target_does_not_have_are_errors(line: str, target: str) -> No
     assert errors and all("does not exist in" in error.message for error in errors)
 
 
+@pytest.mark.text
 def test_six_moves_become_python3_names() -> None:
     text = "from six.moves import range\nfrom six.moves import cPickle, reduce\nx = 1\n"
     assert migrate(text) == "import pickle as cPickle\nfrom functools import reduce\nx = 1\n"
 
 
+@pytest.mark.text
 def test_package_explicit_on_tf_keras_and_the_report_says_why() -> None:
     [info] = [f for f in findings("import keras\n", "tf_keras")]
     assert "no TF_USE_LEGACY_KERAS needed: `import keras` would be Keras 3" in info.message
 
 
+@pytest.mark.text
 def test_star_import_of_a_moved_module() -> None:
     assert migrate("from keras.layers.core import *\n") == "from keras.layers import *\n"
 
@@ -197,12 +206,14 @@ def test_every_moved_module_existed_in_keras23() -> None:
     assert not missing, missing
 
 
+@pytest.mark.text
 def test_keras23_target_leaves_imports() -> None:
     text = src("from keras.layers.core import Dense\nimport keras\n")
     assert migrate(text, "keras23") == text
     assert severities(text, "->", "keras23") == []
 
 
+@pytest.mark.text
 def test_a_moved_module_imported_by_name_keeps_its_local_name() -> None:
     text = "from keras.utils import np_utils\ny = np_utils.to_categorical(y, 10)\n"
     assert migrate(text) == "from keras import utils as np_utils\ny = np_utils.to_categorical(y, 10)\n"
@@ -238,6 +249,7 @@ def test_the_tables_match_the_target_api_for_every_keras23_public_name() -> None
     assert not missing, missing
 
 
+@pytest.mark.text
 def test_an_unused_import_of_a_gone_name_goes() -> None:
     text = ("from keras.wrappers.scikit_learn import KerasClassifier\n"
             "from keras.utils.layer_utils import convert_dense_weights_data_format, get_file\n"

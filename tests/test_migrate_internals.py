@@ -38,6 +38,7 @@ DENSENET = """
     """
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_obtain_input_shape_becomes_a_local_definition(target: str) -> None:
     out = assert_idempotent(DENSENET, target)
@@ -50,6 +51,7 @@ def test_obtain_input_shape_becomes_a_local_definition(target: str) -> None:
     assert migrate(DENSENET, "keras23") == migrate(DENSENET, "keras23")  # left as written
 
 
+@pytest.mark.text
 def test_a_live_theano_conversion_stays_an_error() -> None:
     text = ("from keras.utils.layer_utils import convert_all_kernels_in_model\n"
             "convert_all_kernels_in_model(model)\n")
@@ -143,6 +145,7 @@ def test_a_merge_subclass_becomes_a_layer(target: str) -> None:
         "import _Merge" in migrate(kept, target)
 
 
+@pytest.mark.text
 def test_legacy_interfaces_and_their_decorators_go() -> None:
     text = """
         from keras.legacy import interfaces

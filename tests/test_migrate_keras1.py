@@ -46,6 +46,7 @@ CASES = [
 ]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(("old", "new"), CASES)
 def test_keras1_layer_calls(old: str, new: str) -> None:
     text = f"from keras.layers import *\nlayer = {old}\n"
@@ -55,6 +56,7 @@ def test_keras1_layer_calls(old: str, new: str) -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_runtime_kernel_sizes_are_an_error_not_a_guess() -> None:
     text = "from keras.layers import Conv2D\ndef build(k):\n    return Conv2D(32, k, k)\n"
     assert migrate(text) == text
@@ -63,6 +65,7 @@ def test_runtime_kernel_sizes_are_an_error_not_a_guess() -> None:
     assert "modern Keras always reads strides, silently" in error.message
 
 
+@pytest.mark.text
 def test_model_input_output_and_nb_epoch() -> None:
     text = "from keras.models import Model\nm = Model(input=a, output=b)\nm.fit(x, y, nb_epoch=3)\n"
     assert migrate(text) == (
@@ -70,6 +73,7 @@ def test_model_input_output_and_nb_epoch() -> None:
     )
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("call", "new"),
     [("merge([a, b], mode='concat', concat_axis=1)", "keras.layers.concatenate([a, b], axis=1)"),
@@ -88,6 +92,7 @@ def test_keras1_merge_function(call: str, new: str) -> None:
     assert "from keras.layers import Input\n" in after  # merge's import went
 
 
+@pytest.mark.text
 def test_merge_with_a_callable_mode_and_the_merge_layer_are_errors() -> None:
     text = "from keras.layers import merge, Merge\na = merge([x, y], mode=f)\nb = Merge([l, r])\n"
     assert severities(text, "merge") == [Severity.ERROR, Severity.ERROR]
@@ -127,6 +132,7 @@ def test_the_rewrite_builds_what_keras23_built(old: str, new: str) -> None:
         assert built  # it built
 
 
+@pytest.mark.text
 def test_kernel_sizes_from_module_constants_are_ints() -> None:
     text = """
         from keras.layers import Convolution2D

@@ -13,6 +13,7 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_gru_keeps_keras23s_reset_after(target: str) -> None:
     text = "from keras.layers import GRU\nlayer = GRU(32, return_sequences=True)\n"
@@ -23,6 +24,7 @@ def test_gru_keeps_keras23s_reset_after(target: str) -> None:
     assert_idempotent(text, target)
 
 
+@pytest.mark.text
 def test_cudnn_layers_become_the_modern_ones() -> None:
     text = """
         from keras.layers import CuDNNLSTM, CuDNNGRU, Dense
@@ -39,6 +41,7 @@ def test_cudnn_layers_become_the_modern_ones() -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_hard_sigmoid_and_convlstm_defaults_warn_on_keras3_only() -> None:
     text = ("from keras.layers import ConvLSTM2D, LSTM\n"
             "a = ConvLSTM2D(8, (3, 3))\nb = LSTM(4, recurrent_activation='hard_sigmoid')\n")
@@ -70,6 +73,7 @@ def test_migrated_gru_computes_what_keras23s_computed() -> None:
     np.testing.assert_allclose(ran["result"], KERAS23_GRU, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.text
 def test_weights_argument_goes_to_set_weights_after_add() -> None:
     text = """
         from keras.layers import Conv2D, Dense, Embedding
@@ -110,6 +114,7 @@ weights = sorted(w.name.split("/")[-1].split(":")[0] for w in model.weights)
 '''
 
 
+@pytest.mark.text
 def test_add_weight_positionals_become_what_keras23_bound_them_to() -> None:
     out = assert_idempotent(ADD_WEIGHT)
     assert 'self.add_weight(name="w", shape=(input_shape[-1],), dtype=None, ' \
@@ -127,6 +132,7 @@ def test_migrated_add_weight_builds_the_same_weights() -> None:
     assert ran["weights"] == ["b", "w"]
 
 
+@pytest.mark.text
 def test_numpy_units_become_a_python_int_on_keras3() -> None:
     text = """
         import numpy as np
@@ -173,6 +179,7 @@ result = float(model.evaluate(x, np.zeros((1, 2), "float32"), batch_size=1, verb
 '''
 
 
+@pytest.mark.text
 def test_read_only_activity_regularizer_property_gets_a_setter_on_keras3() -> None:
     out = assert_idempotent(READ_ONLY_REGULARIZER)
     assert ("        return self.cell.penalty\n\n"
@@ -211,6 +218,7 @@ result = float(model.evaluate(x, np.zeros((2, 1), "float32"), batch_size=2, verb
 '''
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_activity_regularizer_warns_of_the_batch_mean(target: str) -> None:
     assert severities(ACTIVITY, "divide the activity penalty", target) == [Severity.WARNING]
@@ -262,6 +270,7 @@ result = model.get_weights()[0].tolist()
 '''
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_rnn_cell_input_spec_is_dropped(target: str) -> None:
     out = assert_idempotent(CELL_SPEC, target)
@@ -304,6 +313,7 @@ result = model.predict(x).tolist()
 '''
 
 
+@pytest.mark.text
 def test_rnn_subclass_call_takes_sequences_on_keras3() -> None:
     out = assert_idempotent(RNN_CALL)
     assert "    def call(self, sequences, mask=None, training=None, initial_state=None):\n" \

@@ -8,6 +8,7 @@ the loss Keras reports against the same formula in numpy.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from helpers import requires
 from migrate_cases import assert_idempotent, found, migrate, run_keras23, src
 
@@ -35,6 +36,7 @@ LOSS = """
     """
 
 
+@pytest.mark.text
 def test_tf_keras_casts_the_labels_where_the_function_computes_with_them() -> None:
     after = assert_idempotent(LOSS, "tf_keras")
     assert "'''Keras 2.3.1 examples/mnist_siamese.py.'''\n    y_true = tf.cast(y_true, " \
@@ -47,11 +49,13 @@ def test_tf_keras_casts_the_labels_where_the_function_computes_with_them() -> No
     assert casts == [(3, Severity.INFO), (13, Severity.INFO)]
 
 
+@pytest.mark.text
 def test_keras3_and_keras23_leave_it() -> None:
     assert not [m for _, _, m in found(LOSS) if "tf.cast" in m]
     assert migrate(LOSS, "keras23") == "import kerasmgpu.keras23\n" + src(LOSS)
 
 
+@pytest.mark.text
 def test_a_function_that_casts_itself_or_is_not_a_loss_is_left() -> None:
     text = """
         def casts(y_true, y_pred):
@@ -68,6 +72,7 @@ def test_a_function_that_casts_itself_or_is_not_a_loss_is_left() -> None:
 
 RUN = '''
 import numpy as np
+import pytest
 from keras import backend as K
 from keras.layers import Dense
 from keras.models import Sequential

@@ -53,6 +53,7 @@ def lines_advised(text: str, needle: str, target: str = "keras23") -> List[int]:
 # Imports of multi_gpu_model
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "module",
     [
@@ -79,6 +80,7 @@ def test_each_import_form_is_rewritten(module: str) -> None:
     )
 
 
+@pytest.mark.text
 def test_multi_name_import_is_split_and_keeps_its_comment() -> None:
     before = """
         from keras.utils import to_categorical, multi_gpu_model  # both from keras
@@ -93,6 +95,7 @@ def test_multi_name_import_is_split_and_keeps_its_comment() -> None:
     )
 
 
+@pytest.mark.text
 def test_multi_name_import_split_when_multi_gpu_model_is_first_or_middle() -> None:
     assert migrate("from keras.utils import multi_gpu_model, to_categorical\n") == (
         "from keras.utils import to_categorical\nfrom kerasmgpu.legacy import multi_gpu_model\n"
@@ -102,6 +105,7 @@ def test_multi_name_import_split_when_multi_gpu_model_is_first_or_middle() -> No
     )
 
 
+@pytest.mark.text
 def test_parenthesized_multi_name_import_keeps_its_layout() -> None:
     before = """
         from keras.utils import (
@@ -121,6 +125,7 @@ def test_parenthesized_multi_name_import_keeps_its_layout() -> None:
     )
 
 
+@pytest.mark.text
 def test_alias_is_kept_both_alone_and_when_split() -> None:
     assert migrate("from keras.utils import multi_gpu_model as mgm\n") == (
         "from kerasmgpu.legacy import multi_gpu_model as mgm\n"
@@ -131,6 +136,7 @@ def test_alias_is_kept_both_alone_and_when_split() -> None:
     )
 
 
+@pytest.mark.text
 def test_import_fallback_in_try_block_is_rewritten_with_its_indentation() -> None:
     before = """
         try:
@@ -149,6 +155,7 @@ def test_import_fallback_in_try_block_is_rewritten_with_its_indentation() -> Non
     )
 
 
+@pytest.mark.text
 def test_one_line_suite_gets_the_new_import_after_a_semicolon() -> None:
     before = "if USE_KERAS: from keras.utils import to_categorical, multi_gpu_model\n"
     assert migrate(before) == (
@@ -157,6 +164,7 @@ def test_one_line_suite_gets_the_new_import_after_a_semicolon() -> None:
     )
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "line",
     [
@@ -172,6 +180,7 @@ def test_other_imports_are_left_alone(line: str) -> None:
     assert result.new_source == line
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "line",
     [
@@ -196,6 +205,7 @@ def test_import_of_a_vendored_multi_gpu_model_is_advised_not_rewritten(line: str
 # multi_gpu_model reached through a module
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("imports", "call"),
     [
@@ -221,6 +231,7 @@ def test_attribute_calls_are_rewritten_and_import_added(imports: str, call: str)
     )
 
 
+@pytest.mark.text
 def test_import_added_once_for_many_calls_and_not_when_present() -> None:
     before = """
         import keras
@@ -240,6 +251,7 @@ def test_import_added_once_for_many_calls_and_not_when_present() -> None:
     assert migrate(present).count("import kerasmgpu.legacy\n") == 1
 
 
+@pytest.mark.text
 def test_import_lands_after_the_imports_that_precede_first_use() -> None:
     # CUDA_VISIBLE_DEVICES must be set before the framework starts: the new import goes
     # with the keras import below it, never above the environment line.
@@ -270,6 +282,7 @@ def test_import_lands_after_the_imports_that_precede_first_use() -> None:
     ).replace("keras.utils.multi_gpu_model", "kerasmgpu.legacy.multi_gpu_model")
 
 
+@pytest.mark.text
 def test_import_after_docstring_when_keras_is_imported_locally() -> None:
     before = '''
         """Only local imports."""
@@ -290,6 +303,7 @@ def test_import_after_docstring_when_keras_is_imported_locally() -> None:
     )
 
 
+@pytest.mark.text
 def test_import_after_a_try_except_import_block() -> None:
     before = """
         try:
@@ -311,6 +325,7 @@ def test_import_after_a_try_except_import_block() -> None:
     )
 
 
+@pytest.mark.text
 def test_untraceable_attribute_is_left_alone_with_advice() -> None:
     before = """
         import keras
@@ -326,11 +341,13 @@ def test_untraceable_attribute_is_left_alone_with_advice() -> None:
     assert [(a.line, "helpers.multi_gpu_model" in a.message) for a in advice(result)] == [(2, True)]
 
 
+@pytest.mark.text
 def test_parenthesized_reference_keeps_its_parentheses() -> None:
     before = "import keras\np = (keras.utils.multi_gpu_model)(m, 2)\n"
     assert "p = (kerasmgpu.legacy.multi_gpu_model)(m, 2)\n" in migrate(before)
 
 
+@pytest.mark.text
 def test_crlf_newlines_are_kept() -> None:
     before = "import keras\r\n\r\np = keras.utils.multi_gpu_model(m, 2)\r\n"
     assert migrate_source(before).new_source == (
@@ -422,6 +439,7 @@ LEGACY_SCRIPT_MIGRATED = src(
 )
 
 
+@pytest.mark.text
 def test_comments_blank_lines_and_spacing_survive_exactly() -> None:
     result = migrate_source(LEGACY_SCRIPT)
     assert result.changed
@@ -438,6 +456,7 @@ SAMPLES = [
 ]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("sample", SAMPLES)
 def test_idempotent(sample: str) -> None:
     once = migrate_source(sample)
@@ -450,11 +469,13 @@ def test_idempotent(sample: str) -> None:
     assert [a.message for a in advice(twice)] == [a.message for a in advice(once)]
 
 
+@pytest.mark.text
 def test_unchanged_source_reports_unchanged() -> None:
     text = "import keras\n\nmodel = keras.Sequential()  # nothing to do\n"
     assert migrate_source(text) == MigrationResult(new_source=text, changed=False, findings=[])
 
 
+@pytest.mark.text
 def test_unparsable_source_raises_migration_error() -> None:
     with pytest.raises(MigrationError) as info:
         migrate_source('print "python 2"\n', "old.py")
@@ -465,6 +486,7 @@ def test_unparsable_source_raises_migration_error() -> None:
     assert "old.py" in message and "cannot parse" in message and "2to3" in message
 
 
+@pytest.mark.text
 def test_parse_error_cites_the_line_and_column_of_the_error() -> None:
     # libcst's own position is off when lines follow the error; the report must not be.
     text = 'import os\nimport keras\nprint "hello"\nx = 1\n'
@@ -478,6 +500,7 @@ def test_parse_error_cites_the_line_and_column_of_the_error() -> None:
 # make_parallel
 
 
+@pytest.mark.text
 def test_make_parallel_call_sites_move_and_definition_stays() -> None:
     before = """
         def make_parallel(model, gpu_count):
@@ -515,6 +538,7 @@ def test_make_parallel_call_sites_move_and_definition_stays() -> None:
     )
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "before",
     [
@@ -533,6 +557,7 @@ def test_make_parallel_with_other_shape_is_left_alone_with_advice(before: str) -
     assert "calls were left alone" in advice(result)[0].message
 
 
+@pytest.mark.text
 def test_make_parallel_method_is_not_rewritten() -> None:
     before = (
         "class Trainer:\n"
@@ -546,6 +571,7 @@ def test_make_parallel_method_is_not_rewritten() -> None:
     assert "it is a method" in advice(result)[0].message
 
 
+@pytest.mark.text
 def test_make_parallel_imported_from_elsewhere_is_advised() -> None:
     assert lines_advised(
         "import os\nfrom utils.multi_gpu import make_parallel\n", "import it from kerasmgpu"
@@ -565,6 +591,7 @@ MAKE_PARALLEL_THEN_LOAD = src(
 )
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras23", "keras3", "tf_keras"])
 def test_load_weights_into_a_make_parallel_result_keeps_the_calls_with_an_error(
         target: str) -> None:
@@ -585,6 +612,7 @@ def test_load_weights_into_a_make_parallel_result_keeps_the_calls_with_an_error(
     assert kept.severity is (Severity.WARNING if target == "keras23" else Severity.ERROR)
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "text",
     [
@@ -599,10 +627,12 @@ def test_load_weights_on_any_make_parallel_result_is_advised(text: str) -> None:
     assert lines_advised(text, "loads into what make_parallel returned") == [2]
 
 
+@pytest.mark.text
 def test_load_weights_without_make_parallel_is_not_advised() -> None:
     assert advice_of("parallel = multi_gpu(m, 2)\nparallel.load_weights(p)\n") == []
 
 
+@pytest.mark.text
 def test_get_slice_alone_in_an_unrelated_file_is_not_advised() -> None:
     assert advice_of("def get_slice(a, i):\n    return a[i]\n") == []
 
@@ -611,6 +641,7 @@ def test_get_slice_alone_in_an_unrelated_file_is_not_advised() -> None:
 # Advice-only patterns and their line numbers
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "device",
     ["'/cpu:0'", '"/cpu:0"', "'/CPU:0'", '"cpu:0"', "'/device:CPU:0'"],
@@ -621,6 +652,7 @@ def test_cpu_template_scope_is_advised(device: str) -> None:
     assert not migrate_source(text).changed
 
 
+@pytest.mark.text
 def test_cpu_scope_through_tensorflow_alias_and_gpu_scope() -> None:
     assert lines_advised(
         "from tensorflow import device\nwith device('/cpu:0'):\n    m = build()\n",
@@ -629,6 +661,7 @@ def test_cpu_scope_through_tensorflow_alias_and_gpu_scope() -> None:
     assert advice_of("import tensorflow as tf\nwith tf.device('/gpu:0'):\n    m = b()\n") == []
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "device",
     [
@@ -645,11 +678,13 @@ def test_conditional_cpu_device_is_advised_like_the_plain_string(device: str) ->
     assert "the template no longer needs to live on the CPU" in message
 
 
+@pytest.mark.text
 def test_conditional_device_without_cpu_is_not_advised() -> None:
     text = "import tensorflow as tf\nwith tf.device('/gpu:0' if a else '/gpu:1'):\n    m = b()\n"
     assert advice_of(text) == []
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "line",
     [
@@ -672,11 +707,13 @@ def test_batch_size_times_gpu_count_is_advised(line: str) -> None:
     assert lines_advised(text, "batch_size is the global batch in kerasmgpu") == [3]
 
 
+@pytest.mark.text
 def test_batch_size_times_a_gpu_count_alias_is_advised() -> None:
     text = "n = len(gpu_list)\nbatch_size = 64 * n\n"
     assert lines_advised(text, "global batch") == [2]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "line",
     [
@@ -690,6 +727,7 @@ def test_unrelated_products_are_not_advised(line: str) -> None:
     assert lines_advised(f"{line}\n", "global batch") == []
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("method", "base"),
     [
@@ -706,6 +744,7 @@ def test_generator_methods_are_advised(method: str, base: str) -> None:
     assert f"{base}() accepts generators" in advised[0][1]
 
 
+@pytest.mark.text
 def test_advice_for_the_whole_legacy_script_with_line_numbers() -> None:
     advised = advice(migrate_source(LEGACY_SCRIPT, "train.py"))
     assert all(isinstance(a, Finding) and a.filename == "train.py" for a in advised)
@@ -719,12 +758,14 @@ def test_advice_for_the_whole_legacy_script_with_line_numbers() -> None:
     assert str(advised[3]).startswith("train.py:29:1: INFO: batch_size is multiplied")
 
 
+@pytest.mark.text
 def test_star_import_with_bare_use_is_advised() -> None:
     text = "from keras.utils import *\n\np = multi_gpu_model(m, 2)\n"
     assert lines_advised(text, "star import") == [1]
     assert lines_advised("from keras.utils import *\n", "star import") == []
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     "line",
     [
@@ -760,6 +801,7 @@ KERAS_EXTRAS = src(
 )
 
 
+@pytest.mark.text
 def test_keras_extras_module_gets_def_advice_but_no_template_advice() -> None:
     result = migrate_source(KERAS_EXTRAS, "multi_gpu.py")
     assert not result.changed
@@ -769,6 +811,7 @@ def test_keras_extras_module_gets_def_advice_but_no_template_advice() -> None:
     ]
 
 
+@pytest.mark.text
 def test_vendored_multi_gpu_model_definition_is_advised() -> None:
     text = (
         "import tensorflow as tf\n\n"
@@ -821,6 +864,7 @@ KERAS_OWN_COPY = src(
 )
 
 
+@pytest.mark.text
 def test_copy_of_keras_multi_gpu_model_gets_keras_advice_not_keras_extras() -> None:
     result = migrate_source(KERAS_OWN_COPY, "multi_gpu_utils.py")
     assert not result.changed
@@ -832,6 +876,7 @@ def test_copy_of_keras_multi_gpu_model_gets_keras_advice_not_keras_extras() -> N
     assert "keras-extras" not in found.message
 
 
+@pytest.mark.text
 def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras_extras() -> None:
     text = (
         "def get_slice(data, i, parts):\n    return data\n\n\n"
@@ -842,6 +887,7 @@ def test_module_level_get_slice_beside_a_multi_gpu_model_copy_is_keras_not_keras
     assert lines_advised(text + "\np = make_parallel(m, 2)\n", "keras-extras") == [1]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("line", ["import kerasmgpu.keras23", "from kerasmgpu import keras23"])
 def test_the_keras23_runtime_import_goes_on_the_modern_targets(line: str) -> None:
     text = f"{line}\nimport keras\n"
@@ -849,12 +895,14 @@ def test_the_keras23_runtime_import_goes_on_the_modern_targets(line: str) -> Non
     assert migrate(text, "keras23") == text
 
 
+@pytest.mark.text
 def test_parallelize_reuses_an_existing_kerasmgpu_binding() -> None:
     text = "import kerasmgpu.legacy\nimport keras\np = keras.utils.multi_gpu_model(m, 2)\n"
     assert migrate(text, "keras3") == (
         "import kerasmgpu.legacy\nimport keras\np = kerasmgpu.parallelize(m, gpus=2)\n")
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_modern_targets_call_parallelize_and_drop_the_import(target: str) -> None:
     text = """
@@ -873,12 +921,14 @@ def test_modern_targets_call_parallelize_and_drop_the_import(target: str) -> Non
     assert "save the template" in info.message
 
 
+@pytest.mark.text
 def test_a_non_call_reference_keeps_the_drop_in_on_modern_targets() -> None:
     text = "from keras.utils import multi_gpu_model\nwrap = multi_gpu_model\n"
     assert migrate(text, "keras3") == (
         "from kerasmgpu.legacy import multi_gpu_model\nwrap = multi_gpu_model\n")
 
 
+@pytest.mark.text
 def test_privates_of_multi_gpu_utils_are_errors_on_modern_targets() -> None:
     text = ("from keras.utils.multi_gpu_utils import _get_available_devices\n"
             "import keras.utils.multi_gpu_utils as mgu\nn = mgu._normalize_device_name(d)\n")
@@ -899,6 +949,7 @@ model.compile("sgd", "mse")
 '''
 
 
+@pytest.mark.text
 def test_keras23_puts_the_runtime_import_after_the_docstring_and_future_lines() -> None:
     out = migrate(SCRIPT_WITH_FUTURE)
     assert out.startswith('"""Trains a small model (Keras 2.3.1\'s examples open like this)."""'

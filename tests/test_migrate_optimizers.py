@@ -22,6 +22,7 @@ RUNS_KERAS23_CODE = requires(lines=[KerasLine.LEGACY, KerasLine.KERAS_3,
                                     KerasLine.TF_KERAS_LEGACY])
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_lr_becomes_learning_rate(target: str) -> None:
     text = "from keras.optimizers import Adam\nopt = Adam(lr=1e-4, beta_1=0.9)\n"
@@ -29,6 +30,7 @@ def test_lr_becomes_learning_rate(target: str) -> None:
     assert_idempotent(text, target)
 
 
+@pytest.mark.text
 def test_decay_becomes_the_inverse_time_schedule() -> None:
     text = "import keras\nopt = keras.optimizers.SGD(lr=0.01, momentum=0.9, decay=1e-6)\n"
     assert migrate(text) == (
@@ -41,6 +43,7 @@ def test_decay_becomes_the_inverse_time_schedule() -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_decay_without_lr_uses_the_keras23_default_and_zero_decay_goes() -> None:
     text = "from keras import optimizers\na = optimizers.Adam(decay=0.1)\nb = optimizers.SGD(decay=0.)\n"
     after = migrate(text)
@@ -50,6 +53,7 @@ def test_decay_without_lr_uses_the_keras23_default_and_zero_decay_goes() -> None
     assert "b = optimizers.SGD()\n" in after
 
 
+@pytest.mark.text
 def test_decay_with_a_callback_that_sets_the_rate_is_a_warning() -> None:
     text = (
         "from keras.optimizers import SGD\nfrom keras.callbacks import ReduceLROnPlateau\n"
@@ -59,6 +63,7 @@ def test_decay_with_a_callback_that_sets_the_rate_is_a_warning() -> None:
         Severity.WARNING]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("call", "expected"),
     [
@@ -81,12 +86,14 @@ def test_keras23_defaults_and_positionals_are_written_out(call: str, expected: s
     assert migrate(text).endswith(f"opt = {expected}\n")
 
 
+@pytest.mark.text
 def test_other_schedule_decay_is_an_error() -> None:
     text = "from keras.optimizers import Nadam\nopt = Nadam(schedule_decay=0.01)\n"
     assert severities(text, "schedule_decay=0.01") == [Severity.ERROR]
     assert migrate(text) == text
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("name", "expected"),
     [("adadelta", "keras.optimizers.Adadelta(learning_rate=1.0)"),
@@ -105,6 +112,7 @@ def test_optimizer_names_in_compile_keep_the_keras23_rate(name: str, expected: s
         assert after == f"import keras\nmodel.compile(loss='mse', optimizer={expected})\n"
 
 
+@pytest.mark.text
 def test_optimizer_lr_attribute_reads_and_writes() -> None:
     text = """
         import keras
@@ -122,6 +130,7 @@ def test_optimizer_lr_attribute_reads_and_writes() -> None:
     assert "layer.lr = 3" in after
 
 
+@pytest.mark.text
 def test_keras23_target_leaves_optimizers_alone() -> None:
     text = "from keras.optimizers import SGD\nopt = SGD(lr=0.1, decay=1e-6)\n"
     assert migrate(text, "keras23") == text
@@ -204,6 +213,7 @@ def test_epsilon_outside_the_square_root_as_keras23_had_it(optimizer: str) -> No
     np.testing.assert_allclose(result, SMALL_GRADIENTS[optimizer], rtol=3e-3, atol=1e-7)
 
 
+@pytest.mark.text
 def test_epsilon_is_written_squared_once() -> None:
     text = """
         from keras.optimizers import RMSprop, Adagrad
@@ -234,6 +244,7 @@ def test_nadam_differs_from_keras23_and_the_report_says_so() -> None:
     assert severities(source, "Nadam's update differs from Keras 2.3's") == [Severity.WARNING]
 
 
+@pytest.mark.text
 def test_no_keras_import_is_added_when_the_new_code_does_not_name_it() -> None:
     text = "from keras.optimizers import Adam\nopt = Adam(lr=1e-3)\n"
     assert migrate(text) == "from keras.optimizers import Adam\nopt = Adam(learning_rate=1e-3)\n"

@@ -12,6 +12,7 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("call", "new"),
     [('model.save_weights("w.h5")', 'model.save_weights("w.weights.h5")'),
@@ -30,11 +31,13 @@ def test_save_weights_endings(call: str, new: str) -> None:
     assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_a_path_not_spelled_in_the_source_is_a_warning() -> None:
     assert severities("model.save_weights(path)\n", "not spelled in the source") == [
         Severity.WARNING]
 
 
+@pytest.mark.text
 def test_loads_of_a_file_this_module_saves_follow_its_new_name() -> None:
     text = 'model.save_weights("w.h5")\nmodel.load_weights("w.h5")\nother.load_weights("o.h5")\n'
     assert migrate(text) == (
@@ -43,6 +46,7 @@ def test_loads_of_a_file_this_module_saves_follow_its_new_name() -> None:
     )
 
 
+@pytest.mark.text
 def test_every_literal_of_a_renamed_checkpoint_path_follows_it() -> None:
     """Keras-FCN's train.py: the resume path spelled again, and a path held in a name."""
     text = """
@@ -65,6 +69,7 @@ def test_every_literal_of_a_renamed_checkpoint_path_follows_it() -> None:
     assert (followed.line, followed.col, followed.severity) == (3, 43, Severity.INFO)
 
 
+@pytest.mark.text
 def test_another_file_that_reads_a_renamed_checkpoint_follows_it(tmp_path: Path) -> None:
     from kerasmgpu.migrate import cli
 
@@ -79,6 +84,7 @@ def test_another_file_that_reads_a_renamed_checkpoint_follows_it(tmp_path: Path)
     assert cli.main([str(tmp_path), "--to", "keras3", "--check"]) == 0  # nothing left
 
 
+@pytest.mark.text
 def test_model_checkpoint_endings_and_period() -> None:
     text = """
         from keras.callbacks import ModelCheckpoint, TensorBoard
@@ -96,6 +102,7 @@ def test_model_checkpoint_endings_and_period() -> None:
     assert "period=5" in tf_keras and 't = TensorBoard(log_dir="logs")' in tf_keras
 
 
+@pytest.mark.text
 def test_model_checkpoint_through_the_projects_star_import() -> None:
     """zhixuhao/unet's main.py: `from model import *`, whose model.py imported it."""
     text = """
@@ -107,6 +114,7 @@ def test_model_checkpoint_through_the_projects_star_import() -> None:
     assert migrate(bound) == bound  # the project's own class, not Keras's
 
 
+@pytest.mark.text
 def test_save_to_a_folder_is_a_warning_on_keras3() -> None:
     [warning] = findings('model.save("exported_model")\n')
     assert "model.export(" in warning.message
@@ -137,6 +145,7 @@ def test_the_migrated_saving_code_runs(tmp_path: Path, monkeypatch: pytest.Monke
     assert files in (["best.h5", "final.h5"], ["best.weights.h5", "final.weights.h5"])
 
 
+@pytest.mark.text
 def test_a_path_held_in_a_dict_literal_is_renamed_where_it_is_spelled() -> None:
     """Keras-GAN's save_model(): the weight path goes through a name and a dict."""
     text = """

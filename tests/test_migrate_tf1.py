@@ -11,6 +11,7 @@ GROWTH = ('for gpu in tf.config.list_physical_devices("GPU"):\n'
           "    tf.config.experimental.set_memory_growth(gpu, True)\n")
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_the_allow_growth_setup_becomes_memory_growth(target: str) -> None:
     text = """
@@ -30,6 +31,7 @@ def test_the_allow_growth_setup_becomes_memory_growth(target: str) -> None:
     assert_idempotent(text, target)
 
 
+@pytest.mark.text
 def test_one_line_setup_through_tensorflow_backend_and_its_import() -> None:
     text = """
         import tensorflow as tf
@@ -42,6 +44,7 @@ def test_one_line_setup_through_tensorflow_backend_and_its_import() -> None:
     """)
 
 
+@pytest.mark.text
 def test_compat_v1_setup_with_gpu_options_warns_about_the_fraction() -> None:
     text = """
         import tensorflow as tf
@@ -58,6 +61,7 @@ def test_compat_v1_setup_with_gpu_options_warns_about_the_fraction() -> None:
     assert "set_logical_device_configuration" in warning.message
 
 
+@pytest.mark.text
 def test_a_session_used_for_more_is_left_with_an_error() -> None:
     text = """
         import tensorflow as tf
@@ -71,6 +75,7 @@ def test_a_session_used_for_more_is_left_with_an_error() -> None:
     assert "sess = tf.Session(config=config)" in migrate(text)
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("old", "new"),
     [("tf.set_random_seed(1)", "tf.random.set_seed(1)"),
@@ -83,6 +88,7 @@ def test_tf1_names(old: str, new: str) -> None:
     assert migrate(f"import tensorflow as tf\n{old}\n").endswith(f"{new}\n")
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("line", ["x = tf.placeholder(tf.float32, [None, 3])",
                                   "s = K.get_session()", "s = tf.InteractiveSession()"])
 def test_graph_only_code_is_an_error(line: str) -> None:
@@ -90,11 +96,13 @@ def test_graph_only_code_is_an_error(line: str) -> None:
     assert [f.severity for f in findings(text) if f.line == 3] == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_keras23_target_changes_nothing() -> None:
     text = "import tensorflow as tf\nconfig = tf.ConfigProto()\ntf.set_random_seed(1)\n"
     assert migrate(text, "keras23") == text
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_a_session_made_from_the_config_and_never_set_becomes_memory_growth(
         target: str) -> None:
@@ -112,6 +120,7 @@ def test_a_session_made_from_the_config_and_never_set_becomes_memory_growth(
     assert [f.severity for f in findings(text, target)] == [Severity.INFO]
 
 
+@pytest.mark.text
 def test_a_session_used_for_graph_code_is_one_error_naming_the_settings() -> None:
     text = """
         import tensorflow as tf

@@ -117,6 +117,7 @@ def test_the_gan_trains_both_models_as_keras23_did(case: str) -> None:
     np.testing.assert_allclose(result, expected, rtol=0, atol=2e-6)
 
 
+@pytest.mark.text
 def test_the_freeze_is_set_around_the_discriminators_own_training_calls() -> None:
     out = assert_idempotent(_source("own"))
     assert ("            self.discriminator.trainable = True\n"
@@ -133,6 +134,7 @@ def test_the_freeze_is_set_around_the_discriminators_own_training_calls() -> Non
     assert not [f for f in findings(_source("own"), "tf_keras") if f.rule == "trainable"]
 
 
+@pytest.mark.text
 def test_the_comment_above_a_wrapped_call_stays_above_it() -> None:
     text = """
         d.compile('sgd', 'mse')
@@ -147,6 +149,7 @@ def test_the_comment_above_a_wrapped_call_stays_above_it() -> None:
             "    d.trainable = False\n    c.train_on_batch(x, y)\n") in assert_idempotent(text)
 
 
+@pytest.mark.text
 def test_several_models_each_get_their_compile_state() -> None:
     """WGAN-GP: the generator frozen for the critic's model, the critic for the generator's."""
     text = """
@@ -169,6 +172,7 @@ def test_several_models_each_get_their_compile_state() -> None:
             "        g_loss = self.generator_model.train_on_batch(x, y)\n") in out
 
 
+@pytest.mark.text
 def test_without_training_calls_in_the_file_a_warning_names_the_fix() -> None:
     text = "d.compile('sgd', 'mse')\nd.trainable = False\nc.compile('sgd', 'mse')\n"
     [warning] = [f for f in findings(text) if f.rule == "trainable"]
@@ -177,6 +181,7 @@ def test_without_training_calls_in_the_file_a_warning_names_the_fix() -> None:
         "False right after" in warning.message
 
 
+@pytest.mark.text
 def test_a_return_of_a_training_call_cannot_be_wrapped() -> None:
     text = ("d.compile('sgd', 'mse')\nd.trainable = False\nc.compile('sgd', 'mse')\n"
             "def step():\n    return d.train_on_batch(x, y)\n")
@@ -185,6 +190,7 @@ def test_a_return_of_a_training_call_cannot_be_wrapped() -> None:
     assert "d.trainable = True" not in migrate(text)
 
 
+@pytest.mark.text
 def test_frozen_before_a_compile_and_trained_by_itself_elsewhere() -> None:
     """machinelearningmastery's define_gan(g_model, d_model): d compiled in another function."""
     text = """
@@ -201,6 +207,7 @@ def test_frozen_before_a_compile_and_trained_by_itself_elsewhere() -> None:
     assert not severities(text, "if d_model was compiled while trainable", "tf_keras")
 
 
+@pytest.mark.text
 def test_a_freeze_that_every_compile_shares_is_left() -> None:
     """Transfer learning: the base is frozen before the only compile."""
     text = "base.trainable = False\nmodel.compile('sgd', 'mse')\nmodel.fit(x, y)\n"
@@ -209,6 +216,7 @@ def test_a_freeze_that_every_compile_shares_is_left() -> None:
     assert not [f for f in findings(_source("own"), "keras23") if f.rule == "trainable"]
 
 
+@pytest.mark.text
 def test_batchnorm_in_a_frozen_model_is_a_warning_on_both_targets() -> None:
     text = _source("own").replace("Dense(1, activation=\"sigmoid\")",
                                   "BatchNormalization(), Dense(1, activation=\"sigmoid\")")
@@ -218,6 +226,7 @@ def test_batchnorm_in_a_frozen_model_is_a_warning_on_both_targets() -> None:
                            target) == [18]
 
 
+@pytest.mark.text
 def test_a_shared_optimizer_becomes_legacy_on_tf_keras_and_copies_on_keras3() -> None:
     tf_keras = migrate(_source("shared_adam"), "tf_keras")
     assert "optimizer = tf_keras.optimizers.legacy.Adam(learning_rate=0.01, beta_1=0.5)" \

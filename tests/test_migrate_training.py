@@ -24,6 +24,7 @@ from kerasmgpu.env.versions import KerasLine
 from kerasmgpu.migrate import Severity
 
 
+@pytest.mark.text
 def test_positional_optimizer_arguments_are_named_in_the_message() -> None:
     text = "from keras.optimizers import Adam\nopt = Adam(0.0002, 0.5)\n"
     assert "opt = Adam(learning_rate=0.0002, beta_1=0.5)\n" in migrate(text)
@@ -40,6 +41,7 @@ EMBEDDING = """
     """
 
 
+@pytest.mark.text
 def test_a_moment_optimizer_with_an_embedding_is_a_warning_on_keras3() -> None:
     assert lines_found(EMBEDDING, "sparse row updates") == [4, 5]
     assert severities(EMBEDDING, "sparse row updates") == [Severity.WARNING] * 2
@@ -48,6 +50,7 @@ def test_a_moment_optimizer_with_an_embedding_is_a_warning_on_keras3() -> None:
     assert not lines_found(no_embedding, "sparse row updates")
 
 
+@pytest.mark.text
 def test_history_acc_follows_the_metric_name() -> None:
     text = """
         model.compile('sgd', 'mse', metrics=['accuracy'])
@@ -61,6 +64,7 @@ def test_history_acc_follows_the_metric_name() -> None:
     assert migrate(kept) == src(kept)  # metrics=['acc'] names the key 'acc' everywhere
 
 
+@pytest.mark.text
 def test_collections_abcs_move_to_collections_abc() -> None:
     text = "from collections import Iterable, Mapping\nfrom collections import OrderedDict\n"
     assert migrate(text, "tf_keras") == (
@@ -70,12 +74,14 @@ def test_collections_abcs_move_to_collections_abc() -> None:
     assert migrate(text, "keras23") == text
 
 
+@pytest.mark.text
 def test_keras_shape_becomes_the_static_shape() -> None:
     text = "rows = x._keras_shape[1]\n"
     assert migrate(text) == "rows = tuple(x.shape)[1]\n"
     assert lines_found(text, "_keras_shape -> tuple(x.shape)") == [1]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("line", "col", "fix"),
     [
@@ -95,11 +101,13 @@ def test_keras23_internals_are_errors_with_the_fix(line: str, col: int, fix: str
     assert migrate(text, target) == text  # not renamed to a name that does not exist
 
 
+@pytest.mark.text
 def test_tf1_mean_iou_is_an_error_naming_the_keras_metric() -> None:
     text = "import tensorflow as tf\nm = tf.metrics.mean_iou(a, b, 2)\n"
     assert severities(text, "keras.metrics.MeanIoU(num_classes)") == [Severity.ERROR]
 
 
+@pytest.mark.text
 @pytest.mark.parametrize(
     ("call", "fix"),
     [
@@ -113,6 +121,7 @@ def test_backend_errors_name_their_one_line_replacement(call: str, fix: str) -> 
     assert severities(text, fix) == [Severity.ERROR]
 
 
+@pytest.mark.text
 def test_gone_model_helpers_name_their_replacement() -> None:
     text = ("from keras.models import model_from_config\n"
             "from keras.utils import convert_all_kernels_in_model\n"
@@ -132,6 +141,7 @@ MULTI_OUTPUT = """
     """
 
 
+@pytest.mark.text
 def test_flat_metrics_of_a_multi_output_model_become_one_list_per_output() -> None:
     out = assert_idempotent(MULTI_OUTPUT)
     assert "metrics=[['accuracy']] * len(model.outputs))" in out
@@ -181,6 +191,7 @@ BRANCH = """
     """
 
 
+@pytest.mark.text
 def test_a_python_branch_on_a_tensor_in_a_metric_is_reported() -> None:
     assert [(f.line, f.col, f.severity) for f in findings(BRANCH)
             if "a Python branch on a tensor" in f.message] == [(4, 8, Severity.ERROR)]
@@ -257,6 +268,7 @@ KERAS23_CLASS_WEIGHTS = [
     -0.84340173, -0.81840128, -0.95897281, 0.66107166, 0.55430841, 0.73421067]
 
 
+@pytest.mark.text
 def test_per_output_class_weights_become_keras23s_sample_weights() -> None:
     out = assert_idempotent(CLASS_WEIGHTS_RUN, "tf_keras")
     assert ("model.train_on_batch(x, [valid, labels], sample_weight="

@@ -70,6 +70,7 @@ def to_multi_gpu(model, n_gpus=2):
 '''
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_model_mgpu_becomes_a_function_returning_parallelize(target: str) -> None:
     out = assert_idempotent(MGPU, target)
@@ -82,6 +83,7 @@ def test_model_mgpu_becomes_a_function_returning_parallelize(target: str) -> Non
     assert "ModelMGPU(Model)" in migrate(MGPU, "keras23")  # Keras 2.3: the drop-in runs it
 
 
+@pytest.mark.text
 @pytest.mark.parametrize("target", ["keras3", "tf_keras"])
 def test_a_hand_written_slicing_model_is_recognized_by_its_shape(target: str) -> None:
     out = assert_idempotent(SLICING, target)
