@@ -147,8 +147,10 @@ def attributes(layer: Any) -> Dict[str, Any]:
     found = {}
     own = _users_own(layer)
     # A model's public functions are Keras's step functions (`train_function`, made
-    # anew at every compile, capturing the model): the copy's own, never carried.
-    model = hasattr(type(layer), "train_step")
+    # anew at every compile, capturing the model) or kerasmgpu's wrappers of its calls
+    # (the Keras 2.3 engine's `fit`, `evaluate`, ...): the copy's own, never carried.
+    # A model is what has `fit` (Keras 2.3's has no `train_step`).
+    model = hasattr(type(layer), "fit")
     for key, value in vars(layer).items():
         if (key.startswith("_") and key not in own) or key in _SKIPPED:
             continue
