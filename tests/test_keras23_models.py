@@ -102,6 +102,14 @@ def test_a_stateful_rnn_is_refused_before_anything_happens() -> None:
 FROZEN_BATCHNORM = """
     import sys
     import numpy as np
+    import tensorflow as tf
+
+    # One device's own step (plain Keras 2.3) reads a moving statistic and assigns it in
+    # one session.run, nothing ordering the two: with several inter-op threads a loaded
+    # machine can run the assign first (CI once: one device's mean 3e-5 from its usual
+    # value). One thread runs the reads, ready first, before it, every time - the order
+    # kerasmgpu's step enforces (checked below). Keras 2.3's session takes TF's config.
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
     from keras import backend as K
     import kerasmgpu
