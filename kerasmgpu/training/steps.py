@@ -70,8 +70,11 @@ class Frame:
     packed: Any
     loss_weighted: bool = False  # Keras's compiled loss applied the padding weights
     unweightable_metric: Optional[str] = None  # a metric updated without sample_weight
-    # ids of losses already reading as one device's (a user's step's compute_loss)
+    # ids of losses already reading as one device's (a user's step's compute_loss),
+    # and the losses themselves: held for the step, so that no other tensor of it can
+    # get a freed one's address, and its id (Keras 3's `_loss_ids` did: keras3_jax)
     one_device_losses: set = field(default_factory=set)
+    one_device_held: list = field(default_factory=list)
 
 
 _local = threading.local()
