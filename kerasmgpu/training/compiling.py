@@ -248,8 +248,7 @@ def _read_as_one_device(adapter: Adapter, compute_loss: Callable[..., Any]
         loss = adapter.loss_reading_as_one_device(loss)
         frame = step_hooks.current()
         if frame is not None:  # its loss tracker must not unscale it again
-            frame.one_device_losses.add(id(loss))
-            frame.one_device_held.append(loss)
+            frame.one_device_losses.append(loss)
         return loss
 
     return compute

@@ -70,11 +70,10 @@ class Frame:
     packed: Any
     loss_weighted: bool = False  # Keras's compiled loss applied the padding weights
     unweightable_metric: Optional[str] = None  # a metric updated without sample_weight
-    # ids of losses already reading as one device's (a user's step's compute_loss),
-    # and the losses themselves: held for the step, so that no other tensor of it can
-    # get a freed one's address, and its id (Keras 3's `_loss_ids` did: keras3_jax)
-    one_device_losses: set = field(default_factory=set)
-    one_device_held: list = field(default_factory=list)
+    # Losses already reading as one device's (a user's step's compute_loss), told by
+    # identity: an id kept after its tensor is freed can be another tensor's (Keras 3's
+    # `_loss_ids` bug: keras3_jax)
+    one_device_losses: list = field(default_factory=list)
 
 
 _local = threading.local()
@@ -309,7 +308,8 @@ def tracker_update(adapter: Adapter, total: bool = True
                 # `metric.update_state(loss)`). What it got from Keras's compiled loss
                 # is divided by the replica count where Keras scales losses for
                 # tf.distribute; one device tracks the whole value.
-                if total and frame.loss_weighted and id(values) not in frame.one_device_losses:
+                if total and frame.loss_weighted and not any(
+                        values is loss for loss in frame.one_device_losses):
                     values = adapter.unscale_for_replicas(values)
                 return original(values, **kwargs)
             if frame.packed is None:  # the fast path: Keras's own row count is right
