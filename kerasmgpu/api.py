@@ -140,7 +140,8 @@ def parallelize(
     padding rows left out, as one device does (every line; on Keras 2.3 a functional or
     Sequential model).
     `verify=True` (None: the environment variable KERASMGPU_VERIFY=1; an explicit value
-    wins): each fit checks its first and first padded global batch - loss and gradients
+    wins): each fit checks its first global batch and the first the replicas share the
+    other way (padded or whole after one that divides, and the reverse) - loss and gradients
     on the template on one device against the parallel model - and evaluate / predict
     their first batch's outputs, raising `kerasmgpu.VerificationError` before anything is
     applied (every route; docs/semantics.md says what each compares).

@@ -21,6 +21,8 @@ The faults, per route:
   graph and the parallel model's;
 * Keras 2.3: a layer that mixes the rows of its batch, which multi_gpu_model's slices
   cannot compute as one device does.
+And a model, not a fault: a loss term that sums over a replica's rows, which the TF lines
+cannot train as one device does (raises) and JAX and Keras 2.3 do (passes).
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ if CHECKED:
             # `_outside` is set only from outside the class (no `self._outside =` in its
             # source): a private attribute the copy does not carry (docs/semantics.md).
             return x * self.factor * getattr(self, "_outside", 1.0)
+
+    class Summed(keras.layers.Layer):
+        """Adds a loss term that sums over the rows of its batch, not a mean."""
+
+        def call(self, x):
+            ops = getattr(keras, "ops", keras.backend)  # Keras 3, else the backend's
+            self.add_loss(0.01 * ops.sum(ops.square(x)))
+            return x
 
     class Centered(keras.layers.Layer):
         """Subtracts its batch's mean: the rows of a batch mix (one device's batch is
@@ -219,6 +229,31 @@ def test_predict_and_evaluate_compare_their_first_batch(monkeypatch) -> None:
                  lambda: pmodel.evaluate(X, Y, batch_size=40, verbose=0)):
         with pytest.raises(kerasmgpu.VerificationError, match=named):
             call()
+
+
+@checked
+def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alone() -> None:
+    """A term that sums over the rows of a batch: one device's on JAX (one program over
+    the global batch) and Keras 2.3 (the template's own terms); where each replica runs
+    its own step (the TF lines), the replicas' terms are averaged, so the check must
+    raise naming the term, before any weight moves. The first batch (40 rows over 3)
+    goes whole to every replica, which computes one device's term whatever it is; the
+    last (21 rows) divides, so the check must reach it (`verify._batches`); and on
+    Keras 3 its loss must hold the `add_loss` terms (a stateless call collects them)."""
+    template, one = _model(Summed(name="summed")), _model(Summed(name="summed"))
+    pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
+    if ON_JAX or ON_LEGACY:
+        one.fit(X, Y, **FIT)
+        pmodel.fit(X, Y, **FIT)
+        assert_weights_close(template, one, atol=1e-5)
+        return
+    before = [w.copy() for w in template.get_weights()]
+    with pytest.raises(kerasmgpu.VerificationError,
+                       match=r"\(21 rows\).*in a loss term computed from the batch \(add_loss "
+                       r"in Summed.call \(layer 'summed'\)\).*make it a mean"):
+        pmodel.fit(X, Y, **FIT)
+    for a, b in zip(template.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
 
 
 @checked

@@ -29,8 +29,9 @@ newest: 3.3, 3.8, 3.15). What is read or wrapped here:
   `_batch_moments`), read by `_idle_keeps_moving` and `_kept_moving`.
 * optimizers on JAX and torch: Keras's own accumulation, `gradient_accumulation_steps`,
   and to finish a group `_accumulated_gradients` and `_iterations` (`finish_group`).
-* verify=True: the public `stateless_call` / `stateless_compute_loss`
-  (`_stateless_loss`, for TF and torch); nothing they return is assigned.
+* verify=True: the public `stateless_call` / `stateless_compute_loss` with the terms
+  they collect (`keras3_losses.stateless_loss`, for TF and torch); nothing they return
+  is assigned.
 * change tokens (`state_reader`, per backend): `variable._value`, checked here.
 * `model._compile_config`: a new object at every `compile()` (3.3+).
 """
@@ -40,6 +41,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from kerasmgpu.adapters import keras3_losses
 from kerasmgpu.adapters.base import COMPILE_KEYS
 from kerasmgpu.adapters.keras3_backup import Keras3Backups
 from kerasmgpu.adapters.keras3_data import Keras3Data
@@ -553,24 +555,8 @@ class Keras3(Keras3Data, Keras3Backups):
 
     def _stateless_loss(self, model: Any, x: Any, y: Any, sample_weight: Any,
                         training: bool) -> Callable[[List[Any], List[Any], List[Any]], Any]:
-        """`loss_of(trainable, non_trainable, metrics_variables)`: the compiled loss of the
-        batch on those values, through `stateless_call` and `stateless_compute_loss`
-        (public on Keras 3.0 - 3.15; the `training` argument of the latter from 3.8): the
-        new states they return are dropped, nothing is assigned."""
-        import inspect
-
-        kwargs = {}
-        if "training" in inspect.signature(model.stateless_compute_loss).parameters:
-            kwargs["training"] = training
-
-        def loss_of(trainable: List[Any], others: List[Any], metrics: List[Any]) -> Any:
-            y_pred, _ = model.stateless_call(trainable, others, x, training=training)
-            loss, _ = model.stateless_compute_loss(trainable, others, metrics, x=x, y=y,
-                                                   y_pred=y_pred,
-                                                   sample_weight=sample_weight, **kwargs)
-            return loss
-
-        return loss_of
+        # `keras3_losses.stateless_loss`: every backend's, its loss terms included.
+        return keras3_losses.stateless_loss(model, x, y, sample_weight, training, self.fail)
 
     def layers_of(self, model: Any) -> List[Any]:
         metric = self.keras.metrics.Metric

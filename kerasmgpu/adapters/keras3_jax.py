@@ -7,19 +7,8 @@ every backend shares are in `keras3`. What is read or wrapped here:
 * `layer.add_loss` (public), wrapped on every layer's instance: a stateless step leaves
   no `_losses` behind, so a loss added in `call` is noticed there
   (`has_call_time_losses`).
-* `Layer.add_loss`, `Layer._get_own_losses`, `Layer._clear_losses` (the class's, once a
-  process; `_owned_in_scope`): in a stateless scope that collects losses - every JAX
-  step - Keras tells a layer's losses by the `id()`s in its `_loss_ids`, which keep
-  the ids of the previous trace's losses, long freed, until the layer's next call
-  clears them. A new loss at a freed one's address is then taken for that layer's:
-  the call of the next layer removes it from the step (one term of the loss silently
-  gone from that compiled step: seen in about 1 trace in 100 of an activity
-  regularizer followed by an `add_loss` layer, on one device with plain Keras too), or
-  a layer not called since counts it twice. Wrapped so that the scope keeps each
-  layer's losses of this scope and a layer's `_loss_ids` are set from those, live
-  objects whose ids no other object has, before Keras reads them. Read in 3.3.3,
-  3.8.0, 3.10.0 and 3.15.1 (the same three methods); where they are not there, Keras
-  is left as it is.
+* `keras3_losses.owned_in_scope` (Keras's `Layer` methods, once a process): every JAX
+  step is a stateless scope that collects losses; see that module.
 * `BatchNormalization._moments`: a batch whose mask keeps no row leaves the moving
   statistics as they are (`_batch_moments`); the one program sees the global batch.
 * verify=True: the JAX trainer's `compute_loss_and_updates`; nothing it returns is
@@ -78,6 +67,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from kerasmgpu.adapters.base import Held, StateReader
 from kerasmgpu.adapters.keras3 import Keras3
+from kerasmgpu.adapters.keras3_losses import owned_in_scope
 from kerasmgpu.adapters.step_ops import HOOKED
 from kerasmgpu.env.versions import KERAS3_JAX_DATA_AS_LAID_OUT
 
@@ -123,7 +113,7 @@ class Keras3Jax(Keras3):
 
     def install_loss_hook(self, model: Any, hook: Callable[[Any, Any, Any], Any],
                           values: Optional[Callable[[Any, Any, Any], Any]] = None) -> None:
-        _owned_in_scope()  # before `_watch_add_loss` binds each layer's add_loss
+        owned_in_scope()  # before `_watch_add_loss` binds each layer's add_loss
         self._watch_add_loss(model)
         super().install_loss_hook(model, hook, values)
 
@@ -276,7 +266,7 @@ class Keras3Jax(Keras3):
         def values(variables: List[Any]) -> List[Any]:
             return [_on_one_device(v.value) if one_device else v.value for v in variables]
 
-        _owned_in_scope()  # the template's losses too (it may not have trained here)
+        owned_in_scope()  # the template's losses too (it may not have trained here)
         optimizer = getattr(model, "optimizer", None)
         grad = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
         (loss, _), grads = grad(
@@ -284,77 +274,6 @@ class Keras3Jax(Keras3):
             values(model.metrics_variables), x, y, sample_weight, training=training,
             optimizer_variables=values(optimizer.variables) if optimizer is not None else [])
         return float(np.asarray(loss)), [np.asarray(g) for g in grads]
-
-
-# --- losses added in a stateless scope, told by identity (`_owned_in_scope`) ----------
-
-# On a StatelessScope: [(layer, loss)] for every loss a layer added in that scope.
-_OWNERS_ATTR = "_kerasmgpu_loss_owners"
-_OWNED_ATTR = "_kerasmgpu_owned_in_scope"
-
-
-def _owned_in_scope() -> bool:
-    """Whether Keras's `Layer` tells the losses added in a stateless scope by the scope's
-    own record (see the module doc); arranges it, once a process."""
-    try:
-        layer_module = importlib.import_module("keras.src.layers.layer")
-        backend = importlib.import_module("keras.src.backend")
-    except ImportError:
-        return False
-    layer_class = getattr(layer_module, "Layer", None)
-    current = getattr(backend, "get_stateless_scope", None)
-    methods = ("add_loss", "_get_own_losses", "_clear_losses")
-    if layer_class is None or current is None or not all(
-            callable(getattr(layer_class, name, None)) for name in methods):
-        return False
-    if getattr(layer_class.add_loss, _OWNED_ATTR, False):
-        return True
-    add_loss, get_own, clear = (getattr(layer_class, name) for name in methods)
-
-    def collecting() -> Any:
-        scope = current()
-        return scope if scope is not None and getattr(scope, "collect_losses", False) else None
-
-    def from_the_scope(layer: Any) -> None:
-        # Only in a scope does Keras read `_loss_ids` (elsewhere its `_losses`).
-        scope = current()
-        ids = getattr(layer, "_loss_ids", None)
-        if scope is None or not isinstance(ids, set):
-            return
-        ids.clear()
-        ids.update(id(loss) for owner, loss in scope.__dict__.get(_OWNERS_ATTR, ())
-                   if owner is layer)
-
-    @functools.wraps(add_loss)
-    def owned_add_loss(self: Any, loss: Any) -> Any:
-        scope = collecting()
-        before = len(scope.losses) if scope is not None else 0
-        result = add_loss(self, loss)
-        if scope is not None:  # what Keras appended to the scope is this layer's
-            scope.__dict__.setdefault(_OWNERS_ATTR, []).extend(
-                (self, added) for added in scope.losses[before:])
-        return result
-
-    @functools.wraps(get_own)
-    def owned_get_own_losses(self: Any) -> Any:
-        from_the_scope(self)
-        return get_own(self)
-
-    @functools.wraps(clear)
-    def owned_clear_losses(self: Any) -> Any:
-        from_the_scope(self)
-        result = clear(self)  # removes them from the scope, and clears the sub-layers
-        scope = collecting()
-        if scope is not None and _OWNERS_ATTR in scope.__dict__:
-            scope.__dict__[_OWNERS_ATTR] = [
-                entry for entry in scope.__dict__[_OWNERS_ATTR] if entry[0] is not self]
-        return result
-
-    setattr(owned_add_loss, _OWNED_ATTR, True)
-    layer_class.add_loss = owned_add_loss
-    layer_class._get_own_losses = owned_get_own_losses
-    layer_class._clear_losses = owned_clear_losses
-    return True
 
 
 _LOCAL_ATTR = "_kerasmgpu_assigns_locally"

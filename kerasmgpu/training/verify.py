@@ -1,8 +1,10 @@
 """The self-check: `parallelize(verify=True)` or KERASMGPU_VERIFY=1.
 
-Before a fit trains, its first global batch - and its first padded one, the short last
-batch - is run through the template on one device and through the parallel model as its
-step runs it, and the losses and gradients are compared; evaluate and predict compare
+Before a fit trains, its first global batch - and the first one the replicas share the
+other way (`_batches`: padded or whole after a first that divides, divided after a first
+that does not) - is run through the template on one device and through the parallel
+model as its step runs it, and the losses (with their `add_loss` terms) and gradients
+are compared; evaluate and predict compare
 their first batch's outputs. Nothing is assigned, so the check changes no weight,
 metric, optimizer or moving statistic; a difference raises `VerificationError` before
 the optimizer applies anything, naming the first layer (in the model's layer order)
@@ -111,13 +113,18 @@ def _difference(a: Any, b: Any) -> float:
 
 
 def _batches(rows: int, batch_size: int, replicas: int) -> List[slice]:
-    """The fit's first batch, and its first padded one when that is another."""
+    """The fit's first batch, and the first after it that the replicas share the other
+    way: the first padded one (or whole on every replica, `BatchPlan.whole`) after a
+    first batch that divides over them, the first that divides after one that does not
+    (a fault may show on one kind alone: a loss term that sums over a replica's rows)."""
     sizes = batching.batch_sizes(rows, batch_size)
-    chosen, start = [slice(0, sizes[0])] if sizes else [], 0
-    for size in sizes:
-        if size % replicas:
-            if start:
-                chosen.append(slice(start, start + size))
+    if not sizes:
+        return []
+    chosen, start = [slice(0, sizes[0])], sizes[0]
+    divides = sizes[0] % replicas == 0
+    for size in sizes[1:]:
+        if (size % replicas == 0) != divides:
+            chosen.append(slice(start, start + size))
             break
         start += size
     return chosen
@@ -135,8 +142,8 @@ def _rows(x: Any) -> int:
 
 def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
                class_weight: Any, batch_size: Any, sync_batchnorm: bool) -> None:
-    """The check of a fit's first (and first padded) global batch; raises on a
-    difference, before the fit starts."""
+    """The check of a fit's first global batch and the first one the replicas share the
+    other way (`_batches`); raises on a difference, before the fit starts."""
     if not _arrays(state, x, "fit"):
         return
     x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
@@ -415,5 +422,16 @@ def _locate(state: Any, replica: Any, x: Any, tol: float) -> str:
              "Python attribute changed since the template's graph was)"
              if state.engine.slices_in_graph else "")
     return ("No layer's output differs in inference mode: the difference is in the loss's "
-            "weighting of the batch (padding rows, sample weights) or in training-mode "
-            f"behaviour{built}.")
+            "weighting of the batch (padding rows, sample weights)"
+            f"{_terms_hint(state)} or in training-mode behaviour{built}.")
+
+
+def _terms_hint(state: Any) -> str:
+    """Where each replica runs its own step, its loss terms are over its own rows."""
+    if not state.batch_terms or _stateless(state.engine):
+        return ""
+    return (", in a loss term computed from the batch (" + ", ".join(state.batch_terms[:3])
+            + "): each replica computes it over its own rows and the replicas' terms are "
+            "averaged, one device's only for a mean over the rows (a sum or a statistic of "
+            "the whole batch is not); make it a mean over the batch, or train on Keras 3 "
+            "with JAX (one program over the global batch),")

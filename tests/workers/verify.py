@@ -10,7 +10,10 @@ before any weight moves:
   change tokens do not see - a replica whose weights differ in one process;
 * padding: every padding row weighted as a real one (both processes);
 * state: a Python attribute read in `call`, changed on rank 1 alone;
-* evaluate: the weights fault met by evaluate's first batch.
+* evaluate: the weights fault met by evaluate's first batch;
+* term: not a fault of kerasmgpu's but a model each process cannot train as one device
+  does: a loss term that sums over the rows a process holds (the processes' terms are
+  averaged, half of one device's).
 Each process writes OUT_DIR/verify<R>.json: what each case did.
 """
 
@@ -47,9 +50,17 @@ class Scale(keras.layers.Layer):
         return inputs * self.factor
 
 
-def build():
+class Summed(keras.layers.Layer):
+    def call(self, inputs):
+        self.add_loss(0.01 * keras.ops.sum(keras.ops.square(inputs)))
+        return inputs
+
+
+def build(term=False):
     inputs = keras.Input((5,))
     hidden = keras.layers.Dense(6, activation="relu", name="hidden")(inputs)
+    if term:
+        hidden = Summed(name="summed")(hidden)
     outputs = keras.layers.Dense(3, activation="softmax", name="out")(
         Scale(name="scale")(hidden))
     model = keras.Model(inputs, outputs)
@@ -77,8 +88,8 @@ def fault(name, model):
 
 
 own_mask = batching.BatchPlan.mask
-for name in ("weights", "padding", "state", "evaluate"):
-    model = build()
+for name in ("weights", "padding", "state", "term", "evaluate"):
+    model = build(term=name == "term")
     pmodel = kerasmgpu.parallelize(model, verify=True)
     fault(name, model)
     if name == "padding":
