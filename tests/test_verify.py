@@ -256,6 +256,74 @@ def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alo
         np.testing.assert_array_equal(a, b)
 
 
+def _fed(kind):
+    """X, Y in batches of 40 as a `kind` of input fit reads batch by batch."""
+    if kind == "dataset":
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((X, Y)).batch(40)
+    base = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
+
+    class Batches(base):
+        def __len__(self):
+            return -(-len(X) // 40)
+
+        def __getitem__(self, index):
+            rows = slice(40 * index, 40 * (index + 1))
+            return X[rows], Y[rows]
+
+    if kind == "pydataset":
+        return Batches()
+    return (Batches()[i] for i in range(3))  # a generator
+
+
+ONCE = dict(epochs=1, shuffle=False, verbose=0)  # a PyDataset's batches in order
+# No TensorFlow beside JAX; Keras 2.3 does not read a tf.data.Dataset.
+FED = ["pydataset"] + ([] if ON_JAX or ON_LEGACY else ["dataset"])
+
+
+@checked
+@pytest.mark.parametrize("kind", FED)
+def test_verify_reads_a_dataset_s_first_batch_without_taking_it(kind) -> None:
+    """A dataset's first batch, and its first rows shared the other way, are checked
+    (peeked: the fit still trains on every batch, as without the check)."""
+    one, plain, checked = _model(), _model(), _model()
+    one.fit(_fed(kind), **ONCE)
+    kerasmgpu.parallelize(plain, gpus=3).fit(_fed(kind), **ONCE)
+    kerasmgpu.parallelize(checked, gpus=3, verify=True).fit(_fed(kind), **ONCE)
+    assert_weights_close(checked, plain, atol=0)
+    assert_weights_close(checked, one, atol=1e-5)
+
+
+@checked
+@pytest.mark.parametrize("kind", FED)
+@pytest.mark.parametrize("fault", ["kernel", "padding"])
+def test_verify_raises_on_a_dataset_before_any_weight_moves(kind, fault, monkeypatch) -> None:
+    template, pmodel, named = _parallel(fault, monkeypatch)
+    before = [w.copy() for w in template.get_weights()]
+    with pytest.raises(kerasmgpu.VerificationError, match=named):
+        pmodel.fit(_fed(kind), **ONCE)
+    for a, b in zip(template.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    # evaluate and predict compare their first batch too.
+    if fault == "kernel":
+        for call in (pmodel.evaluate, pmodel.predict):
+            with pytest.raises(kerasmgpu.VerificationError, match=named):
+                call(_fed(kind), verbose=0)
+
+
+@checked
+def test_verify_says_it_checked_nothing_on_a_generator() -> None:
+    """A generator's batch cannot be read without taking it from the fit: a warning
+    naming the inputs that can be checked, and the fit trains on every batch."""
+    one, checked = _model(), _model()
+    one.fit(_fed("generator"), steps_per_epoch=3, **ONCE)
+    with pytest.warns(UserWarning, match=r"fit\(\) on a generator checked nothing.*PyDataset"):
+        kerasmgpu.parallelize(checked, gpus=3, verify=True).fit(_fed("generator"),
+                                                               steps_per_epoch=3, **ONCE)
+    assert_weights_close(checked, one, atol=1e-5)
+
+
 @checked
 def test_environment_variable_turns_it_on_and_an_explicit_false_wins(monkeypatch) -> None:
     monkeypatch.setenv("KERASMGPU_VERIFY", "1")

@@ -35,7 +35,7 @@ in inference mode (training=False); the message and the debug log say which.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,7 +43,9 @@ from kerasmgpu import batching
 from kerasmgpu._errors import VerificationError, bad_type, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
+from kerasmgpu.data.base import is_dataset
 from kerasmgpu.data.bundle import split
+from kerasmgpu.data.datasets import refuse_unbatched
 from kerasmgpu.training import steps as step_hooks
 
 VERIFY_ENV = "KERASMGPU_VERIFY"
@@ -143,31 +145,62 @@ def _rows(x: Any) -> int:
 def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
                class_weight: Any, batch_size: Any, sync_batchnorm: bool) -> None:
     """The check of a fit's first global batch and the first one the replicas share the
-    other way (`_batches`); raises on a difference, before the fit starts."""
-    if not _arrays(state, x, "fit"):
-        return
-    x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
+    other way (`_batches`; for a dataset, `_peeked_batches`); raises on a difference,
+    before the fit starts."""
     inexact = _inexact_layers(state.adapter, state.template, sync_batchnorm,
                               _stateless(state.engine))
     training = not inexact
     how = ("in training mode" if training else "in inference mode (training=False), since "
            f"{', '.join(inexact)} cannot agree exactly between one device and replicas")
-    for rows_of in _batches(_rows(x), int(batch_size or 32), state.engine.planner.replicas):
+    replicas = state.engine.planner.replicas
+    if structure.is_array_like(x):
+        x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
+        chosen = _batches(_rows(x), int(batch_size or 32), replicas)
+    else:
+        peeked = _peek(state, replica, x, "fit")
+        if peeked is None:
+            return
+        x, y, sample_weight = peeked
+        chosen = _peeked_batches(_rows(x), replicas)
+    for rows_of in chosen:
         batch = (_take(x, rows_of), _take(y, rows_of), _take(sample_weight, rows_of))
         _log.debug("kerasmgpu verify: fit batch rows %s-%s, loss and gradients compared %s",
                    rows_of.start, rows_of.stop, how)
         _check_step(state, replica, batch, class_weight, training, how)
 
 
-def _arrays(state: Any, x: Any, call: str) -> bool:
-    if structure.is_array_like(x):
-        return True
+def _peeked_batches(rows: int, replicas: int) -> List[slice]:
+    """A dataset's first batch, and its first rows as a batch the replicas share the
+    other way (`_batches`'s rule; the dataset's later batch sizes are not known before
+    it is read): one row fewer than a batch that divides, the rows that divide of one
+    that does not."""
+    other = rows - 1 if rows % replicas == 0 else rows // replicas * replicas
+    return [slice(0, rows)] + ([slice(0, other)] if other >= 1 else [])
+
+
+def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, Any, Any]]:
+    """The first element of a dataset as NumPy `(x, y, sample_weight)`, read without
+    taking it from the call: a tf.data.Dataset through an iterator of its own, a
+    PyDataset / Sequence by index 0. None, with a warning, for what a read would consume
+    (a generator or iterator) or an empty source."""
     import warnings
 
-    warnings.warn(f"kerasmgpu verify: {call}() on {type(x).__name__} checked nothing: the "
-                  "self-check reads in-memory arrays in this release (pass numpy arrays "
-                  "to run it)", stacklevel=4)
-    return False
+    if is_dataset(x):
+        # Refused as the call's own feed refuses it, before a sample is taken for rows.
+        refuse_unbatched(x, state.adapter.model_inputs(replica))
+        element = next(iter(x.take(1)), None)
+    elif hasattr(x, "__getitem__") and hasattr(x, "__len__"):
+        element = x[0] if len(x) else None
+    else:
+        warnings.warn(f"kerasmgpu verify: {call}() on a {type(x).__name__} checked nothing: "
+                      "a generator's batch cannot be read without taking it from the call "
+                      "(pass a keras.utils.PyDataset or Sequence, a tf.data.Dataset or arrays to "
+                      "run the check)", stacklevel=4)
+        return None
+    if element is None:
+        return None
+    first, y, sample_weight = structure.unpack(element)
+    return structure.to_numpy(first), structure.to_numpy(y), structure.to_numpy(sample_weight)
 
 
 def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
@@ -315,10 +348,13 @@ def _kept(state: Any, key: Any, reads: Tuple[Any, ...],
 
 def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> None:
     """evaluate / predict: the first batch's outputs against the template's."""
-    if not _arrays(state, x, call):
-        return
-    x = structure.to_numpy(x)
-    first = _take(x, slice(0, int(batch_size or 32)))
+    if structure.is_array_like(x):
+        first = _take(structure.to_numpy(x), slice(0, int(batch_size or 32)))
+    else:
+        peeked = _peek(state, replica, x, call)
+        if peeked is None:
+            return
+        first = peeked[0]
     _check_outputs(state, replica, first, call, "in inference mode")
 
 

@@ -8,7 +8,8 @@ kerasmgpu.VerificationError in every process (none is left waiting in a collecti
 before any weight moves:
 * weights: rank 1's kernel moved in place through `.data`, which the template link's
   change tokens do not see - a replica whose weights differ in one process;
-* padding: every padding row weighted as a real one (both processes);
+* padding: every padding row weighted as a real one (both processes); padding-fed the
+  same fault met by a fit on a PyDataset (its first batch read without being taken);
 * state: a Python attribute read in `call`, changed on rank 1 alone;
 * evaluate: the weights fault met by evaluate's first batch;
 * term: not a fault of kerasmgpu's but a model each process cannot train as one device
@@ -87,17 +88,27 @@ def fault(name, model):
         model.get_layer("scale").factor = 3.0
 
 
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        return x[8 * index:8 * (index + 1)], y[8 * index:8 * (index + 1)]
+
+
 own_mask = batching.BatchPlan.mask
-for name in ("weights", "padding", "state", "term", "evaluate"):
+for name in ("weights", "padding", "padding-fed", "state", "term", "evaluate"):
     model = build(term=name == "term")
     pmodel = kerasmgpu.parallelize(model, verify=True)
     fault(name, model)
-    if name == "padding":
+    if name.startswith("padding"):
         batching.BatchPlan.mask = lambda self: np.ones(self.padded, "float32")
     before = [w.copy() for w in model.get_weights()]
     try:
         if name == "evaluate":
             pmodel.evaluate(x, y, batch_size=8, verbose=0)
+        elif name == "padding-fed":
+            pmodel.fit(Batches(), epochs=1, shuffle=False, verbose=0)
         else:
             pmodel.fit(x, y, **FIT)
         said = "returned"
