@@ -4,11 +4,12 @@ Before a fit trains, its first global batch - and the first one the replicas sha
 other way (`_batches`: padded or whole after a first that divides, divided after a first
 that does not) - is run through the template on one device and through the parallel
 model as its step runs it, and the losses (with their `add_loss` terms) and gradients
-are compared; evaluate and predict compare
-their first batch's outputs. Nothing is assigned, so the check changes no weight,
-metric, optimizer or moving statistic; a difference raises `VerificationError` before
-the optimizer applies anything, naming the first layer (in the model's layer order)
-whose output on that batch differs in inference mode.
+are compared; evaluate and predict compare their first batch's outputs. A dataset or
+PyDataset is read for its first batch without taking it from the call (`_peek`). Nothing
+is assigned, so the check changes no weight, metric, optimizer or moving statistic; a
+difference raises `VerificationError` before the optimizer applies anything, naming the
+first layer (in the model's layer order) whose output on that batch differs in
+inference mode.
 
 The parallel model's side, per route:
 * keras_distribution (JAX): one program over the padded global batch laid out over the
