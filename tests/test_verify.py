@@ -312,6 +312,50 @@ def test_verify_raises_on_a_dataset_before_any_weight_moves(kind, fault, monkeyp
                 call(_fed(kind), verbose=0)
 
 
+def _augmented():
+    """A PyDataset whose batches draw noise from NumPy's global random state."""
+    base = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
+
+    class Augmented(base):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, index):
+            rows = slice(40 * index, 40 * (index + 1))
+            return X[rows] + np.random.normal(scale=0.1, size=X[rows].shape), Y[rows]
+
+    return Augmented()
+
+
+def _shuffled():
+    """A tf.data pipeline reshuffled at every iterator, from a seed."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(101, seed=3).batch(40)
+
+
+@checked
+@pytest.mark.parametrize("kind", ["augmented"] + ([] if ON_JAX or ON_LEGACY else ["shuffled"]))
+def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
+    """The check's read of a dataset changes nothing the fit then reads: a PyDataset
+    that draws from NumPy's random state draws the same (the state is put back); a
+    pipeline whose shuffle would reshuffle for one more iterator is not read (a warning
+    says it was not checked). Both fits equal the unchecked one to the bit."""
+    source = _augmented if kind == "augmented" else _shuffled
+    plain, checked = _model(), _model()
+    np.random.seed(5)
+    kerasmgpu.parallelize(plain, gpus=3).fit(source(), **ONCE)
+    np.random.seed(5)
+    pchecked = kerasmgpu.parallelize(checked, gpus=3, verify=True)
+    if kind == "shuffled":
+        with pytest.warns(UserWarning, match=r"checked nothing: one more read could change "
+                          r"what the call then reads from it \(stateful ops: ShuffleDataset"):
+            pchecked.fit(source(), **ONCE)
+    else:
+        pchecked.fit(source(), **ONCE)
+    assert_weights_close(checked, plain, atol=0)
+
+
 @checked
 def test_verify_says_it_checked_nothing_on_a_generator() -> None:
     """A generator's batch cannot be read without taking it from the fit: a warning

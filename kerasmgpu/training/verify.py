@@ -179,25 +179,55 @@ def _peeked_batches(rows: int, replicas: int) -> List[slice]:
     return [slice(0, rows)] + ([slice(0, other)] if other >= 1 else [])
 
 
+def _item_zero(source: Any) -> Any:
+    """A PyDataset's / Sequence's batch 0, read once more (as Keras's TensorFlow data
+    adapters read it for its structure), with the process's NumPy and Python random
+    states put back, so an augmentation drawing from them draws the same for the call."""
+    import random
+
+    if not len(source):
+        return None
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        return source[0]
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
 def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, Any, Any]]:
     """The first element of a dataset as NumPy `(x, y, sample_weight)`, read without
-    taking it from the call: a tf.data.Dataset through an iterator of its own, a
-    PyDataset / Sequence by index 0. None, with a warning, for what a read would consume
-    (a generator or iterator) or an empty source."""
+    taking it from the call: a tf.data.Dataset through an iterator of its own where no
+    stage of it has state a read could change (`tf_data.state_a_read_changes`), a
+    PyDataset / Sequence by index 0 (`_item_zero`). None, with a warning, for what a
+    read would consume or change (a generator or iterator, a pipeline with a shuffle or
+    random stage), or an empty source."""
     import warnings
 
+    from kerasmgpu.adapters import tf_data
+
+    why = ""
     if is_dataset(x):
         # Refused as the call's own feed refuses it, before a sample is taken for rows.
         refuse_unbatched(x, state.adapter.model_inputs(replica))
-        element = next(iter(x.take(1)), None)
-    elif hasattr(x, "__getitem__") and hasattr(x, "__len__"):
-        element = x[0] if len(x) else None
-    else:
+        changed = tf_data.state_a_read_changes(x)
+        if changed is None:
+            why = "its graph cannot be read to tell whether a read changes what the next gets"
+        elif changed:
+            why = (f"one more read could change what the call then reads from it (stateful "
+                   f"ops: {', '.join(changed[:4])}: a shuffle's seeds, random ops, Python "
+                   "code)")
+    elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
+        why = "a generator's batch cannot be read without taking it from the call"
+    if why:
         warnings.warn(f"kerasmgpu verify: {call}() on a {type(x).__name__} checked nothing: "
-                      "a generator's batch cannot be read without taking it from the call "
-                      "(pass a keras.utils.PyDataset or Sequence, a tf.data.Dataset or arrays to "
-                      "run the check)", stacklevel=4)
+                      f"{why} (arrays, a keras.utils.PyDataset or Sequence, or a tf.data "
+                      "pipeline without random or Python stages are checked)", stacklevel=4)
         return None
+    if is_dataset(x):
+        element = next(iter(x.take(1)), None)
+    else:
+        element = _item_zero(x)
     if element is None:
         return None
     first, y, sample_weight = structure.unpack(element)
