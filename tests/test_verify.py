@@ -22,7 +22,11 @@ The faults, per route:
 * Keras 2.3: a layer that mixes the rows of its batch, which multi_gpu_model's slices
   cannot compute as one device does.
 And a model, not a fault: a loss term that sums over a replica's rows, which the TF lines
-cannot train as one device does (raises) and JAX and Keras 2.3 do (passes).
+cannot train as one device does (raises) and JAX and Keras 2.3 do (passes). And inputs
+other than arrays: a PyDataset / Sequence and a tf.data pipeline are checked on their
+first batch, read so that the fit then reads what it would have (a seeded reshuffling
+pipeline is not read, with a warning; a PyDataset augmenting from NumPy's random state
+draws the same); a generator is not checked, with a warning.
 """
 
 from __future__ import annotations
