@@ -261,11 +261,15 @@ def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alo
 
 
 def _fed(kind):
-    """X, Y in batches of 40 as a `kind` of input fit reads batch by batch."""
-    if kind == "dataset":
+    """X, Y in batches of 40 as a `kind` of input fit reads batch by batch: a
+    tf.data "dataset" (or one "shuffled" at every iterator, from a seed), a "pydataset"
+    (or one "augmented" with noise drawn from NumPy's global random state), a
+    "generator"."""
+    if kind in ("dataset", "shuffled"):
         import tensorflow as tf
 
-        return tf.data.Dataset.from_tensor_slices((X, Y)).batch(40)
+        data = tf.data.Dataset.from_tensor_slices((X, Y))
+        return (data.shuffle(101, seed=3) if kind == "shuffled" else data).batch(40)
     base = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
 
     class Batches(base):
@@ -274,11 +278,13 @@ def _fed(kind):
 
         def __getitem__(self, index):
             rows = slice(40 * index, 40 * (index + 1))
+            if kind == "augmented":
+                return X[rows] + np.random.normal(scale=0.1, size=X[rows].shape), Y[rows]
             return X[rows], Y[rows]
 
-    if kind == "pydataset":
-        return Batches()
-    return (Batches()[i] for i in range(3))  # a generator
+    if kind == "generator":
+        return (Batches()[i] for i in range(3))
+    return Batches()
 
 
 ONCE = dict(epochs=1, shuffle=False, verbose=0)  # a PyDataset's batches in order
@@ -316,28 +322,6 @@ def test_verify_raises_on_a_dataset_before_any_weight_moves(kind, fault, monkeyp
                 call(_fed(kind), verbose=0)
 
 
-def _augmented():
-    """A PyDataset whose batches draw noise from NumPy's global random state."""
-    base = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
-
-    class Augmented(base):
-        def __len__(self):
-            return 3
-
-        def __getitem__(self, index):
-            rows = slice(40 * index, 40 * (index + 1))
-            return X[rows] + np.random.normal(scale=0.1, size=X[rows].shape), Y[rows]
-
-    return Augmented()
-
-
-def _shuffled():
-    """A tf.data pipeline reshuffled at every iterator, from a seed."""
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(101, seed=3).batch(40)
-
-
 @checked
 @pytest.mark.parametrize("kind", ["augmented"] + ([] if ON_JAX or ON_LEGACY else ["shuffled"]))
 def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
@@ -345,18 +329,17 @@ def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
     that draws from NumPy's random state draws the same (the state is put back); a
     pipeline whose shuffle would reshuffle for one more iterator is not read (a warning
     says it was not checked). Both fits equal the unchecked one to the bit."""
-    source = _augmented if kind == "augmented" else _shuffled
     plain, checked = _model(), _model()
     np.random.seed(5)
-    kerasmgpu.parallelize(plain, gpus=3).fit(source(), **ONCE)
+    kerasmgpu.parallelize(plain, gpus=3).fit(_fed(kind), **ONCE)
     np.random.seed(5)
     pchecked = kerasmgpu.parallelize(checked, gpus=3, verify=True)
     if kind == "shuffled":
         with pytest.warns(UserWarning, match=r"checked nothing: one more read could change "
                           r"what the call then reads from it \(stateful ops: ShuffleDataset"):
-            pchecked.fit(source(), **ONCE)
+            pchecked.fit(_fed(kind), **ONCE)
     else:
-        pchecked.fit(source(), **ONCE)
+        pchecked.fit(_fed(kind), **ONCE)
     assert_weights_close(checked, plain, atol=0)
 
 

@@ -179,6 +179,11 @@ def _peeked_batches(rows: int, replicas: int) -> List[slice]:
     return [slice(0, rows)] + ([slice(0, other)] if other >= 1 else [])
 
 
+def _first_element(dataset: Any) -> Any:
+    """A tf.data.Dataset's first element, through an iterator of its own."""
+    return next(iter(dataset.take(1)), None)
+
+
 def _item_zero(source: Any) -> Any:
     """A PyDataset's / Sequence's batch 0, read once more (as Keras's TensorFlow data
     adapters read it for its structure), with the process's NumPy and Python random
@@ -207,6 +212,7 @@ def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, An
     from kerasmgpu.adapters import tf_data
 
     why = ""
+    read: Callable[[Any], Any] = _item_zero  # or the dataset's own reader, below
     if is_dataset(x):
         # Refused as the call's own feed refuses it, before a sample is taken for rows.
         refuse_unbatched(x, state.adapter.model_inputs(replica))
@@ -217,6 +223,7 @@ def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, An
             why = (f"one more read could change what the call then reads from it (stateful "
                    f"ops: {', '.join(changed[:4])}: a shuffle's seeds, random ops, Python "
                    "code)")
+        read = _first_element
     elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
         why = "a generator's batch cannot be read without taking it from the call"
     if why:
@@ -224,10 +231,7 @@ def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, An
                       f"{why} (arrays, a keras.utils.PyDataset or Sequence, or a tf.data "
                       "pipeline without random or Python stages are checked)", stacklevel=4)
         return None
-    if is_dataset(x):
-        element = next(iter(x.take(1)), None)
-    else:
-        element = _item_zero(x)
+    element = read(x)
     if element is None:
         return None
     first, y, sample_weight = structure.unpack(element)
