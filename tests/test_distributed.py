@@ -761,14 +761,15 @@ def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process
         misuse: Job) -> None:
     """parallelize(verify=True) on two processes (tests/workers/verify.py): a correct
     model trains as without the check; a replica whose weights differ in one process,
-    a wrong padding weight (arrays, and a PyDataset whose 8-row first batch divides: its
-    first 7 rows are checked too), a Python attribute changed on one process, a loss term
+    a wrong padding weight (arrays, and a PyDataset or a generator whose 8-row first
+    batch divides: its first 7 rows are checked too), a Python attribute changed on one process, a loss term
     that sums over a process's rows (which no per-process step computes as one device),
     and evaluate's first batch raise VerificationError in both processes, before any
     weight moves."""
     out = _finished(misuse, "verify")
     named = {"weights": "'hidden'", "padding": "No layer's output differs",
              "padding-fed": "No layer's output differs",
+             "padding-gen": "No layer's output differs",
              "state": "'scale'", "term": "in a loss term computed from the batch (add_loss "
              "in Summed.call (layer 'summed'))", "evaluate": "'hidden'"}
     for rank in (0, 1):

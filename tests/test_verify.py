@@ -26,7 +26,9 @@ cannot train as one device does (raises) and JAX and Keras 2.3 do (passes). And 
 other than arrays: a PyDataset / Sequence and a tf.data pipeline are checked on their
 first batch, read so that the fit then reads what it would have (a seeded reshuffling
 pipeline is not read, with a warning; a PyDataset augmenting from NumPy's random state
-draws the same); a generator is not checked, with a warning.
+draws the same); a generator's first batch is taken and handed back to the fit in
+front of the rest, and on Keras 2.3 the *_generator calls are checked as fit, evaluate
+and predict are.
 """
 
 from __future__ import annotations
@@ -264,7 +266,7 @@ def _fed(kind):
     """X, Y in batches of 40 as a `kind` of input fit reads batch by batch: a
     tf.data "dataset" (or one "shuffled" at every iterator, from a seed), a "pydataset"
     (or one "augmented" with noise drawn from NumPy's global random state), a
-    "generator"."""
+    "generator" (or an "augmented-generator")."""
     if kind in ("dataset", "shuffled"):
         import tensorflow as tf
 
@@ -278,60 +280,101 @@ def _fed(kind):
 
         def __getitem__(self, index):
             rows = slice(40 * index, 40 * (index + 1))
-            if kind == "augmented":
+            if kind.startswith("augmented"):
                 return X[rows] + np.random.normal(scale=0.1, size=X[rows].shape), Y[rows]
             return X[rows], Y[rows]
 
-    if kind == "generator":
+    if kind.endswith("generator"):
         return (Batches()[i] for i in range(3))
     return Batches()
 
 
 ONCE = dict(epochs=1, shuffle=False, verbose=0)  # a PyDataset's batches in order
 # No TensorFlow beside JAX; Keras 2.3 does not read a tf.data.Dataset.
-FED = ["pydataset"] + ([] if ON_JAX or ON_LEGACY else ["dataset"])
+FED = ["pydataset", "generator"] + ([] if ON_JAX or ON_LEGACY else ["dataset"])
+
+
+def _once(kind, **more):
+    """fit / evaluate / predict arguments for `kind`: a generator's length is its steps
+    (Keras 2.3 asks for them)."""
+    if kind.endswith("generator"):
+        more["steps_per_epoch" if "epochs" in more else "steps"] = 3
+    return more
+
+
+def _checked_batches(caplog):
+    """The fit batches the check compared, from its debug log."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "kerasmgpu.verify" and "fit batch rows" in r.getMessage()]
 
 
 @checked
 @pytest.mark.parametrize("kind", FED)
-def test_verify_reads_a_dataset_s_first_batch_without_taking_it(kind) -> None:
-    """A dataset's first batch, and its first rows shared the other way, are checked
-    (peeked: the fit still trains on every batch, as without the check)."""
+def test_verify_reads_a_dataset_s_first_batch_without_taking_it(kind, caplog) -> None:
+    """A dataset's first batch, and its first rows shared the other way, are checked -
+    once a fit, though Keras 2.3's fit calls fit_generator, also checked - and the fit
+    still trains on every batch, as without the check (a dataset's batch is peeked, a
+    generator's taken and handed back in front of the rest)."""
     one, plain, checked = _model(), _model(), _model()
-    one.fit(_fed(kind), **ONCE)
-    kerasmgpu.parallelize(plain, gpus=3).fit(_fed(kind), **ONCE)
-    kerasmgpu.parallelize(checked, gpus=3, verify=True).fit(_fed(kind), **ONCE)
+    one.fit(_fed(kind), **_once(kind, **ONCE))
+    pplain = kerasmgpu.parallelize(plain, gpus=3)
+    pplain.fit(_fed(kind), **_once(kind, **ONCE))
+    pchecked = kerasmgpu.parallelize(checked, gpus=3, verify=True)
+    with caplog.at_level("DEBUG", logger="kerasmgpu.verify"):
+        pchecked.fit(_fed(kind), **_once(kind, **ONCE))
+    assert _checked_batches(caplog) == ["kerasmgpu verify: fit batch rows 0-40, loss and "
+                                        "gradients compared in training mode",
+                                        "kerasmgpu verify: fit batch rows 0-39, loss and "
+                                        "gradients compared in training mode"]
     assert_weights_close(checked, plain, atol=0)
     assert_weights_close(checked, one, atol=1e-5)
+    # evaluate and predict read every batch too (their first one checked).
+    np.testing.assert_array_equal(pchecked.predict(_fed(kind), **_once(kind, verbose=0)),
+                                  pplain.predict(_fed(kind), **_once(kind, verbose=0)))
+    assert (pchecked.evaluate(_fed(kind), **_once(kind, verbose=0))
+            == pplain.evaluate(_fed(kind), **_once(kind, verbose=0)))
+    if ON_LEGACY:  # a Keras 2.3 project's own call
+        by_generator = _model()
+        kerasmgpu.parallelize(by_generator, gpus=3, verify=True).fit_generator(
+            _fed(kind), **_once(kind, **ONCE))
+        assert_weights_close(by_generator, plain, atol=0)
 
 
 @checked
 @pytest.mark.parametrize("kind", FED)
 @pytest.mark.parametrize("fault", ["kernel", "padding"])
 def test_verify_raises_on_a_dataset_before_any_weight_moves(kind, fault, monkeypatch) -> None:
+    """fit, and evaluate / predict on their first batch's outputs - on Keras 2.3 also
+    the *_generator calls its code trains a generator or Sequence with."""
     template, pmodel, named = _parallel(fault, monkeypatch)
     before = [w.copy() for w in template.get_weights()]
-    with pytest.raises(kerasmgpu.VerificationError, match=named):
-        pmodel.fit(_fed(kind), **ONCE)
+    fits = [pmodel.fit] + ([pmodel.fit_generator] if ON_LEGACY else [])
+    for fit in fits:
+        with pytest.raises(kerasmgpu.VerificationError, match=named):
+            fit(_fed(kind), **_once(kind, **ONCE))
     for a, b in zip(template.get_weights(), before):
         np.testing.assert_array_equal(a, b)
     # evaluate and predict compare their first batch too.
     if fault == "kernel":
-        for call in (pmodel.evaluate, pmodel.predict):
+        calls = [pmodel.evaluate, pmodel.predict] + (
+            [pmodel.evaluate_generator, pmodel.predict_generator] if ON_LEGACY else [])
+        for call in calls:
             with pytest.raises(kerasmgpu.VerificationError, match=named):
-                call(_fed(kind), verbose=0)
+                call(_fed(kind), **_once(kind, verbose=0))
 
 
 @checked
-@pytest.mark.parametrize("kind", ["augmented"] + ([] if ON_JAX or ON_LEGACY else ["shuffled"]))
+@pytest.mark.parametrize("kind", ["augmented", "augmented-generator"]
+                         + ([] if ON_JAX or ON_LEGACY else ["shuffled"]))
 def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
     """The check's read of a dataset changes nothing the fit then reads: a PyDataset
-    that draws from NumPy's random state draws the same (the state is put back); a
+    that draws from NumPy's random state draws the same (the state is put back), a
+    generator that does yields the batch it drew for the check back to the fit; a
     pipeline whose shuffle would reshuffle for one more iterator is not read (a warning
     says it was not checked). Both fits equal the unchecked one to the bit."""
     plain, checked = _model(), _model()
     np.random.seed(5)
-    kerasmgpu.parallelize(plain, gpus=3).fit(_fed(kind), **ONCE)
+    kerasmgpu.parallelize(plain, gpus=3).fit(_fed(kind), **_once(kind, **ONCE))
     np.random.seed(5)
     pchecked = kerasmgpu.parallelize(checked, gpus=3, verify=True)
     if kind == "shuffled":
@@ -339,20 +382,8 @@ def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
                           r"what the call then reads from it \(stateful ops: ShuffleDataset"):
             pchecked.fit(_fed(kind), **ONCE)
     else:
-        pchecked.fit(_fed(kind), **ONCE)
+        pchecked.fit(_fed(kind), **_once(kind, **ONCE))
     assert_weights_close(checked, plain, atol=0)
-
-
-@checked
-def test_verify_says_it_checked_nothing_on_a_generator() -> None:
-    """A generator's batch cannot be read without taking it from the fit: a warning
-    naming the inputs that can be checked, and the fit trains on every batch."""
-    one, checked = _model(), _model()
-    one.fit(_fed("generator"), steps_per_epoch=3, **ONCE)
-    with pytest.warns(UserWarning, match=r"fit\(\) on a generator checked nothing.*PyDataset"):
-        kerasmgpu.parallelize(checked, gpus=3, verify=True).fit(_fed("generator"),
-                                                               steps_per_epoch=3, **ONCE)
-    assert_weights_close(checked, one, atol=1e-5)
 
 
 @checked

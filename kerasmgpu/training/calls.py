@@ -116,8 +116,8 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
                 num_rows({"x": x, "y": y, "sample_weight": sample_weight}),
                 batch_size or 32), state.accumulate_steps)
     if state.verify:
-        self_check.before_fit(state, self, x, y, sample_weight, class_weight, batch_size,
-                              state.sync_batchnorm)
+        x = self_check.before_fit(state, self, x, y, sample_weight, class_weight, batch_size,
+                                  state.sync_batchnorm)
     user_callbacks = state.engine.worker_callbacks(callbacks)
     job = state.engine.job
     position = resume.plan(state.adapter, user_callbacks,
@@ -191,7 +191,7 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
         return _fixed_results(state, self, results, return_dict)
     state, _ = _agreed_callbacks(self, list(callbacks or []), training=False)
     if state.verify:
-        self_check.check_outputs(state, self, x, batch_size, "evaluate")
+        x = self_check.check_outputs(state, self, x, batch_size, "evaluate")
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
                       batch_size=batch_size, training=False)
     if steps is None and feed.needs_steps:
@@ -244,7 +244,7 @@ def _predict(self: Any, x: Any, batch_size: Any = None, verbose: Any = "auto",
                                       steps=steps, callbacks=callbacks, **kwargs)
     state = _state(self, training=False, collective=False)
     if state.verify:
-        self_check.check_outputs(state, self, x, batch_size, "predict")
+        x = self_check.check_outputs(state, self, x, batch_size, "predict")
     feed = state.feed(x, kind="predict", model=self, batch_size=batch_size, training=False)
     with state.engine.scope():
         outputs = state.originals["predict"](

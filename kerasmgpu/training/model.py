@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Any
+from typing import Any, Callable, Dict, List, Tuple
 
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
@@ -61,37 +61,75 @@ def hold(parallel: Any, template: Any, engine: EngineOps, adapter: Adapter,
     return state
 
 
+# Keras 2.3's calls and the argument each reads its data from; the `*_generator` calls
+# are how Keras 2.3 code trains on a generator or Sequence.
+_CHECKED_CALLS = {"fit": "x", "evaluate": "x", "predict": "x", "fit_generator": "generator",
+                  "evaluate_generator": "generator", "predict_generator": "generator"}
+
+
 def _checked_calls(model: Any, state: ParallelState) -> None:
     """parallelize(verify=True) on a model whose calls are Keras's own (`hold`): fit
     checks its first (and first uneven) batch, evaluate and predict their first batch's
-    outputs, then Keras's call runs. Wraps the calls as they are now, so that wrappers
-    the engine puts around them later (the template's changes reaching a copy first)
-    run before the check."""
+    outputs, then Keras's call runs, on a generator the one the check handed back.
+    Wraps the calls as they are now, so that wrappers the engine puts around them later
+    (the template's changes reaching a copy first) run before the check."""
     klass = type(model)
-    for name in ("fit", "evaluate", "predict"):
-        own = getattr(model, name, None)
-        if own is None:
-            continue
-        signature = inspect.signature(getattr(klass, name))
+    # Calls made while a checked call runs are Keras's own (fit hands a generator to
+    # self.fit_generator, which validates through self.evaluate_generator) or a
+    # callback's: they run unchecked, as the batches they read are not the call's first.
+    running: List[str] = []
 
-        def checked(*args: Any, _own: Any = own, _name: str = name,
-                    _signature: Any = signature, **kwargs: Any) -> Any:
-            given = _signature.bind(model, *args, **kwargs)
+    def checking(name: str, data: str, own: Any) -> Callable[..., Any]:
+        signature = inspect.signature(getattr(klass, name))
+        call_name = name.replace("_generator", "")
+        place = list(signature.parameters).index(data) - 1  # its position after self
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if running:
+                return own(*args, **kwargs)
+            given = signature.bind(model, *args, **kwargs)
             given.apply_defaults()
             call = given.arguments
-            if _name != "fit":
-                self_check.check_outputs(state, model, call["x"], call["batch_size"], _name)
-                return _own(*args, **kwargs)
-            x, y, weights = call["x"], call["y"], call["sample_weight"]
-            if call["validation_split"] and call["validation_data"] is None and \
-                    structure.is_array_like(x):
-                (x, y, weights), _ = feeds.split_validation(x, y, weights,
-                                                            call["validation_split"])
-            self_check.before_fit(state, model, x, y, weights, call["class_weight"],
-                                  call["batch_size"], state.sync_batchnorm)
-            return _own(*args, **kwargs)
+            given_data = call[data]
+            running.append(name)
+            try:
+                if call_name != "fit":
+                    call[data] = self_check.check_outputs(
+                        state, model, given_data, call.get("batch_size"), call_name)
+                else:
+                    call[data] = _checked_fit(call, data)
+                if call[data] is not given_data:  # the generator the check handed back
+                    args, kwargs = _replaced(args, kwargs, place, data, call[data])
+                return own(*args, **kwargs)
+            finally:
+                running.pop()
 
-        model.__dict__[name] = checked
+        return checked
+
+    def _checked_fit(call: Dict[str, Any], data: str) -> Any:
+        """What fit reads in place of `call[data]` once its first batches are checked."""
+        x, y, weights = call[data], call.get("y"), call.get("sample_weight")
+        if call.get("validation_split") and call.get("validation_data") is None and \
+                structure.is_array_like(x):
+            (x, y, weights), _ = feeds.split_validation(x, y, weights, call["validation_split"])
+        handed = self_check.before_fit(state, model, x, y, weights, call["class_weight"],
+                                       call.get("batch_size"), state.sync_batchnorm)
+        return call[data] if handed is x else handed
+
+    for name, data in _CHECKED_CALLS.items():
+        own = getattr(model, name, None)
+        if own is not None:
+            model.__dict__[name] = checking(name, data, own)
+
+
+def _replaced(args: Tuple[Any, ...], kwargs: Dict[str, Any], place: int, name: str,
+              value: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The call's arguments as given, with argument `name` (positional `place`) set to
+    `value` (Keras 2.3's *_generator calls take few positional arguments: the others
+    must stay keywords)."""
+    if len(args) > place:
+        return args[:place] + (value,) + args[place + 1:], kwargs
+    return args, {**kwargs, name: value}
 
 
 def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,

@@ -5,7 +5,9 @@ other way (`_batches`: padded or whole after a first that divides, divided after
 that does not) - is run through the template on one device and through the parallel
 model as its step runs it, and the losses (with their `add_loss` terms) and gradients
 are compared; evaluate and predict compare their first batch's outputs. A dataset or
-PyDataset is read for its first batch without taking it from the call (`_peek`). Nothing
+PyDataset is read for its first batch without taking it from the call (`_peek`); a
+generator's first batch is taken and handed back in front of the rest (the call reads
+the generator the check returns). Nothing
 is assigned, so the check changes no weight, metric, optimizer or moving statistic; a
 difference raises `VerificationError` before the optimizer applies anything, naming the
 first layer (in the model's layer order) whose output on that batch differs in
@@ -35,8 +37,10 @@ in inference mode (training=False); the message and the debug log say which.
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import logging
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -144,23 +148,25 @@ def _rows(x: Any) -> int:
 
 
 def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
-               class_weight: Any, batch_size: Any, sync_batchnorm: bool) -> None:
+               class_weight: Any, batch_size: Any, sync_batchnorm: bool) -> Any:
     """The check of a fit's first global batch and the first one the replicas share the
     other way (`_batches`; for a dataset, `_peeked_batches`); raises on a difference,
-    before the fit starts."""
+    before the fit starts. Returns what the fit must read in place of `x`: `x` itself, or
+    for a generator, one that yields the batch the check took and then the rest."""
     inexact = _inexact_layers(state.adapter, state.template, sync_batchnorm,
                               _stateless(state.engine))
     training = not inexact
     how = ("in training mode" if training else "in inference mode (training=False), since "
            f"{', '.join(inexact)} cannot agree exactly between one device and replicas")
     replicas = state.engine.planner.replicas
+    given = x
     if structure.is_array_like(x):
         x, y, sample_weight = (structure.to_numpy(v) for v in (x, y, sample_weight))
         chosen = _batches(_rows(x), int(batch_size or 32), replicas)
     else:
-        peeked = _peek(state, replica, x, "fit")
+        peeked, given = _peek(state, replica, x, "fit")
         if peeked is None:
-            return
+            return given
         x, y, sample_weight = peeked
         chosen = _peeked_batches(_rows(x), replicas)
     for rows_of in chosen:
@@ -168,6 +174,7 @@ def before_fit(state: Any, replica: Any, x: Any, y: Any, sample_weight: Any,
         _log.debug("kerasmgpu verify: fit batch rows %s-%s, loss and gradients compared %s",
                    rows_of.start, rows_of.stop, how)
         _check_step(state, replica, batch, class_weight, training, how)
+    return given
 
 
 def _peeked_batches(rows: int, replicas: int) -> List[slice]:
@@ -200,13 +207,29 @@ def _item_zero(source: Any) -> Any:
         random.setstate(python_state)
 
 
-def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, Any, Any]]:
-    """The first element of a dataset as NumPy `(x, y, sample_weight)`, read without
-    taking it from the call: a tf.data.Dataset through an iterator of its own where no
-    stage of it has state a read could change (`tf_data.state_a_read_changes`), a
-    PyDataset / Sequence by index 0 (`_item_zero`). None, with a warning, for what a
-    read would consume or change (a generator or iterator, a pipeline with a shuffle or
-    random stage), or an empty source."""
+def _handed_back(first: Any, rest: Iterator[Any], generator: bool) -> Iterator[Any]:
+    """`first`, then what `rest` yields: a generator where the source was one (Keras
+    tells a generator by its type), else an iterator as the source was."""
+    if not generator:
+        return itertools.chain((first,), rest)
+
+    def again() -> Iterator[Any]:
+        yield first
+        yield from rest
+
+    return again()
+
+
+def _peek(state: Any, replica: Any, x: Any, call: str
+          ) -> Tuple[Optional[Tuple[Any, Any, Any]], Any]:
+    """The first element of a dataset as NumPy `(x, y, sample_weight)`, and what the call
+    then reads in place of `x`. A tf.data.Dataset is read through an iterator of its own
+    where no stage of it has state a read could change (`tf_data.state_a_read_changes`),
+    a PyDataset / Sequence by index 0 (`_item_zero`): the call reads `x` itself. A
+    generator or iterator has its first element taken, and the call reads one that
+    yields it back first (`_handed_back`). None, with a warning, for what a read would
+    change (a pipeline with a shuffle or random stage), an iterator that is also indexed
+    (Keras weighs its classes as a PyDataset's), or an empty source."""
     import warnings
 
     from kerasmgpu.adapters import tf_data
@@ -225,17 +248,27 @@ def _peek(state: Any, replica: Any, x: Any, call: str) -> Optional[Tuple[Any, An
                    "code)")
         read = _first_element
     elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
-        why = "a generator's batch cannot be read without taking it from the call"
+        if hasattr(x, "__getitem__") or not hasattr(x, "__next__"):
+            why = ("an iterator that is also indexed cannot be handed back as it was"
+                   if hasattr(x, "__getitem__") else "it is neither a dataset nor an iterator")
+        else:
+            element = next(x, None)
+            if element is None:
+                return None, x
+            x = _handed_back(element, x, inspect.isgenerator(x))
+            read = lambda _: element  # noqa: E731 - the element just taken
     if why:
         warnings.warn(f"kerasmgpu verify: {call}() on a {type(x).__name__} checked nothing: "
-                      f"{why} (arrays, a keras.utils.PyDataset or Sequence, or a tf.data "
-                      "pipeline without random or Python stages are checked)", stacklevel=4)
-        return None
+                      f"{why} (arrays, a keras.utils.PyDataset or Sequence, a generator, or a "
+                      "tf.data pipeline without random or Python stages are checked)",
+                      stacklevel=4)
+        return None, x
     element = read(x)
     if element is None:
-        return None
+        return None, x
     first, y, sample_weight = structure.unpack(element)
-    return structure.to_numpy(first), structure.to_numpy(y), structure.to_numpy(sample_weight)
+    return (structure.to_numpy(first), structure.to_numpy(y),
+            structure.to_numpy(sample_weight)), x
 
 
 def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
@@ -381,16 +414,18 @@ def _kept(state: Any, key: Any, reads: Tuple[Any, ...],
     return held[1]
 
 
-def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> None:
-    """evaluate / predict: the first batch's outputs against the template's."""
+def check_outputs(state: Any, replica: Any, x: Any, batch_size: Any, call: str) -> Any:
+    """evaluate / predict: the first batch's outputs against the template's. Returns what
+    the call must read in place of `x` (`before_fit`)."""
     if structure.is_array_like(x):
         first = _take(structure.to_numpy(x), slice(0, int(batch_size or 32)))
     else:
-        peeked = _peek(state, replica, x, call)
+        peeked, x = _peek(state, replica, x, call)
         if peeked is None:
-            return
+            return x
         first = peeked[0]
     _check_outputs(state, replica, first, call, "in inference mode")
+    return x
 
 
 def _check_outputs(state: Any, replica: Any, x: Any, call: str, how: str) -> None:

@@ -9,7 +9,8 @@ before any weight moves:
 * weights: rank 1's kernel moved in place through `.data`, which the template link's
   change tokens do not see - a replica whose weights differ in one process;
 * padding: every padding row weighted as a real one (both processes); padding-fed the
-  same fault met by a fit on a PyDataset (its first batch read without being taken);
+  same fault met by a fit on a PyDataset (its first batch read without being taken),
+  padding-gen on a generator (its first batch taken and handed back);
 * state: a Python attribute read in `call`, changed on rank 1 alone;
 * evaluate: the weights fault met by evaluate's first batch;
 * term: not a fault of kerasmgpu's but a model each process cannot train as one device
@@ -94,6 +95,15 @@ class Batches(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         return x[8 * index:8 * (index + 1)], y[8 * index:8 * (index + 1)]
+
+
+# A generator's first batch is taken for the check and handed back: trained the same.
+plain, checked = build(), build()
+kerasmgpu.parallelize(plain).fit((Batches()[i] for i in range(3)), epochs=1, verbose=0)
+kerasmgpu.parallelize(checked, verify=True).fit((Batches()[i] for i in range(3)), epochs=1,
+                                                verbose=0)
+outcome["correct"] = max([outcome["correct"]] + [
+    float(np.max(np.abs(a - b))) for a, b in zip(plain.get_weights(), checked.get_weights())])
 
 
 own_mask = batching.BatchPlan.mask
