@@ -250,7 +250,7 @@ def _peek(state: Any, replica: Any, x: Any, call: str
     elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
         if hasattr(x, "__getitem__") or not hasattr(x, "__next__"):
             why = ("an iterator that is also indexed cannot be handed back as it was"
-                   if hasattr(x, "__getitem__") else "it is neither a dataset nor an iterator")
+                   if hasattr(x, "__getitem__") else "it is not an input the check reads")
         else:
             element = next(x, None)
             if element is None:
