@@ -762,8 +762,9 @@ def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process
     """parallelize(verify=True) on two processes (tests/workers/verify.py): a correct
     model trains as without the check; a replica whose weights differ in one process,
     a wrong padding weight (arrays, and a PyDataset or a generator whose 8-row first
-    batch divides: its first 7 rows are checked too), a Python attribute changed on one process, a loss term
-    that sums over a process's rows (which no per-process step computes as one device),
+    batch divides: its first 7 rows are checked too), a Python attribute changed on one
+    process, a loss term that sums over a process's rows (which no per-process step
+    computes as one device),
     and evaluate's first batch raise VerificationError in both processes, before any
     weight moves."""
     out = _finished(misuse, "verify")
@@ -775,6 +776,7 @@ def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process
     for rank in (0, 1):
         outcome = json.loads((out / f"verify{rank}.json").read_text())
         assert outcome.pop("correct") == 0.0, outcome
+        assert sorted(outcome) == sorted(named), (rank, sorted(outcome))
         for fault, result in outcome.items():
             assert result["said"].startswith("kerasmgpu verify:"), (rank, fault, result)
             assert named[fault] in result["said"], (rank, fault, result["said"])

@@ -107,7 +107,7 @@ outcome["correct"] = max([outcome["correct"]] + [
 
 
 own_mask = batching.BatchPlan.mask
-for name in ("weights", "padding", "padding-fed", "state", "term", "evaluate"):
+for name in ("weights", "padding", "padding-fed", "padding-gen", "state", "term", "evaluate"):
     model = build(term=name == "term")
     pmodel = kerasmgpu.parallelize(model, verify=True)
     fault(name, model)
@@ -119,6 +119,8 @@ for name in ("weights", "padding", "padding-fed", "state", "term", "evaluate"):
             pmodel.evaluate(x, y, batch_size=8, verbose=0)
         elif name == "padding-fed":
             pmodel.fit(Batches(), epochs=1, shuffle=False, verbose=0)
+        elif name == "padding-gen":
+            pmodel.fit((Batches()[i] for i in range(3)), epochs=1, verbose=0)
         else:
             pmodel.fit(x, y, **FIT)
         said = "returned"
