@@ -19,7 +19,7 @@ import pytest
 
 from kerasmgpu.process import backups
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.pure]
 
 
 def _write(directory: Path, number: int, shares: List[int] = (), size: int = 1000) -> Path:

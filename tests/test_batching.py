@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kerasmgpu import batching
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.pure]
 
 sizes = st.integers(min_value=1, max_value=600)
 replicas = st.integers(min_value=1, max_value=16)

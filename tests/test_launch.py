@@ -33,7 +33,7 @@ from kerasmgpu.launch import (
     worker_environments,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.pure]
 
 MARK = "KMG_LAUNCH_TEST_MARK"
 CONTRACT = [

@@ -20,7 +20,7 @@ from typing import Dict, FrozenSet, Iterator, List, Set, Tuple
 
 import pytest
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.pure]
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kerasmgpu"
 PRIVATE_MODULES = ("keras.src", "tensorflow.python", "jax._src", "tf_keras.src")
@@ -477,3 +477,63 @@ def test_the_text_check_can_fail() -> None:
             "def test_c():\n    exec('x')\n")
     assert _text_tests_that_run_something(iter([("t.py", ast.parse(code))])) == [
         "t.py::test_a (run_keras23)"]
+
+
+# What a module marked `pure` (tox.ini runs it in two envs only) must not name: a
+# framework, a fact of this env (the active line, backend or route), or a skip by env.
+READS_THE_ENV = frozenset({
+    "keras", "tf", "tensorflow", "tf_keras", "jax", "torch", "registry", "parallelize",
+    "env_target", "keras_module", "LINE", "BACKEND", "ENV", "ROUTE", "IN_PROCESS", "ON_LEGACY",
+    "ON_TF", "ON_JAX", "ON_TORCH", "KERAS3", "requires"})
+
+
+def _marks_pure(node: ast.AST) -> bool:
+    return any(isinstance(sub, ast.Attribute) and sub.attr == "pure"
+               and isinstance(sub.value, ast.Attribute) and sub.value.attr == "mark"
+               for sub in ast.walk(node))
+
+
+def _pure_tests_that_read_the_env(files: Iterator[Tuple[str, ast.Module]]) -> List[str]:
+    """`file::scope (names)` for each module (a `pytestmark` naming `pure`) or test (a
+    decorator) marked `pure` whose code names a framework or a fact of this env."""
+    found = []
+    for where, tree in files:
+        scopes: List[Tuple[str, ast.AST]] = []
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets) \
+                    and _marks_pure(node.value):
+                scopes.append(("<module>", tree))
+            elif isinstance(node, ast.FunctionDef) and any(map(_marks_pure, node.decorator_list)):
+                scopes.append((node.name, node))
+        for name, scope in scopes:
+            names = {sub.id for sub in ast.walk(scope) if isinstance(sub, ast.Name)}
+            for sub in ast.walk(scope):
+                if isinstance(sub, ast.Import):
+                    names |= {alias.name.split(".")[0] for alias in sub.names}
+                elif isinstance(sub, ast.ImportFrom):
+                    names |= {alias.asname or alias.name for alias in sub.names}
+                    names.add((sub.module or "").split(".")[0])
+            if names & READS_THE_ENV:
+                found.append(f"{where}::{name} ({', '.join(sorted(names & READS_THE_ENV))})")
+    return found
+
+
+def test_a_pure_test_reads_nothing_of_the_env() -> None:
+    files = ((path.name, ast.parse(path.read_text())) for path in sorted(TESTS.glob("test_*.py")))
+    found = _pure_tests_that_read_the_env(files)
+    assert not found, ("marked `pure` (run by two envs: tox.ini) but naming a framework or a "
+                       f"fact of this env - remove the mark: {found}")
+
+
+def test_the_pure_check_can_fail() -> None:
+    code = ("import pytest\nfrom helpers import ON_JAX\n"
+            "pytestmark = [pytest.mark.core, pytest.mark.pure]\n"
+            "def test_a():\n    assert ON_JAX\n")
+    assert _pure_tests_that_read_the_env(iter([("t.py", ast.parse(code))])) == [
+        "t.py::<module> (ON_JAX)"]
+    code = ("import pytest\nimport tensorflow as tf\n"
+            "@pytest.mark.pure\ndef test_a():\n    assert tf\n"
+            "def test_b():\n    assert keras\n")
+    assert _pure_tests_that_read_the_env(iter([("t.py", ast.parse(code))])) == [
+        "t.py::test_a (tf)"]

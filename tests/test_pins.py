@@ -21,6 +21,8 @@ from kerasmgpu import pins
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "compat" / "constraints"
 
+pytestmark = pytest.mark.pure
+
 
 def test_the_package_ships_the_tested_pins_unchanged() -> None:
     tested = {p.name: p.read_bytes() for p in COMPAT.iterdir() if p.suffix in (".in", ".txt")}
@@ -38,10 +40,10 @@ def test_every_env_of_the_matrix_has_pins_and_a_line() -> None:
     tox_envs = {p.stem for p in COMPAT.glob("*.txt")}
     assert set(pins.available()) == tox_envs
     assert set(pins.NEWEST) <= tox_envs
-    jax = pins.get("keras3.15-jax")
-    assert jax.line == "Keras 3.15.1 on JAX 0.10.2"
-    assert jax.requirements == ("jax[cpu]==0.10.2", "keras==3.15.1")  # no `-r _common.in`
-    assert jax.backend == "jax" and not jax.legacy_tf_keras
+    jax_pin = pins.get("keras3.15-jax")
+    assert jax_pin.line == "Keras 3.15.1 on JAX 0.10.2"
+    assert jax_pin.requirements == ("jax[cpu]==0.10.2", "keras==3.15.1")  # no `-r _common.in`
+    assert jax_pin.backend == "jax" and not jax_pin.legacy_tf_keras
     assert pins.get("keras23").line == "Keras 2.3.1 on TensorFlow 2.15.1"
     assert pins.get("tfkeras2.21").line == "tf_keras 2.21.0 on TensorFlow 2.21.0"
     assert pins.get("tfkeras2.21").legacy_tf_keras
