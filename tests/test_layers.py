@@ -431,6 +431,11 @@ RUNS_SOMETHING = frozenset({
     "ON_JAX", "ON_TORCH", "KERAS3", "requires"})
 
 
+def _test_modules() -> Iterator[Tuple[str, ast.Module]]:
+    """(file name, parsed module) of each test module of the suite."""
+    return ((path.name, ast.parse(path.read_text())) for path in sorted(TESTS.glob("test_*.py")))
+
+
 def _marked_text(decorator: ast.expr) -> bool:
     return (isinstance(decorator, ast.Attribute) and decorator.attr == "text"
             and isinstance(decorator.value, ast.Attribute) and decorator.value.attr == "mark")
@@ -463,8 +468,7 @@ def _text_tests_that_run_something(files: Iterator[Tuple[str, ast.Module]]) -> L
 
 
 def test_a_text_test_runs_nothing() -> None:
-    files = ((path.name, ast.parse(path.read_text())) for path in sorted(TESTS.glob("test_*.py")))
-    found = _text_tests_that_run_something(files)
+    found = _text_tests_that_run_something(_test_modules())
     assert not found, ("marked `text` (run by one env: tox.ini) but running code, Keras or "
                        f"an env's fact - remove the mark: {found}")
 
@@ -520,8 +524,7 @@ def _pure_tests_that_read_the_env(files: Iterator[Tuple[str, ast.Module]]) -> Li
 
 
 def test_a_pure_test_reads_nothing_of_the_env() -> None:
-    files = ((path.name, ast.parse(path.read_text())) for path in sorted(TESTS.glob("test_*.py")))
-    found = _pure_tests_that_read_the_env(files)
+    found = _pure_tests_that_read_the_env(_test_modules())
     assert not found, ("marked `pure` (run by two envs: tox.ini) but naming a framework or a "
                        f"fact of this env - remove the mark: {found}")
 
