@@ -5,7 +5,8 @@ test_soak, test_cli's demo under launch) goes through `run`, or `Job` where it a
 the processes while they run:
 
 - `worker_env(...)`: this process's environment less its kerasmgpu settings and the
-  XLA_FLAGS that `import kerasmgpu` wrote (a worker starts as a user's script does), the
+  device count that `import kerasmgpu` wrote into XLA_FLAGS (a worker starts as a user's
+  script does; the env's own XLA flags stay), the
   repository on PYTHONPATH (tests/workers import kerasmgpu from it), plus the test's own.
 - `launch_command(...)`: `python -m kerasmgpu launch --nproc N --timeout T ...`.
 - every process in a new session (its own process group), waited for with a bound; one
@@ -19,6 +20,7 @@ the processes while they run:
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +38,12 @@ def worker_env(**extra: str) -> Dict[str, str]:
     """The environment of a job's processes: see the module's docstring."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
+    # The XLA flags the env set (tox.ini: the JAX envs' optimization level) stay; the
+    # device count that `import kerasmgpu` added goes.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                   os.environ.get("XLA_FLAGS", "")).strip()
+    if flags:
+        env["XLA_FLAGS"] = flags
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(REPO), env.get("PYTHONPATH", "")] if p)
     env.update(extra)
