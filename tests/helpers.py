@@ -59,6 +59,16 @@ def grid(**axes: Sequence[Any]) -> Any:
     return pytest.mark.parametrize(",".join(names), params)
 
 
+def one_replica_count(count: int) -> Any:
+    """`parametrize("replicas", REPLICAS)` for a test whose subject is not the replica
+    count: `count` runs in every env, the other counts are `wide` (the envs that run
+    the whole grid run them all). The tests that use it pick 2 or 3 so that both counts
+    run on every route (test_fastpath.py's tests of even and padded steps, and the
+    acceptance tests of test_parallelize.py, keep both everywhere)."""
+    return pytest.mark.parametrize("replicas", [
+        n if n == count else pytest.param(n, marks=pytest.mark.wide) for n in REPLICAS])
+
+
 def requires(*, tf: bool = False, jax: bool = False, torch: bool = False,
              in_process: bool = False, legacy: bool = False, tf_data: bool = False,
              lines: Optional[Sequence[KerasLine]] = None) -> Any:

@@ -27,6 +27,7 @@ from helpers import (
     assert_weights_close,
     deterministic_weights,
     keras_module,
+    one_replica_count,
     requires,
     seed_all,
 )
@@ -139,7 +140,7 @@ def _guide_model():
 
 
 @pytest.mark.core
-@pytest.mark.parametrize("replicas", REPLICAS)
+@one_replica_count(3)
 def test_custom_train_step_gets_x_y_and_matches_one_device(replicas: int) -> None:
     """61 rows, batch 10: the last batch (1 row) is padded; the guide's step is exact."""
     single, template = _guide_model(), _guide_model()
@@ -408,9 +409,11 @@ def test_a_term_computed_from_the_batch_reads_one_devices_on_a_short_batch(kind:
     x, y = X[:55], Y[:55]
     fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0,
                validation_data=(X[:13], Y[:13]))
+    # One device's run is the same for every replica count: trained once.
+    single = _batch_term_model(kind)
+    h1 = single.fit(x, y, **fit)
     for replicas in REPLICAS:
-        single, template = _batch_term_model(kind), _batch_term_model(kind)
-        h1 = single.fit(x, y, **fit)
+        template = _batch_term_model(kind)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
             # The self-check on the last: its first padded step is the whole batch too.
@@ -496,10 +499,11 @@ def test_a_step_with_its_own_loss_reads_one_devices_on_a_short_batch() -> None:
     where no padding weight reaches: its short last batch (55 rows, batch 10: 5) goes
     whole to every replica, and the weights are one device's, with nothing to warn
     about; before, the padding copies counted in that loss, with a warning."""
+    fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
+    single = _own_loss_model()  # one device's run: the same for every replica count
+    single.fit(X[:55], Y[:55], **fit)
     for replicas in REPLICAS:
-        single, template = _own_loss_model(), _own_loss_model()
-        fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
-        single.fit(X[:55], Y[:55], **fit)
+        template = _own_loss_model()
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)
             kerasmgpu.parallelize(template, gpus=replicas).fit(X[:55], Y[:55], **fit)
@@ -551,7 +555,7 @@ def _vae(latent: int = 2):
     return model
 
 
-@pytest.mark.parametrize("replicas", REPLICAS)
+@one_replica_count(2)
 def test_vae_with_add_loss_trains_saves_and_reloads(replicas: int, tmp_path) -> None:
     template = _vae()
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)
@@ -594,7 +598,7 @@ def _two_headed():
     return model
 
 
-@pytest.mark.parametrize("replicas", REPLICAS)
+@one_replica_count(3)
 def test_dict_inputs_and_per_output_losses_and_metrics(replicas: int) -> None:
     inputs = {"a": X[:, :4], "b": X[:, 3:6]}
     targets = {"score": Y, "label": (np.abs(Y[:, 0]) * 3).astype("int64") % 3}
@@ -707,7 +711,7 @@ def _batchnorm_dropout():
     return model
 
 
-@pytest.mark.parametrize("replicas", REPLICAS)
+@one_replica_count(3)
 def test_batchnorm_template_and_parallel_model_agree(replicas: int) -> None:
     """Per-replica statistics can't equal one device's, but after training the template
     and the parallel model hold the same state: they predict and evaluate alike."""

@@ -30,6 +30,7 @@ from helpers import (
     classification_data,
     keras_module,
     mlp,
+    one_replica_count,
     requires,
 )
 
@@ -123,8 +124,7 @@ def _formats() -> Dict[str, str]:
 
 # What is saved is the template, whatever the replica count: 3 replicas are a `wide`
 # combination (a TF SavedModel export costs about 30 s an env).
-@pytest.mark.parametrize("replicas", [pytest.param(n, marks=pytest.mark.wide) if n == 3 else n
-                                      for n in REPLICAS])
+@one_replica_count(2)
 def test_every_file_loads_without_kerasmgpu(replicas: int, tmp_path: Path) -> None:
     template = _model()
     pmodel = kerasmgpu.parallelize(template, gpus=replicas)
