@@ -20,7 +20,6 @@ the processes while they run:
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 import pytest
+
+from kerasmgpu.env.devices import without_device_count
 
 REPO = Path(__file__).parent.parent
 WORKERS = Path(__file__).parent / "workers"
@@ -40,8 +41,7 @@ def worker_env(**extra: str) -> Dict[str, str]:
            if not k.startswith("KERASMGPU_") and k != "XLA_FLAGS"}
     # The XLA flags the env set (tox.ini: the JAX envs' optimization level) stay; the
     # device count that `import kerasmgpu` added goes.
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
-                   os.environ.get("XLA_FLAGS", "")).strip()
+    flags = without_device_count(os.environ.get("XLA_FLAGS", ""))
     if flags:
         env["XLA_FLAGS"] = flags
     env["PYTHONPATH"] = os.pathsep.join(

@@ -119,9 +119,14 @@ def _apply(n: int, strict: bool) -> None:
 # --- JAX -----------------------------------------------------------------------------
 
 
+def without_device_count(flags: str) -> str:
+    """XLA_FLAGS less the host device count virtual devices write (the other flags stay)."""
+    return re.sub(rf"{_XLA_FLAG}=\d+", "", flags).strip()
+
+
 def _set_xla_flag(n: int) -> None:
     # Rewritten, not appended: a second call must not leave two counts behind.
-    flags = re.sub(rf"{_XLA_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+    flags = without_device_count(os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = f"{flags} {_XLA_FLAG}={n}".strip()
 
 
