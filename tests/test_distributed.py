@@ -711,6 +711,7 @@ def test_every_sample_once_per_epoch(job: Job, inputs: str) -> None:
 # the job goes on; the lonely evaluate comes last (it leaves rank 0's collectives timed
 # out).
 MISUSES: Dict[str, List[str]] = {"uncompiled": ["misuse.py", "uncompiled"],
+                                 "dataloader": ["misuse.py", "dataloader"],
                                  "unbuilt!": ["misuse.py", "unbuilt"],
                                  "verify": ["verify.py"],
                                  "evaluate-alone": ["misuse.py", "evaluate-alone"]}
@@ -754,6 +755,26 @@ def test_torch_says_to_compile_an_uncompiled_parallel_model(misuse: Job) -> None
         assert result["is_value_error"] is True
         assert f"not compiled, in {name}()" in result["ours"]
         assert "Fix: call `compile(optimizer=..., loss=...)` on your model" in result["ours"]
+
+
+@requires(torch=True)
+def test_torch_refuses_a_dataloader_naming_a_generator_over_it_which_trains_exactly(
+        misuse: Job) -> None:
+    """Keras 3 reads a torch DataLoader itself; kerasmgpu cannot tell which order each
+    process's iterator of it reads, so fit and evaluate refuse it on every process
+    before a weight moves, and the fix they name trains as one device reading the
+    loader. predict, each process's own in a job, reads it as Keras does."""
+    out = _finished(misuse, "dataloader")
+    for rank in (0, 1):
+        outcome = json.loads((out / f"dataloader{rank}.json").read_text())
+        assert outcome["predict_difference"] < 1e-6, outcome
+        for name in ("fit", "evaluate"):
+            assert outcome[name].startswith(
+                "Invalid `x`. Received: x=a DataLoader: an iterable that is neither an "
+                "iterator nor indexed"), outcome[name]
+            assert "generator=torch.Generator().manual_seed(S)" in outcome[name]
+        assert outcome["untouched"] is True
+        assert outcome["fix_difference"] < 1e-5, outcome
 
 
 @requires(torch=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from helpers import (
@@ -9,6 +11,7 @@ from helpers import (
     LINE,
     ON_JAX,
     VIRTUAL,
+    assert_weights_close,
     classification_data,
     keras_module,
     mlp,
@@ -288,3 +291,47 @@ def test_an_unbatched_dataset_is_refused_before_a_step() -> None:
     for a, b in zip(before, template.get_weights()):
         np.testing.assert_array_equal(a, b)
     parallel.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(5), verbose=0)  # batched: trains
+
+
+class _Loader:
+    """What a torch DataLoader is to kerasmgpu: batches through `iter()`, a length, no
+    index (Keras 3 reads a real one itself; the torch job of test_distributed.py passes
+    a real one)."""
+
+    def __init__(self, x, y, batch):
+        self.x, self.y, self.batch = x, y, batch
+
+    def __len__(self):
+        return -(-len(self.x) // self.batch)
+
+    def __iter__(self):
+        for start in range(0, len(self.x), self.batch):
+            yield self.x[start:start + self.batch], self.y[start:start + self.batch]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_loader_is_refused_with_a_generator_over_it_as_the_fix(verify, recwarn) -> None:
+    """Each call refuses an iterable that is neither an iterator nor indexed, before a
+    weight moves, naming the fix - a generator over it - and the fix trains as one
+    device reading the same batches. With verify=True the refusal comes without a
+    "checked nothing" warning."""
+    x, y = classification_data(21)
+    template = mlp(keras)
+    before = [w.copy() for w in template.get_weights()]
+    pmodel = kerasmgpu.parallelize(template, gpus=2, verify=verify)
+    for call in (pmodel.fit, pmodel.evaluate, pmodel.predict):
+        with pytest.raises(TypeError) as info:
+            call(_Loader(x, y, 8), verbose=0)
+        text = _message(info)
+        assert "Received: x=a _Loader: an iterable that is neither an iterator nor indexed" \
+            in text and "steps_per_epoch=len(loader)" in text, text
+    assert not [w for w in recwarn if "checked nothing" in str(w.message)]
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    one, fixed = mlp(keras), mlp(keras)
+    loader = _Loader(x, y, 8)
+    one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    kerasmgpu.parallelize(fixed, gpus=2, verify=verify).fit(
+        (batch for _ in itertools.count() for batch in loader),
+        steps_per_epoch=len(loader), epochs=2, verbose=0)
+    assert_weights_close(fixed, one)

@@ -169,6 +169,26 @@ class ArrayBatches:
         self.plan.reshuffle()
 
 
+def _not_an_input(x: Any) -> TypeError:
+    allowed = ("numpy-like arrays (or lists/dicts of them), a tf.data.Dataset, a "
+               "keras.utils.PyDataset/Sequence, or a generator")
+    if not hasattr(x, "__iter__") or hasattr(x, "__getitem__"):
+        return bad_type("x", f"an object of type {type(x).__qualname__}", allowed,
+                        "convert the inputs to numpy arrays", raw=True)
+    # A torch DataLoader (Keras 3 reads one itself): each iter() of it may read another
+    # order (its sampler draws a shuffle per iterator), and nothing tells kerasmgpu which
+    # order the other processes of a job read, so its batches come through a generator
+    # the user makes, whose order the user states.
+    return bad_type(
+        "x", f"a {type(x).__qualname__}: an iterable that is neither an iterator nor "
+        "indexed (a torch DataLoader is one)", allowed,
+        "read it through a generator, `(batch for _ in itertools.count() for batch in "
+        "loader)`, with steps_per_epoch=len(loader) (steps=len(loader) for evaluate and "
+        "predict); in a job of several processes every process must read the same "
+        "batches, so a shuffling loader needs generator=torch.Generator().manual_seed(S)",
+        raw=True)
+
+
 class Arrays(Input):
     """Numpy-like arrays (and lists/dicts of them), with targets and weights beside."""
 
@@ -177,13 +197,7 @@ class Arrays(Input):
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         if not is_array_like(request.x):
-            raise bad_type(
-                "x", f"an object of type {type(request.x).__qualname__}",
-                "numpy-like arrays (or lists/dicts of them), a tf.data.Dataset, a "
-                "keras.utils.PyDataset/Sequence, or a generator",
-                "convert the inputs to numpy arrays",
-                raw=True,
-            )
+            raise _not_an_input(request.x)
         predict = self.predict
         x, y, sample_weight = (to_numpy(request.x), to_numpy(request.y),
                                to_numpy(request.sample_weight))

@@ -229,7 +229,8 @@ def _peek(state: Any, replica: Any, x: Any, call: str
     generator or iterator has its first element taken, and the call reads one that
     yields it back first (`_handed_back`). None, with a warning, for what a read would
     change (a pipeline with a shuffle or random stage), an iterator that is also indexed
-    (Keras weighs its classes as a PyDataset's), or an empty source."""
+    (Keras weighs its classes as a PyDataset's), or an empty source; None without one
+    for what the call refuses anyway."""
     import warnings
 
     from kerasmgpu.adapters import tf_data
@@ -248,9 +249,13 @@ def _peek(state: Any, replica: Any, x: Any, call: str
                    "code)")
         read = _first_element
     elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
-        if hasattr(x, "__getitem__") or not hasattr(x, "__next__"):
-            why = ("an iterator that is also indexed cannot be handed back as it was"
-                   if hasattr(x, "__getitem__") else "it is not an input the check reads")
+        if not hasattr(x, "__next__"):
+            # Not an input any call reads (a torch DataLoader, an object): the call
+            # refuses it next, saying what it takes (`data.arrays`); a warning first
+            # would only blur that.
+            return None, x
+        if hasattr(x, "__getitem__"):
+            why = "an iterator that is also indexed cannot be handed back as it was"
         else:
             element = next(x, None)
             if element is None:

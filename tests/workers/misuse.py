@@ -13,6 +13,10 @@ uncompiled: an uncompiled model's parallel model; fit, evaluate, train_on_batch 
 test_on_batch must raise kerasmgpu's NotCompiledError on every process (before any
 collective), as plain Keras raises there; predict must work. Rank 0 writes what each
 call did to OUT_DIR/uncompiled.json.
+dataloader: a torch DataLoader (which Keras 3 reads itself) is refused by fit and
+evaluate on every process, naming the fix; predict (each process's own, on the
+template) reads it as Keras does; the fix (a generator over the loader) trains as one
+device reading the loader. Each rank writes OUT_DIR/dataloader<R>.json.
 """
 
 import argparse
@@ -27,7 +31,7 @@ import kerasmgpu  # before Keras: it sets up the multi-process engine
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
-parser.add_argument("mode", choices=["unbuilt", "evaluate-alone", "uncompiled"])
+parser.add_argument("mode", choices=["unbuilt", "evaluate-alone", "uncompiled", "dataloader"])
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -71,6 +75,50 @@ if args.mode == "uncompiled":
     if rank == 0:
         with open(os.path.join(args.out, "uncompiled.json"), "w") as f:
             json.dump(outcome, f)
+    print(f"rank {rank}: done", flush=True)
+    sys.exit(0)
+
+if args.mode == "dataloader":
+    import itertools
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def loader():  # 16 rows in batches of 6: the last one uneven
+        return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
+                          batch_size=6)
+
+    def built():
+        keras.utils.set_random_seed(3)
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"),
+                              keras.layers.Dense(1)])
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return m
+
+    one, model = built(), built()
+    one.fit(loader(), epochs=2, verbose=0)  # Keras's own reading of the loader
+    pmodel = kerasmgpu.parallelize(model)
+    start = [w.copy() for w in model.get_weights()]
+    outcome = {}
+    for name in ("fit", "evaluate"):
+        try:
+            getattr(pmodel, name)(loader(), verbose=0)
+            outcome[name] = "returned"
+        except TypeError as error:
+            outcome[name] = str(error)
+    # predict in a job of several processes is each process's own, on the template:
+    # Keras reads the loader there.
+    outcome["predict_difference"] = float(np.abs(
+        pmodel.predict(loader(), verbose=0) - built().predict(loader(), verbose=0)).max())
+    outcome["untouched"] = all(np.array_equal(a, b)
+                               for a, b in zip(start, model.get_weights()))
+    fed = loader()
+    pmodel.fit((batch for _ in itertools.count() for batch in fed),
+               steps_per_epoch=len(fed), epochs=2, verbose=0)
+    outcome["fix_difference"] = max(float(np.abs(a - b).max())
+                                    for a, b in zip(one.get_weights(), model.get_weights()))
+    with open(os.path.join(args.out, f"dataloader{rank}.json"), "w") as f:
+        json.dump(outcome, f)
     print(f"rank {rank}: done", flush=True)
     sys.exit(0)
 
