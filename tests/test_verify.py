@@ -386,6 +386,44 @@ def test_verify_leaves_what_a_dataset_then_reads_as_it_was(kind) -> None:
     assert_weights_close(checked, plain, atol=0)
 
 
+class _IndexedIterator:
+    """An iterator of X, Y's batches of 40 that also has __getitem__ (no __len__):
+    kerasmgpu reads it as a generator, weighing classes as for a PyDataset."""
+
+    def __init__(self):
+        self.batches = [(X[i:i + 40], Y[i:i + 40]) for i in range(0, len(X), 40)]
+        self.at = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.at == len(self.batches):
+            raise StopIteration
+        self.at += 1
+        return self.batches[self.at - 1]
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+
+@checked
+@pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3's fit takes such an object for arrays and "
+                    "fails on it, on one device too")
+def test_verify_says_it_checked_nothing_on_an_iterator_that_is_also_indexed() -> None:
+    """Its first batch cannot be taken and handed back as the same kind of object, so it
+    is not read: a warning says so, and the fit trains as unchecked, to the bit."""
+    plain, checked_model = _model(), _model()
+    kerasmgpu.parallelize(plain, gpus=3).fit(_IndexedIterator(), steps_per_epoch=3, **ONCE)
+    pchecked = kerasmgpu.parallelize(checked_model, gpus=3, verify=True)
+    with pytest.warns(UserWarning, match=r"fit\(\) on a _IndexedIterator checked nothing: "
+                      r"an iterator that is also indexed cannot be handed back"):
+        pchecked.fit(_IndexedIterator(), steps_per_epoch=3, **ONCE)
+    assert_weights_close(checked_model, plain, atol=0)
+    assert any(np.abs(a - b).max() > 1e-3
+               for a, b in zip(plain.get_weights(), _model().get_weights()))  # it trained
+
+
 @checked
 def test_environment_variable_turns_it_on_and_an_explicit_false_wins(monkeypatch) -> None:
     monkeypatch.setenv("KERASMGPU_VERIFY", "1")
