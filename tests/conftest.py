@@ -7,11 +7,13 @@ exercised on 2 and 3 of those devices.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
+import weakref
 from collections import Counter
-from typing import Any
+from typing import Any, List
 
 os.environ.setdefault("KERASMGPU_VIRTUAL_DEVICES", "3")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -86,3 +88,44 @@ def _keras23_graph_cleared() -> Any:
     keras = sys.modules.get("keras") if ON_LEGACY else None
     if keras is not None:
         keras.backend.clear_session()
+
+
+# Weak references to the tf.data iterators made since the last test ended (TensorFlow
+# imported by then); `_iterators_freed_young` reads them.
+_ITERATORS: List[Any] = []
+
+
+def _track_iterators() -> None:
+    """Record every iterator `tf.data.Dataset.__iter__` makes, once TensorFlow is
+    imported (per-device iterators of a MirroredStrategy input come through it too)."""
+    tf = sys.modules.get("tensorflow")
+    dataset = getattr(getattr(tf, "data", None), "Dataset", None)
+    if dataset is None or getattr(dataset.__iter__, "_kerasmgpu_tracked", False):
+        return
+    made = dataset.__iter__
+
+    def __iter__(self: Any) -> Any:
+        iterator = made(self)
+        _ITERATORS.append(weakref.ref(iterator))
+        return iterator
+
+    __iter__._kerasmgpu_tracked = True  # type: ignore[attr-defined]
+    dataset.__iter__ = __iter__
+
+
+@pytest.fixture(autouse=True)
+def _iterators_freed_young() -> Any:
+    """A tf.data iterator still alive when its test ends is one an exception's traceback
+    keeps in a cycle (a fit that raised): collected now, while it is young. TensorFlow's
+    destructor of an iterator waits for its autotuning thread, which a race sends back to
+    sleep for the rest of its period, and the period grows with the iterator's age to
+    60 s: left to Python's collector, which reaches such cycles minutes later, one took
+    90 s and 164 s of idle time in two tests of keras3.15-tensorflow's CI run (stop 49).
+    Young, it waits a test's length at most; a full collection costs 0.24 s, paid only
+    after the tests that left one (docs/troubleshooting.md has the race)."""
+    _track_iterators()
+    yield
+    alive = any(ref() is not None for ref in _ITERATORS)
+    _ITERATORS.clear()  # what outlives this collection is held on purpose
+    if alive:
+        gc.collect()
