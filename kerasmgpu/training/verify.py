@@ -37,17 +37,15 @@ in inference mode (training=False); the message and the debug log say which.
 
 from __future__ import annotations
 
-import inspect
-import itertools
 import logging
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from kerasmgpu import batching
 from kerasmgpu._errors import VerificationError, bad_type, bad_value
 from kerasmgpu.adapters import Adapter
-from kerasmgpu.data import feeds, structure
+from kerasmgpu.data import feeds, peek, structure
 from kerasmgpu.data.base import is_dataset
 from kerasmgpu.data.bundle import split
 from kerasmgpu.data.datasets import refuse_unbatched
@@ -186,94 +184,29 @@ def _peeked_batches(rows: int, replicas: int) -> List[slice]:
     return [slice(0, rows)] + ([slice(0, other)] if other >= 1 else [])
 
 
-def _first_element(dataset: Any) -> Any:
-    """A tf.data.Dataset's first element, through an iterator of its own."""
-    return next(iter(dataset.take(1)), None)
-
-
-def _item_zero(source: Any) -> Any:
-    """A PyDataset's / Sequence's batch 0, read once more (as Keras's TensorFlow data
-    adapters read it for its structure), with the process's NumPy and Python random
-    states put back, so an augmentation drawing from them draws the same for the call."""
-    import random
-
-    if not len(source):
-        return None
-    numpy_state, python_state = np.random.get_state(), random.getstate()
-    try:
-        return source[0]
-    finally:
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
-
-
-def _handed_back(first: Any, rest: Iterator[Any], generator: bool) -> Iterator[Any]:
-    """`first`, then what `rest` yields: a generator where the source was one (Keras
-    tells a generator by its type), else an iterator as the source was."""
-    if not generator:
-        return itertools.chain((first,), rest)
-
-    def again() -> Iterator[Any]:
-        yield first
-        yield from rest
-
-    return again()
-
-
 def _peek(state: Any, replica: Any, x: Any, call: str
           ) -> Tuple[Optional[Tuple[Any, Any, Any]], Any]:
-    """The first element of a dataset as NumPy `(x, y, sample_weight)`, and what the call
-    then reads in place of `x`. A tf.data.Dataset is read through an iterator of its own
-    where no stage of it has state a read could change (`tf_data.state_a_read_changes`),
-    a PyDataset / Sequence by index 0 (`_item_zero`): the call reads `x` itself. A
-    generator or iterator has its first element taken, and the call reads one that
-    yields it back first (`_handed_back`). None, with a warning, for what a read would
-    change (a pipeline with a shuffle or random stage), an iterator that is also indexed
-    (Keras weighs its classes as a PyDataset's), or an empty source; None without one
-    for what the call refuses anyway."""
+    """The first element of `x` as NumPy `(x, y, sample_weight)`, and what the call then
+    reads in place of `x` (`data.peek`). None, with a warning, for what a read would
+    change (a pipeline with a shuffle or random stage) or an iterator that is also
+    indexed (Keras weighs its classes as a PyDataset's); None without one for an empty
+    source or what the call refuses anyway."""
     import warnings
 
-    from kerasmgpu.adapters import tf_data
-
-    why = ""
-    read: Callable[[Any], Any] = _item_zero  # or the dataset's own reader, below
     if is_dataset(x):
         # Refused as the call's own feed refuses it, before a sample is taken for rows.
         refuse_unbatched(x, state.adapter.model_inputs(replica))
-        changed = tf_data.state_a_read_changes(x)
-        if changed is None:
-            why = "its graph cannot be read to tell whether a read changes what the next gets"
-        elif changed:
-            why = (f"one more read could change what the call then reads from it (stateful "
-                   f"ops: {', '.join(changed[:4])}: a shuffle's seeds, random ops, Python "
-                   "code)")
-        read = _first_element
-    elif not (hasattr(x, "__getitem__") and hasattr(x, "__len__")):
-        if not hasattr(x, "__next__"):
-            # Not an input any call reads (a torch DataLoader, an object): the call
-            # refuses it next, saying what it takes (`data.arrays`); a warning first
-            # would only blur that.
-            return None, x
-        if hasattr(x, "__getitem__"):
-            why = "an iterator that is also indexed cannot be handed back as it was"
-        else:
-            element = next(x, None)
-            if element is None:
-                return None, x
-            x = _handed_back(element, x, inspect.isgenerator(x))
-            read = lambda _: element  # noqa: E731 - the element just taken
-    if why:
+    peeked = peek.first(x)
+    if peeked.why:
         warnings.warn(f"kerasmgpu verify: {call}() on a {type(x).__name__} checked nothing: "
-                      f"{why} (arrays, a keras.utils.PyDataset or Sequence, a generator, or a "
-                      "tf.data pipeline without random or Python stages are checked)",
-                      stacklevel=4)
-        return None, x
-    element = read(x)
-    if element is None:
-        return None, x
-    first, y, sample_weight = structure.unpack(element)
+                      f"{peeked.why} (arrays, a keras.utils.PyDataset or Sequence, a "
+                      "generator, or a tf.data pipeline without random or Python stages are "
+                      "checked)", stacklevel=4)
+    if peeked.element is None:
+        return None, peeked.source
+    first, y, sample_weight = structure.unpack(peeked.element)
     return (structure.to_numpy(first), structure.to_numpy(y),
-            structure.to_numpy(sample_weight)), x
+            structure.to_numpy(sample_weight)), peeked.source
 
 
 def _padded(state: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any,
