@@ -118,6 +118,22 @@ ACCUMULATES = (ON_JAX or ON_TORCH) and _VERSION is not None and Version(str(_VER
 # Several TensorFlow workers take tf.data, arrays or generators, not a PyDataset.
 SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["pydataset"])
 
+# Each process given a call otherwise (tests/workers/train.py --disagree) -> what each
+# rank's refusal must name: rank 1's values where they differ from rank 0's, and on rank 0
+# (whose own are rank 0's) the names of what differs on the other.
+DISAGREEMENTS: Dict[str, Tuple[List[str], List[str]]] = {
+    # 101 rows split by rank: 51 and 50.
+    "shard": (["rows of x, x, rows of y, y otherwise"],
+              ["rows of x: 50 (rank 0: 51)", "x: float32 (50, 6) (rank 0: other values)",
+               "rows of y: 50 (rank 0: 51)"]),
+    "arguments": (["validation x, validation y, epochs otherwise"],
+                  ["epochs: 4 (rank 0: 3)",
+                   "validation x: float32 (33, 6) (rank 0: other values)"]),
+    "generator": (["given x otherwise"], ["x: a first batch of [0] float32 (10, 6), "
+                                          "[1] float32 (10, 1) (rank 0: other values)"]),
+    "on-batch": (["given x otherwise"], ["x: float32 (10, 6) (rank 0: other values)"]),
+}
+
 # The job of two processes that trains to completion: its runs (one model each, one after
 # another in the same two processes: tests/workers/runs.py) -> script and options; each
 # test checks its own run. One job start-up instead of one per test.
@@ -156,6 +172,7 @@ RUNS: Dict[str, List[str]] = {
     # Last: refused in every process (runs.py records what each raised).
     **({"accumulate-refused!": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if LINE in MULTI_WORKER_LINES else {}),
+    **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
 }
 # Their one-process references, all in one process (each run its own model, trained as
 # `python train.py` trains it): "arrays" is also the uninterrupted run of the resume tests
@@ -432,6 +449,34 @@ def test_keras_own_accumulation_on_two_processes_equals_one_process(job: Job, on
     """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
     gradients are all-reduced before the optimizer accumulates them)."""
     _assert_same(one / "own" / "rank0.npz", _finished(job, "own") / "rank0.npz")
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.parametrize("what", list(DISAGREEMENTS))
+def test_processes_given_a_call_otherwise_all_refuse_it_naming_what_differs(
+        job: Job, what: str) -> None:
+    """A process given its own shard, other arguments, its own augmentation or its own
+    batch would train other batches than one device (or wait forever, with other step
+    counts): every process raises a ValueError naming what differs and the fix, before
+    any weight moves."""
+    out = _finished(job, f"disagree-{what}")
+    on_rank0, on_rank1 = DISAGREEMENTS[what]
+    for rank, expected in ((0, on_rank0), (1, on_rank1)):
+        raised = (out / f"raised{rank}.txt").read_text()
+        assert raised.startswith("ValueError: "), raised
+        assert "call in a job of 2 processes. Received: " in raised, raised
+        assert "Allowed: every process passes" in raised and "Fix: " in raised, raised
+        for words in expected:
+            assert words in raised, (words, raised)
+        weights = np.load(out / f"after{rank}.npz")
+        count = len([k for k in weights.files if k.startswith("before_")])
+        assert count > 0
+        for kind in ("template", "parallel"):
+            for i in range(count):
+                np.testing.assert_array_equal(weights[f"{kind}_{i}"], weights[f"before_{i}"],
+                                              err_msg=f"rank {rank} {kind} {i}")
+    assert "another process was given" in (out / "raised0.txt").read_text()
 
 
 def _assert_listeners(out: Path) -> None:

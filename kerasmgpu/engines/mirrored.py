@@ -180,7 +180,7 @@ class MirroredEngine(Engine):
             # Each strategy gets its own collective key range: a second one of another
             # size in this process would otherwise join the first one's groups.
             self.strategy = tf_internals.new_mirrored_strategy([d.name for d in self.devices])
-        self._any_process: Any = None
+        self._any_process: Dict[int, Any] = {}
 
     @property
     def replicas(self) -> int:
@@ -203,26 +203,31 @@ class MirroredEngine(Engine):
         self.adapter.equalize_replica_state(replica, self.strategy)
 
     def any_process(self, flag: bool) -> bool:
-        if not self.multi_worker:
-            return flag
+        return self.any_processes([flag])[0]
+
+    def any_processes(self, flags: Sequence[bool]) -> List[bool]:
+        if not self.multi_worker or not flags:
+            return list(flags)
         import tensorflow as tf
 
-        if self._any_process is None:  # traced once: it runs before every call
-            # The flag travels in a variable of this process: a tensor passed to
+        # One all-reduce for all the flags, traced once for each number of flags (a
+        # call's start agrees on a fixed number: a fit's, an evaluate's...).
+        if len(flags) not in self._any_process:
+            # The flags travel in a variable of this process: a tensor passed to
             # `strategy.run` inside a tf.function fails under MultiWorkerMirroredStrategy
             # ("destinations can not be empty"), and a new function per call retraces.
-            mine = tf.Variable(0.0, trainable=False)
+            mine = tf.Variable(tf.zeros([len(flags)]), trainable=False)
 
             def add() -> Any:
                 context = tf.distribute.get_replica_context()
                 return context.all_reduce(tf.distribute.ReduceOp.SUM, mine.read_value())
 
             total = tf.function(lambda: self.strategy.run(add))
-            self._any_process = (mine, total)
-        mine, total = self._any_process
-        mine.assign(float(flag))
+            self._any_process[len(flags)] = (mine, total)
+        mine, total = self._any_process[len(flags)]
+        mine.assign([float(flag) for flag in flags])
         result = self.strategy.experimental_local_results(total())[0]
-        return float(result.numpy()) > 0
+        return [float(value) > 0 for value in result.numpy()]
 
     def broadcast_arrays(self, arrays: List[Any]) -> List[Any]:
         if not self.multi_worker:

@@ -13,7 +13,7 @@ from kerasmgpu._errors import bad_value, not_compiled
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.data.base import num_rows
 from kerasmgpu.env.versions import frameworks_own
-from kerasmgpu.training import parts, resume, sync
+from kerasmgpu.training import agree, parts, resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.compiling import (
@@ -32,6 +32,29 @@ def _state(model: Any, *, training: bool, collective: bool = True) -> ParallelSt
     return _state_agreeing(model, training=training, collective=collective)[0]
 
 
+def _several_processes(model: Any) -> bool:
+    held = state_of(model)
+    assert held is not None
+    return held.engine.job.multi_process()
+
+
+def _state_of_batch_call(model: Any, name: str, *, training: bool, x: Any, y: Any,
+                         sample_weight: Any, class_weight: Any = None) -> ParallelState:
+    """`_state` of a *_on_batch call; the first of each kind also has the job agree that
+    every process was given it alike (`agree`: a digest a step would cost on every call,
+    and a loop feeding each process its own batches shows at its first)."""
+    held = state_of(model)
+    assert held is not None
+    first = name not in held.described_calls
+    described = agree.describe(first and _several_processes(model), name, x, y,
+                               sample_weight, {"class_weight": class_weight})
+    state, agreed = _state_agreeing(model, training=training,
+                                    flags=described.flags() if described else [])
+    agree.check(state.engine, described, agreed)
+    state.described_calls.add(name)
+    return state
+
+
 def _state_agreeing(model: Any, *, training: bool, collective: bool = True,
                     flags: Sequence[bool] = ()) -> Tuple[ParallelState, List[bool]]:
     """`_state`, and `flags` of this process as the job agreed on them - in the one
@@ -43,19 +66,23 @@ def _state_agreeing(model: Any, *, training: bool, collective: bool = True,
     return state, agreed
 
 
-def _agreed_callbacks(model: Any, callbacks: List[Any], *, training: bool
+def _agreed_callbacks(model: Any, callbacks: List[Any], *, training: bool,
+                      described: Optional[agree.Described] = None
                       ) -> Tuple[ParallelState, bool]:
     """`_state` of a fit/evaluate, the job agreeing in the same collective on what the
     engine needs to know of the user's callbacks (`Engine.callback_flags`: before the
-    chief-only ones are dropped, fit's validation passes included) and, for a fit,
-    whether one may change a model (then the template is checked at every epoch end)."""
+    chief-only ones are dropped, fit's validation passes included), for a fit, whether
+    one may change a model (then the template is checked at every epoch end), and
+    whether every process was given the call alike (`agree`: raises where not)."""
     held = state_of(model)
     assert held is not None
     flags = held.engine.callback_flags(callbacks)
     extra = [_callbacks_may_change_models(callbacks)] if training else []
-    state, agreed = _state_agreeing(model, training=training, flags=flags + extra)
+    inputs = described.flags() if described is not None else []
+    state, agreed = _state_agreeing(model, training=training, flags=flags + extra + inputs)
+    agree.check(state.engine, described, agreed[len(flags) + len(extra):])
     state.engine.use_callback_flags(agreed[:len(flags)])
-    return state, bool(agreed[len(flags):] and agreed[-1])
+    return state, bool(extra and agreed[len(flags)])
 
 
 def _callbacks_may_change_models(callbacks: List[Any]) -> bool:
@@ -106,7 +133,17 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
                             "leave steps_per_epoch out (fit the rows you mean), or upgrade "
                             "Keras 3 to 3.8+")
     callbacks = list(callbacks or [])
-    state, may_change = _agreed_callbacks(self, callbacks, training=True)
+    described = agree.describe(
+        _several_processes(self), "fit", x, y, sample_weight, {
+            "batch_size": batch_size, "epochs": epochs, "initial_epoch": initial_epoch,
+            "steps_per_epoch": steps_per_epoch, "shuffle": shuffle,
+            "class_weight": class_weight, "validation_split": validation_split,
+            "validation_steps": validation_steps,
+            "validation_batch_size": validation_batch_size,
+            "validation_freq": validation_freq}, validation_data, with_validation=True)
+    state, may_change = _agreed_callbacks(self, callbacks, training=True, described=described)
+    if described is not None:  # a generator's first batch, taken, is handed back
+        x, validation_data = described.x, described.validation
     if validation_split and validation_data is None:
         train, held_out = feeds.split_validation(x, y, sample_weight, validation_split)
         (x, y, sample_weight), validation_data = train, held_out
@@ -189,7 +226,12 @@ def _evaluate(self: Any, x: Any = None, y: Any = None, batch_size: Any = None,
             steps=steps, callbacks=callbacks, return_dict=return_dict, **kwargs,
         )
         return _fixed_results(state, self, results, return_dict)
-    state, _ = _agreed_callbacks(self, list(callbacks or []), training=False)
+    described = agree.describe(_several_processes(self), "evaluate", x, y, sample_weight,
+                               {"batch_size": batch_size, "steps": steps})
+    state, _ = _agreed_callbacks(self, list(callbacks or []), training=False,
+                                 described=described)
+    if described is not None:
+        x = described.x
     if state.verify:
         x = self_check.check_outputs(state, self, x, batch_size, "evaluate")
     feed = state.feed(x, kind="test", model=self, y=y, sample_weight=sample_weight,
@@ -263,7 +305,8 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
             f"{held.accumulate_steps}", "fit() when accumulate_steps > 1 (it weighs every "
             "batch of an optimizer step by its rows and ends each epoch on a whole step)",
             "train with fit(), or parallelize() with accumulate_steps=1")
-    state = _state(self, training=True)
+    state = _state_of_batch_call(self, "train_on_batch", training=True, x=x, y=y,
+                                 sample_weight=sample_weight, class_weight=class_weight)
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, class_weight,
                                  state.planner)
     with state.engine.scope():
@@ -275,7 +318,8 @@ def _train_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
 def _test_on_batch(self: Any, x: Any, y: Any = None, sample_weight: Any = None,
                    **kwargs: Any) -> Any:
     _compiled_for(self, "test_on_batch")
-    state = _state(self, training=False)
+    state = _state_of_batch_call(self, "test_on_batch", training=False, x=x, y=y,
+                                 sample_weight=sample_weight)
     xb, packed = feeds.pad_batch(state.adapter, x, y, sample_weight, None, state.planner)
     with state.engine.scope():
         return _on_batch(state, self, "test_on_batch", xb, packed, kwargs)

@@ -36,6 +36,8 @@ class ParallelState:
     accumulate_steps: int = 1
     # parallelize(verify=True): the self-check (`kerasmgpu.training.verify`) runs.
     verify: bool = False
+    # The *_on_batch calls whose first call the job compared (`training.agree`).
+    described_calls: set = field(default_factory=set)
     sync_batchnorm: bool = False
     # What the model's step computes from the whole batch beyond the compiled loss
     # (`terms.batch_terms`), and whether batches that do not divide go whole to every

@@ -30,7 +30,11 @@ at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 layer's add_loss of a mean square), --momentum M (SGD(momentum=M): optimizer state to
 restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
-that the one an earlier run left loads).
+that the one an earlier run left loads), --disagree WHAT (each process given the call
+otherwise - shard: its own rows; arguments: rank 1 another epochs and validation_data;
+generator: a generator augmenting with each process's own draws; on-batch: a
+train_on_batch of each process's own batch - which must raise in every process; the
+weights before, and the template's and the parallel model's after, go to after<R>.npz).
 The optimizer's variables are written too (optimizer_<i> in rank<R>.npz).
 Every process writes its pid to OUT_DIR/pid<R> first, for the tests' leftover checks
 (and to pid<R>.run<N> under a restarting launcher, N its restart count).
@@ -105,6 +109,8 @@ parser.add_argument("--count-collectives", action="store_true",
 parser.add_argument("--momentum", type=float, default=0.0)
 parser.add_argument("--faults", default=None)
 parser.add_argument("--checkpoint", action="store_true")
+parser.add_argument("--disagree", default=None,
+                    choices=["shard", "arguments", "generator", "on-batch"])
 args = parser.parse_args()
 rank = kerasmgpu.process_index()
 with open(os.path.join(args.out, f"pid{rank}"), "w") as f:
@@ -303,6 +309,39 @@ def listening_sockets():
 
 
 crash_if_asked(-1)  # before fit: the other process is already waiting in fit
+
+if args.disagree:
+    # Each process given the call otherwise: every process must refuse it, naming what
+    # differs, before a weight moves (the weights it then holds go to after<R>.npz).
+    epochs, validation = args.epochs, (x[:33], y[:33])
+    if args.disagree == "shard":  # the Horovod habit: each process its own rows
+        x, y = x[rank::2], y[rank::2]
+    elif args.disagree == "arguments" and rank == 1:
+        epochs, validation = epochs + 1, (x[33:66], y[33:66])
+    noise = np.random.default_rng(rank).normal(size=x.shape).astype("float32")
+
+    def augmented():  # unseeded augmentation: each process draws its own
+        while True:
+            for start in range(0, len(x), args.batch):
+                rows = slice(start, start + args.batch)
+                yield x[rows] + 0.1 * noise[rows], y[rows]
+
+    start = model.get_weights()
+    try:
+        if args.disagree == "generator":
+            pmodel.fit(augmented(), steps_per_epoch=-(-len(x) // args.batch),
+                       epochs=epochs, verbose=0)
+        elif args.disagree == "on-batch":
+            pmodel.train_on_batch(x[:args.batch] + noise[:args.batch], y[:args.batch])
+        else:
+            pmodel.fit(x, y, batch_size=args.batch, epochs=epochs, shuffle=False,
+                       verbose=0, validation_data=validation)
+    finally:
+        np.savez(os.path.join(args.out, f"after{rank}.npz"), **{
+            f"{kind}_{i}": w for kind, weights in (
+                ("before", start), ("template", model.get_weights()),
+                ("parallel", pmodel.get_weights())) for i, w in enumerate(weights)})
+    sys.exit(0)
 
 
 callbacks = [Crash()]
