@@ -6,7 +6,9 @@ both, so a message read in a CI log is enough to repair the call.
 
 from __future__ import annotations
 
-from typing import Any, Type
+import contextlib
+import re
+from typing import Any, Iterator, Type
 
 
 def _fmt(value: Any) -> str:
@@ -18,6 +20,22 @@ def explain(argument: str, received: Any, allowed: str, fix: str, *, raw: bool =
     """Build the three-part message: received / allowed / fix."""
     shown = received if raw else _fmt(received)
     return f"Invalid `{argument}`. Received: {argument}={shown}. Allowed: {allowed}. Fix: {fix}"
+
+
+@contextlib.contextmanager
+def part_of(whole: str) -> Iterator[None]:
+    """Errors in the three-part form raised inside, for an `x`, `y` or `sample_weight`
+    that is part of `whole` (`validation_data`): said of `whole`'s. The feeds name the
+    arguments of the call they build; the same feed builds fit's and its validation's."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        text = str(error)
+        head = re.match(r"Invalid `([^`]+)`\.", text)
+        if type(error) not in (ValueError, TypeError) or head is None:
+            raise
+        raise type(error)(f"Invalid `{head.group(1)}` of `{whole}`."
+                          + text[head.end():]) from None
 
 
 def bad_value(

@@ -217,6 +217,20 @@ def test_row_counts_name_each_array(fresh_pmodel) -> None:
     assert "x has 10" in text and "y has 9" in text and "sample_weight has 11" in text
 
 
+def test_bad_validation_data_is_named_as_validation_data(fresh_pmodel) -> None:
+    """The feed that refuses a fit's x refuses its validation data's too: the message
+    says which (it named `x` for both)."""
+    x, y = np.zeros((10, 20), "float32"), np.zeros(10, "int64")
+    cases = [((x, y[:9]), r"Invalid `x/y` of `validation_data`\. Received: .*y has 9"),
+             ((x[:, :19], y), r"Invalid `x` of `validation_data`\. .*\(10, 19\)"),
+             ((x[:0], y[:0]), r"Invalid `x` of `validation_data`\. .*0 rows")]
+    for validation, expected in cases:
+        with pytest.raises(ValueError, match=expected):
+            fresh_pmodel.fit(x, y, validation_data=validation, verbose=0)
+    with pytest.raises(ValueError, match=r"^Invalid `x/y`\. Received: .*y has 9"):
+        fresh_pmodel.fit(x, y[:9], validation_data=(x, y), verbose=0)  # the fit's own
+
+
 def test_feature_width_names_the_input_and_both_shapes(fresh_pmodel) -> None:
     x = np.zeros((1001, 19), "float32")
     with pytest.raises(ValueError) as info:

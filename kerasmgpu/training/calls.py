@@ -9,7 +9,7 @@ import contextlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from kerasmgpu import accumulation, batching
-from kerasmgpu._errors import bad_value, not_compiled
+from kerasmgpu._errors import bad_value, not_compiled, part_of
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.data.base import num_rows
 from kerasmgpu.env.versions import frameworks_own
@@ -174,10 +174,11 @@ def _fit(self: Any, x: Any = None, y: Any = None, batch_size: Any = None, epochs
     val_data = val_feed = None
     if validation_data is not None:
         vx, vy, vsw = structure.unpack(validation_data)
-        val_feed = state.feed(
-            vx, kind="test", model=self, y=vy, sample_weight=vsw,
-            batch_size=validation_batch_size or batch_size, training=False,
-        )
+        with part_of("validation_data"):
+            val_feed = state.feed(
+                vx, kind="test", model=self, y=vy, sample_weight=vsw,
+                batch_size=validation_batch_size or batch_size, training=False,
+            )
         val_data = val_feed.data
         if validation_steps is None and val_feed.needs_steps:
             validation_steps = val_feed.steps
