@@ -168,10 +168,15 @@ RUNS: Dict[str, List[str]] = {
     **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
+    # A metric of one value per batch: one program over the global batch on JAX
+    # (exact); refused where each process runs its own step (last, below).
+    **({"batch-metric": ["train.py", "--epochs", "2", "--batch-metric"]} if ON_JAX else {}),
     **{f"ids-{inputs}": ["ids.py", "--input", inputs] for inputs in SHUFFLED},
     # Last: refused in every process (runs.py records what each raised).
     **({"accumulate-refused!": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if LINE in MULTI_WORKER_LINES else {}),
+    **({"batch-metric!": ["train.py", "--epochs", "2", "--batch-metric"]} if not ON_JAX
+       else {}),
     **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
 }
 # Their one-process references, all in one process (each run its own model, trained as
@@ -189,6 +194,7 @@ REFERENCES: Dict[str, List[str]] = {
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
+    **({"batch-metric": RUNS["batch-metric"]} if ON_JAX else {}),
     # The uninterrupted run of the jobs killed at every point of a save (FAULT_RUN).
     "faults": ["train.py", "--momentum", "0.9"],
 }
@@ -449,6 +455,25 @@ def test_keras_own_accumulation_on_two_processes_equals_one_process(job: Job, on
     """SGD(gradient_accumulation_steps=3) trains on two processes as on one (the
     gradients are all-reduced before the optimizer accumulates them)."""
     _assert_same(one / "own" / "rank0.npz", _finished(job, "own") / "rank0.npz")
+
+
+@pytest.mark.core
+@trains_in_processes
+def test_a_metric_of_one_value_per_batch_on_two_processes(job: Job, one: Path) -> None:
+    """`def rmse(...)` of the whole batch: exact on JAX (one program over the global
+    batch, short batches whole); refused in every process where each runs its own step
+    (each would compute it over its share), before anything trains."""
+    if ON_JAX:
+        _assert_same(one / "batch-metric" / "rank0.npz",
+                     _finished(job, "batch-metric") / "rank0.npz")
+        return
+    out = _finished(job, "batch-metric")
+    for rank in (0, 1):
+        raised = (out / f"raised{rank}.txt").read_text()
+        assert raised.startswith("ValueError: Invalid `metrics`. Received: metrics=metric "
+                                 "'rmse' (one value per batch)"), raised
+        assert "Fix: return one value per row" in raised, raised
+    assert not (out / "rank0.npz").exists()
 
 
 @pytest.mark.core

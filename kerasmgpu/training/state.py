@@ -7,9 +7,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from kerasmgpu.adapters import Adapter
+from kerasmgpu.adapters import Adapter, metric_values
 from kerasmgpu.batching import Planner
-from kerasmgpu.data import feeds
+from kerasmgpu.data import feeds, structure
 from kerasmgpu.training import resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training.ops import EngineOps
@@ -43,6 +43,12 @@ class ParallelState:
     # (`terms.batch_terms`), and whether batches that do not divide go whole to every
     # replica for it.
     batch_terms: List[str] = field(default_factory=list)
+    # Compile metrics of one value per batch (`adapters.metric_values`): short batches go
+    # whole for them too (one program over the global batch; refused elsewhere).
+    batch_metrics: List[str] = field(default_factory=list)
+    # Whether the model's outputs told them (declared outputs); else each call's targets
+    # are probed (`tell_batch_metrics`).
+    batch_metrics_told: bool = True
     whole_batches: bool = False
     # The self-check's per-replica computations, kept while what they read stays (an
     # engine that traces them - TensorFlow - then traces each once, not once a fit).
@@ -59,6 +65,22 @@ class ParallelState:
         # that runs its own step gets a copy.
         return dataclasses.replace(planner, whole=True, copies=not self.engine.one_program)
 
+    def tell_batch_metrics(self, model: Any, specs: Optional[List[Any]] = None) -> None:
+        """Find the compile metrics of one value per batch (`metric_values`) - from the
+        model's declared outputs, or `specs` (its targets' shapes) - before a step runs:
+        short batches go whole for them where one program runs the batch; elsewhere they
+        are refused."""
+        engine = self.engine
+        if engine.slices_in_graph or engine.planner.replicas < 2:
+            return  # Keras 2.3 computes them over the merged outputs; one replica is one
+        specs = specs if specs is not None else metric_values.output_specs(model)
+        self.batch_metrics_told = bool(specs)
+        self.batch_metrics = metric_values.batch_metrics(
+            self.adapter, self.adapter.compile_args(model), specs)
+        if self.batch_metrics and not engine.one_program:
+            raise step_hooks.one_value_refused(self.batch_metrics, engine.one_program)
+        self.whole_batches = bool(self.batch_terms or self.batch_metrics)
+
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:
         """A feed for one step kind ("train", "test", "predict"); `training`: read epoch
@@ -67,6 +89,14 @@ class ParallelState:
             # Every process must shuffle alike, or their shares would overlap.
             kwargs.setdefault("seed", self.engine.shuffle_seed())
         inputs = self.adapter.model_inputs(model) if model is not None else None
+        if model is not None and kind != "predict" and not self.batch_metrics_told and \
+                self.adapter.is_compiled(model):
+            # Outputs not declared (a subclassed model): the targets' shapes stand in.
+            targets = kwargs.get("y")
+            if targets is not None and structure.is_array_like(targets):
+                self.tell_batch_metrics(model, [
+                    ((None,) + tuple(leaf.shape[1:]), "float32")
+                    for leaf in structure.leaves(structure.to_numpy(targets))])
         if kind == "train":
             kwargs["accumulate_steps"] = self.accumulate_steps
         # A feed in parts needs a step function that runs one step per call.

@@ -39,7 +39,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from kerasmgpu.adapters import Adapter
+from kerasmgpu._errors import bad_value
+from kerasmgpu.adapters import Adapter, metric_values
 from kerasmgpu.batching import MASK, SCALE
 from kerasmgpu.data.bundle import (
     ORDER_KEY,
@@ -74,6 +75,9 @@ class Frame:
     # identity: an id kept after its tensor is freed can be another tensor's (Keras 3's
     # `_loss_ids` bug: keras3_jax)
     one_device_losses: list = field(default_factory=list)
+    # The step kind ("train", "test") where a step of the model's runs; None in Keras's
+    # symbolic build of the metrics and in the self-check's computations.
+    kind: Optional[str] = None
 
 
 _local = threading.local()
@@ -87,12 +91,12 @@ def current() -> Optional[Frame]:
 
 
 @contextlib.contextmanager
-def active(packed: Any) -> Iterator[Frame]:
+def active(packed: Any, kind: Optional[str] = None) -> Iterator[Frame]:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     # An empty packing (a batch without padding, `bundle.unpadded`) is no packing.
-    frame = Frame(None if packed is None or unpadded(packed) else packed)
+    frame = Frame(None if packed is None or unpadded(packed) else packed, kind=kind)
     stack.append(frame)
     try:
         yield frame
@@ -236,14 +240,53 @@ def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
 # --- metrics ----------------------------------------------------------------------------------
 
 
-def masked_update(adapter: Adapter, metric: Any) -> Callable[..., Any]:
-    """A metric's update_state that weights padding rows 0 while a packing is active."""
+def one_value_refused(found: List[str], one_program: bool) -> ValueError:
+    """The refusal of compile metrics whose value for a batch is one number (`found`, in
+    words) where the engine cannot compute them over the whole batch."""
+    if one_program:  # found only once a padded batch was traced (no declared outputs)
+        allowed = ("such a metric on a model whose outputs are declared (a functional model, "
+                   "or one called once before parallelize()): a batch that does not "
+                   "divide then goes whole, and no padding row counts in it")
+        fix = ("build the model before parallelize(), or use batch sizes and row counts "
+               "that divide by the replicas")
+    else:
+        allowed = ("metrics of one value per row (Keras averages them over the rows) or "
+                   "Metric classes whose state is a sum over rows, where each replica runs "
+                   "its own step (TensorFlow, PyTorch): a function of the whole batch - a "
+                   "square root of a mean, a maximum - computed over each replica's share "
+                   "and averaged is not one device's (plain MirroredStrategy averages the "
+                   "replicas' values); Keras 3 on JAX computes it over the global batch")
+        fix = ("return one value per row (e.g. `keras.ops.mean(..., axis=-1)`), or use "
+               "Keras's metric class (`keras.metrics.RootMeanSquaredError()` for an RMSE, "
+               "over every row of the epoch), or train with Keras 3 on JAX")
+    return bad_value("metrics", ", ".join(found), allowed, fix, raw=True)
+
+
+def masked_update(adapter: Adapter, metric: Any, one_program: bool = True,
+                  whole: Callable[[str], bool] = lambda kind: False) -> Callable[..., Any]:
+    """A metric's update_state that weights padding rows 0 while a packing is active.
+
+    A metric of one value per batch (`metric_values.one_value`) takes no padding weight:
+    it is computed as Keras computes it where one program runs the batch and no padding
+    row is in it (a batch that divides, or - `whole(kind)`: the step kind's feed gives
+    short batches whole - one that does not), and refused elsewhere (found up front where the model's
+    outputs are declared: `compiling._batch_metrics`; here at its first step where they
+    are not)."""
 
     def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
         where = params.index("sample_weight") if "sample_weight" in params else None
 
         def update_state(*args: Any, **kwargs: Any) -> Any:
             frame = current()
+            if frame is not None and metric_values.one_value(adapter, metric, args[:2]):
+                # (No step kind: Keras's symbolic build or the self-check, which count
+                # nothing.)
+                if frame.kind is not None and (not one_program or (
+                        frame.packed is not None and not whole(frame.kind))):
+                    name = getattr(metric, "name", type(metric).__name__)
+                    raise one_value_refused([f"metric {name!r} (one value per batch)"],
+                                            one_program)
+                return original(*args, **kwargs)
             if frame is None or frame.packed is None:
                 return original(*args, **kwargs)
             if where is None:
@@ -411,14 +454,14 @@ def unpadded(packed: Any) -> bool:
         int(shape[-1]) == 0
 
 
-def plain_step(data: Any, call: Callable[[Any], Any]) -> Any:
+def plain_step(data: Any, call: Callable[[Any], Any], kind: Optional[str] = None) -> Any:
     """The fast path: a batch that needs no padding runs the engine's own step on the
     user's data - no packing, so the hooks weight no loss, mask no metric and reweight no
     loss tracker (an even batch of N replicas is already one device's batch). The frame
     without a packing only lets a loss tracker of the user's own step count the whole
     loss where Keras scaled it for tf.distribute (`tracker_update`), and a masked mean
     divide by the global count where each replica counts its own (`loss_values`)."""
-    with active(None):
+    with active(None, kind):
         return call(data)
 
 
@@ -430,13 +473,13 @@ def make_step(adapter: Adapter, original: Callable[..., Any], kind: str,
     def run(model: Any, data: Any, call: Callable[[Any], Any]) -> Any:
         parts = split(data)
         if parts is None:  # a feed without padding on TensorFlow (`bundle.plain`)
-            return plain_step(data, call)
+            return plain_step(data, call, kind)
         x, y, sample_weight, packed = parts
         if adapter.whole_batch_on_batch and on_batch(data):
             x, y, sample_weight, packed = adapter.replica_share((x, y, sample_weight, packed))
         if unpadded(packed):
-            return plain_step(adapter.pack_data(x, y, sample_weight), call)
-        with active(packed) as frame:
+            return plain_step(adapter.pack_data(x, y, sample_weight), call, kind)
+        with active(packed, kind) as frame:
             before(model)
             result = call(adapter.pack_data(x, y, sample_weight))
         after(kind, frame, model)

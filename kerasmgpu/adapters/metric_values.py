@@ -1,0 +1,144 @@
+"""Compiled metric functions whose value for a batch is one number, not one per row.
+
+`def rmse(y_true, y_pred): return sqrt(mean(square(y_pred - y_true)))` - the Keras 2
+habit - is averaged by Keras over batches, each batch counting once: one device
+computes it over each whole batch. Replicas that each compute it over their share and
+average their values compute another number (a mean of square roots, a mean of maxima),
+and a padding weight cannot reach inside it: no per-row weight applies to one value.
+`batch_metrics` finds such functions before a step runs, by the shape of what they
+return for the model's outputs, so that the engine can compute them over the whole
+batch (one program over the global batch: Keras 3 on JAX, short batches whole) or refuse
+them (replicas that run their own step).
+
+Private names read here, guarded, verified on Keras 3.3.3, 3.8.0, 3.10.0, 3.15.1 and
+tf_keras / tf.keras 2.12 - 2.21: `MeanMetricWrapper._fn` / `_fn_kwargs` (the function a
+metric averages) and Keras 3's `keras.src.backend.compute_output_spec` (the shape a
+function returns for symbolic inputs, traced by the backend: JAX `eval_shape`, a TF
+graph, torch meta tensors). Where they are missing a function is taken as one value per
+row, as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from kerasmgpu.env.versions import frameworks_own
+
+Spec = Tuple[Tuple[Optional[int], ...], str]  # (shape, dtype) of one model output
+
+
+def _leaves(structure: Any) -> Iterator[Any]:
+    if isinstance(structure, dict):
+        for value in structure.values():
+            yield from _leaves(value)
+    elif isinstance(structure, (list, tuple)):
+        for value in structure:
+            yield from _leaves(value)
+    elif structure is not None:
+        yield structure
+
+
+def averaged_function(adapter: Any, metric: Any
+                      ) -> Optional[Tuple[Callable[..., Any], Dict[str, Any]]]:
+    """The user's function a compile metric averages and its keyword arguments: the
+    function itself, or the one a `MeanMetricWrapper` holds; None for a name, a class,
+    any other Metric, and the frameworks' own functions (one value per row)."""
+    keras_metric = adapter.keras.metrics.Metric
+    if isinstance(metric, str) or isinstance(metric, type):
+        return None
+    if isinstance(metric, keras_metric):
+        wrapper = getattr(adapter.keras.metrics, "MeanMetricWrapper", None)
+        if wrapper is None or not isinstance(metric, wrapper):
+            return None
+        fn, kwargs = getattr(metric, "_fn", None), getattr(metric, "_fn_kwargs", None)
+    else:
+        fn, kwargs = metric, {}
+    if not callable(fn) or frameworks_own(fn):
+        return None
+    return fn, dict(kwargs or {})
+
+
+def value_rank(adapter: Any, fn: Callable[..., Any], kwargs: Dict[str, Any], spec: Spec
+               ) -> Optional[int]:
+    """The rank of what `fn(y_true, y_pred, **kwargs)` returns for targets and outputs
+    of `spec`, traced symbolically (no data, no step); None where it cannot be told."""
+    shape, dtype = spec
+    try:
+        if adapter.keras3:
+            backend = importlib.import_module("keras.src.backend")
+            tensor = adapter.keras.KerasTensor
+            out = backend.compute_output_spec(
+                lambda a, b: fn(a, b, **kwargs), tensor(shape, dtype), tensor(shape, dtype))
+        else:
+            import tensorflow as tf
+
+            concrete = tf.function(lambda a, b: fn(a, b, **kwargs)).get_concrete_function(
+                tf.TensorSpec(shape, dtype), tf.TensorSpec(shape, dtype))
+            out = concrete.structured_outputs
+        return len(tuple(out.shape))
+    except Exception:  # a function these specs cannot trace: its rank is not known
+        return None
+
+
+def _dtype_name(dtype: Any) -> str:
+    """'float32' from a NumPy, JAX, TensorFlow or torch dtype."""
+    name = getattr(dtype, "name", None)
+    return str(name if isinstance(name, str) else dtype).replace("torch.", "")
+
+
+def output_specs(model: Any) -> List[Spec]:
+    """(shape, dtype) of each declared model output; [] where they are not declared (a
+    subclassed model before its first call)."""
+    try:
+        outputs = list(model.outputs or [])
+    except (AttributeError, ValueError):
+        return []
+    specs = []
+    for output in outputs:
+        shape = getattr(output, "shape", None)
+        if shape is None:
+            return []
+        specs.append((tuple(None if d is None else int(d) for d in tuple(shape)),
+                      _dtype_name(getattr(output, "dtype", "float32"))))
+    return specs
+
+
+def batch_metrics(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Spec]
+                  ) -> List[str]:
+    """The compile metrics (`metrics`, `weighted_metrics`) whose value for a batch of
+    outputs of `specs` (`output_specs`) is one number, each in words."""
+    found: List[str] = []
+    if not specs:
+        return found
+    for key in ("metrics", "weighted_metrics"):
+        for metric in _leaves(compile_args.get(key)):
+            averaged = averaged_function(adapter, metric)
+            if averaged is not None and any(
+                    value_rank(adapter, *averaged, spec) == 0 for spec in specs):
+                found.append(_named(metric, averaged[0]))
+    return found
+
+
+def _named(metric: Any, fn: Callable[..., Any]) -> str:
+    name = getattr(metric, "name", None) or getattr(fn, "__name__", type(fn).__name__)
+    return f"metric {name!r} (one value per batch)"
+
+
+def one_value(adapter: Any, metric: Any, values: Sequence[Any]) -> bool:
+    """Whether a built compile metric averages a function that returns one value for
+    the batch it is given (`values`: its y_true and y_pred as the step has them); told
+    once per metric object."""
+    cached = metric.__dict__.get("_kerasmgpu_one_value")
+    if cached is not None:
+        return bool(cached)
+    if len(values) != 2:  # given by keyword: told at a call that gives them by position
+        return False
+    averaged = averaged_function(adapter, metric)
+    answer = False
+    if averaged is not None:
+        y_pred = values[1]
+        shape = tuple(None if d is None else int(d) for d in tuple(y_pred.shape))
+        answer = value_rank(adapter, *averaged, (shape, _dtype_name(y_pred.dtype))) == 0
+    metric.__dict__["_kerasmgpu_one_value"] = answer
+    return answer

@@ -1,0 +1,173 @@
+"""Compile metrics whose value for a batch is one number (`def rmse(y_true, y_pred):
+return sqrt(mean(square(y_pred - y_true)))`, a batch maximum): Keras averages them over
+batches, each computed over its whole batch on one device.
+
+Where one program runs the global batch (Keras 3 on JAX) they train exactly as on one
+device - short batches go whole, as for a loss term of the batch - and where each replica
+runs its own step (the TensorFlow lines; torch in tests/test_distributed.py's job) they
+are refused before any weight moves: before, TensorFlow averaged the replicas' values
+(a batch maximum 1.58 for one device's 1.85, silently) and a padded batch crashed
+inside Keras; so did JAX. Keras 2.3's multi_gpu_model computes them over its merged
+outputs, as one device. A metric of one value per row, beside them, is unaffected.
+
+22 rows in batches of 8 on 3 replicas: 8 rows do not divide (padded, or whole), the last
+6 do; 2 epochs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import (
+    IN_PROCESS,
+    ON_JAX,
+    ON_LEGACY,
+    ON_TF,
+    assert_history_close,
+    assert_weights_close,
+    deterministic_weights,
+    keras_module,
+    seed_all,
+)
+
+import kerasmgpu
+
+pytestmark = pytest.mark.core
+
+keras = keras_module()
+ops = keras.ops if hasattr(keras, "ops") else keras.backend
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(22, 5)).astype("float32")
+Y = (X @ rng.normal(size=(5, 1))).astype("float32")
+FIT = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+
+
+def rmse(y_true: Any, y_pred: Any) -> Any:  # one value per batch
+    return ops.sqrt(ops.mean(ops.square(y_pred - y_true)))
+
+
+def worst(y_true: Any, y_pred: Any) -> Any:  # one value per batch
+    return ops.max(ops.abs(y_pred - y_true))
+
+
+def per_row(y_true: Any, y_pred: Any) -> Any:  # one value per row: not one of them
+    return ops.mean(ops.abs(y_pred - y_true), axis=-1)
+
+
+class Net(keras.Model):
+    """Subclassed: no declared outputs, so its targets tell the metrics (arrays), or its
+    first step (a generator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.hidden(x))
+
+
+def _model(subclassed: bool = False) -> Any:
+    if subclassed and ON_TF:
+        # Net has no get_config to be copied by: built in scope, trained as it is.
+        with kerasmgpu.scope():
+            return _built(subclassed)
+    return _built(subclassed)
+
+
+def _built(subclassed: bool) -> Any:
+    seed_all(keras, 1)
+    if subclassed:
+        model = Net()
+        model(X[:2])  # built: weights to copy, but still no declared outputs
+    else:
+        inputs = keras.Input((5,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(
+            keras.layers.Dense(8, activation="tanh")(inputs)))
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                  metrics=[rmse, worst, per_row])
+    return model
+
+
+def _untouched(model: Any, start: Any) -> None:
+    for a, b in zip(start, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not (ON_JAX or ON_LEGACY), reason="one program over the global batch "
+                    "(Keras 3 on JAX) or merged outputs (Keras 2.3); the TF lines refuse")
+@pytest.mark.parametrize("subclassed", [False, True])
+def test_a_metric_of_the_batch_trains_as_on_one_device(subclassed: bool) -> None:
+    if subclassed and ON_LEGACY:
+        pytest.skip("Keras 2.3's multi_gpu_model copies no subclassed model")
+    # A subclassed model declares no outputs: its targets' shapes tell the metrics.
+    one, template = _model(subclassed), _model(subclassed)
+    expected = one.fit(X, Y, **FIT)
+    evaluated = one.evaluate(X, Y, batch_size=8, verbose=0)
+    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    got = pmodel.fit(X, Y, **FIT)
+    assert_history_close(expected, got)
+    np.testing.assert_allclose(pmodel.evaluate(X, Y, batch_size=8, verbose=0), evaluated,
+                               rtol=1e-5)
+    assert_weights_close(one, template)
+    # The metrics differ from the shares' averages here: the comparison can fail.
+    assert abs(expected.history["worst"][0] - expected.history["per_row"][0]) > 0.1
+
+
+@pytest.mark.skipif(not ON_JAX, reason="one program over the global batch: Keras 3 on JAX")
+def test_a_metric_of_the_batch_on_a_padded_generator_batch_without_declared_outputs(
+        ) -> None:
+    """Neither the model's outputs nor arrays of targets tell the metric up front, and a
+    generator's batch cannot go whole on JAX: refused at its first padded step. (Keras 3
+    on JAX leaves a model's variables unset after any exception inside a step, as on one
+    device: the weights are not compared.)"""
+    pmodel = kerasmgpu.parallelize(_model(subclassed=True), gpus=3)
+    with pytest.raises(ValueError, match=r"Invalid `metrics`\. Received: metrics=metric "
+                       r"'rmse' \(one value per batch\)\. Allowed: such a metric on a model "
+                       r"whose outputs are declared .* Fix: build the model"):
+        pmodel.evaluate((b for b in [(X[:8], Y[:8])]), steps=1, verbose=0)  # padded: 8 rows
+
+
+@pytest.mark.skipif(not ON_TF, reason="replicas that run their own step: the TF lines "
+                    "(torch: tests/test_distributed.py)")
+@pytest.mark.parametrize("subclassed", [False, True])
+def test_a_metric_of_the_batch_is_refused_where_each_replica_runs_its_step(
+        subclassed: bool) -> None:
+    template = _model(subclassed)
+    start = template.get_weights()
+    expected = (r"Invalid `metrics`\. Received: metrics=metric 'rmse' \(one value per "
+                r"batch\)(, metric 'worst' \(one value per batch\))?\. Allowed: metrics of "
+                r"one value per row .* Fix: return one value per row")
+    if subclassed:  # told at its first step, before anything is applied
+        pmodel = kerasmgpu.parallelize(template, gpus=3)
+        with pytest.raises(ValueError, match=expected):
+            pmodel.fit(X, Y, **dict(FIT, batch_size=6))  # even batches: nothing padded
+        _untouched(pmodel, start)
+    else:
+        with pytest.raises(ValueError, match=expected):
+            kerasmgpu.parallelize(template, gpus=3)
+    _untouched(template, start)
+
+
+@pytest.mark.skipif(not IN_PROCESS, reason="an in-process multi-device route")
+def test_a_recompile_with_a_metric_of_the_batch_is_told_too() -> None:
+    template = _model()
+    template.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=[per_row])
+    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    pmodel.fit(X, Y, **FIT)  # per-row only: padded batches, as before
+    if ON_TF:
+        with pytest.raises(ValueError, match=r"metric 'worst' \(one value per batch\)"):
+            pmodel.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                           metrics=[worst])
+        return
+    one = _model()
+    one.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=[per_row])
+    one.fit(X, Y, **FIT)
+    one.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=[worst])
+    pmodel.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=[worst])
+    assert_history_close(one.fit(X, Y, **FIT), pmodel.fit(X, Y, **FIT))
+    assert_weights_close(one, template)
