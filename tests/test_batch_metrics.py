@@ -1,6 +1,7 @@
-"""Compile metrics whose value for a batch is one number (`def rmse(y_true, y_pred):
-return sqrt(mean(square(y_pred - y_true)))`, a batch maximum): Keras averages them over
-batches, each computed over its whole batch on one device.
+"""Compile metrics and losses whose value for a batch is one number (`def rmse(y_true,
+y_pred): return sqrt(mean(square(y_pred - y_true)))`, a batch maximum, a mean without an
+axis): Keras averages them over batches, each computed over its whole batch on one
+device.
 
 Where one program runs the global batch (Keras 3 on JAX) they train exactly as on one
 device - short batches go whole, as for a loss term of the batch - and where each replica
@@ -129,7 +130,8 @@ def test_a_metric_of_the_batch_on_a_padded_generator_batch_without_declared_outp
     with pytest.raises(ValueError, match=r"Invalid `metrics`\. Received: metrics=metric "
                        r"'rmse' \(one value per batch\)\. Allowed: such a metric on a model "
                        r"whose outputs are declared .* Fix: build the model"):
-        pmodel.evaluate((b for b in [(X[:8], Y[:8])]), steps=1, verbose=0)  # padded: 8 rows
+        # (Several batches: Keras 3.3 reads one ahead of the step.) 8 rows: padded.
+        pmodel.evaluate((b for b in [(X[:8], Y[:8])] * 3), steps=1, verbose=0)
 
 
 @pytest.mark.skipif(not ON_TF, reason="replicas that run their own step: the TF lines "
@@ -151,6 +153,35 @@ def test_a_metric_of_the_batch_is_refused_where_each_replica_runs_its_step(
         with pytest.raises(ValueError, match=expected):
             kerasmgpu.parallelize(template, gpus=3)
     _untouched(template, start)
+
+
+def mean_square(y_true: Any, y_pred: Any) -> Any:  # a loss of one value per batch
+    return ops.mean(ops.square(y_pred - y_true))
+
+
+@pytest.mark.skipif(not IN_PROCESS, reason="an in-process multi-device route")
+def test_a_loss_of_one_value_per_batch_is_exact_or_refused() -> None:
+    """`mean(square(...))` without an axis, the Keras 2 habit: on JAX exact on padded
+    batches (they went 1e-2 off in weights); on the TF lines refused before training
+    (Keras 3 on TensorFlow reported 3x one device's loss, even on batches that divide)."""
+    def built() -> Any:
+        model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss=mean_square,
+                      metrics=[per_row])
+        return model
+
+    one, template = built(), built()
+    if ON_TF:
+        start = template.get_weights()
+        with pytest.raises(ValueError, match=r"Invalid `loss`\. Received: loss=loss "
+                           r"'mean_square' \(one value per batch\)\. .* Fix: reduce over "
+                           r"the last axis only"):
+            kerasmgpu.parallelize(template, gpus=3)
+        _untouched(template, start)
+        return
+    expected = one.fit(X, Y, **FIT)
+    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=3).fit(X, Y, **FIT))
+    assert_weights_close(one, template)
 
 
 @pytest.mark.skipif(not IN_PROCESS, reason="an in-process multi-device route")

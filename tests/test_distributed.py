@@ -168,8 +168,8 @@ RUNS: Dict[str, List[str]] = {
     **({"accumulate": ["train.py", "--batch", "10", "--accumulate", "4"]}
        if ACCUMULATES else {}),
     **({"own": ["train.py", "--optimizer-accumulates", "3"]} if ON_JAX or ON_TORCH else {}),
-    # A metric of one value per batch: one program over the global batch on JAX
-    # (exact); refused where each process runs its own step (last, below).
+    # A loss and a metric of one value per batch: one program over the global batch on
+    # JAX (exact); refused where each process runs its own step (last, below).
     **({"batch-metric": ["train.py", "--epochs", "2", "--batch-metric"]} if ON_JAX else {}),
     **{f"ids-{inputs}": ["ids.py", "--input", inputs] for inputs in SHUFFLED},
     # Last: refused in every process (runs.py records what each raised).
@@ -459,10 +459,12 @@ def test_keras_own_accumulation_on_two_processes_equals_one_process(job: Job, on
 
 @pytest.mark.core
 @trains_in_processes
-def test_a_metric_of_one_value_per_batch_on_two_processes(job: Job, one: Path) -> None:
-    """`def rmse(...)` of the whole batch: exact on JAX (one program over the global
-    batch, short batches whole); refused in every process where each runs its own step
-    (each would compute it over its share), before anything trains."""
+def test_a_loss_and_metric_of_one_value_per_batch_on_two_processes(job: Job, one: Path
+                                                                     ) -> None:
+    """A loss `mean(square(...))` without an axis and a metric `def rmse(...)` of the
+    whole batch: exact on JAX (one program over the global batch, short batches whole);
+    refused in every process where each runs its own step (each would compute them over
+    its share), before anything trains."""
     if ON_JAX:
         _assert_same(one / "batch-metric" / "rank0.npz",
                      _finished(job, "batch-metric") / "rank0.npz")
@@ -470,9 +472,9 @@ def test_a_metric_of_one_value_per_batch_on_two_processes(job: Job, one: Path) -
     out = _finished(job, "batch-metric")
     for rank in (0, 1):
         raised = (out / f"raised{rank}.txt").read_text()
-        assert raised.startswith("ValueError: Invalid `metrics`. Received: metrics=metric "
-                                 "'rmse' (one value per batch)"), raised
-        assert "Fix: return one value per row" in raised, raised
+        assert raised.startswith("ValueError: Invalid `loss`. Received: loss=loss "
+                                 "'batch_mse' (one value per batch)"), raised
+        assert "Fix: reduce over the last axis only" in raised, raised
     assert not (out / "rank0.npz").exists()
 
 

@@ -1,4 +1,5 @@
-"""Compiled metric functions whose value for a batch is one number, not one per row.
+"""Compiled metric and loss functions whose value for a batch is one number, not one
+per row.
 
 `def rmse(y_true, y_pred): return sqrt(mean(square(y_pred - y_true)))` - the Keras 2
 habit - is averaged by Keras over batches, each batch counting once: one device
@@ -117,6 +118,44 @@ def batch_metrics(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Sp
             if averaged is not None and any(
                     value_rank(adapter, *averaged, spec) == 0 for spec in specs):
                 found.append(_named(metric, averaged[0]))
+    return found
+
+
+def loss_function(adapter: Any, loss: Any
+                  ) -> Optional[Tuple[Callable[..., Any], Dict[str, Any]]]:
+    """The user's function a compile loss computes and its keyword arguments: the
+    function itself, the one a `LossFunctionWrapper` holds (`fn`, `_fn_kwargs`), or a
+    `Loss` subclass's own `call`; None for a name and the frameworks' own losses."""
+    if isinstance(loss, str) or isinstance(loss, type):
+        return None
+    keras_loss = getattr(adapter.keras.losses, "Loss", None)
+    if keras_loss is not None and isinstance(loss, keras_loss):
+        wrapper = getattr(adapter.keras.losses, "LossFunctionWrapper", None)
+        if wrapper is not None and isinstance(loss, wrapper):
+            fn, kwargs = getattr(loss, "fn", None), getattr(loss, "_fn_kwargs", None)
+        elif not frameworks_own(type(loss)):
+            fn, kwargs = loss.call, {}
+        else:
+            return None
+    else:
+        fn, kwargs = loss, {}
+    if not callable(fn) or frameworks_own(fn):
+        return None
+    return fn, dict(kwargs or {})
+
+
+def batch_losses(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Spec]
+                 ) -> List[str]:
+    """The compile losses whose value for a batch of outputs of `specs` is one number
+    (a `mean` without an axis): Keras then weighs no row of it, and replicas that each
+    compute it over their share compute another loss and gradient than one device."""
+    found: List[str] = []
+    for loss in _leaves(compile_args.get("loss")) if specs else ():
+        computed = loss_function(adapter, loss)
+        if computed is not None and any(value_rank(adapter, *computed, spec) == 0
+                                        for spec in specs):
+            name = getattr(computed[0], "__name__", None) or getattr(loss, "name", "loss")
+            found.append(f"loss {name!r} (one value per batch)")
     return found
 
 

@@ -43,8 +43,9 @@ class ParallelState:
     # (`terms.batch_terms`), and whether batches that do not divide go whole to every
     # replica for it.
     batch_terms: List[str] = field(default_factory=list)
-    # Compile metrics of one value per batch (`adapters.metric_values`): short batches go
-    # whole for them too (one program over the global batch; refused elsewhere).
+    # Compile metrics and losses of one value per batch (`adapters.metric_values`): short
+    # batches go whole for them too (one program over the global batch; refused
+    # elsewhere).
     batch_metrics: List[str] = field(default_factory=list)
     # Whether the model's outputs told them (declared outputs); else each call's targets
     # are probed (`tell_batch_metrics`).
@@ -75,10 +76,14 @@ class ParallelState:
             return  # Keras 2.3 computes them over the merged outputs; one replica is one
         specs = specs if specs is not None else metric_values.output_specs(model)
         self.batch_metrics_told = bool(specs)
-        self.batch_metrics = metric_values.batch_metrics(
-            self.adapter, self.adapter.compile_args(model), specs)
+        args = self.adapter.compile_args(model)
+        losses = metric_values.batch_losses(self.adapter, args, specs)
+        self.batch_metrics = metric_values.batch_metrics(self.adapter, args, specs)
+        if losses and not engine.one_program:
+            raise step_hooks.one_value_refused(losses, engine.one_program, "loss")
         if self.batch_metrics and not engine.one_program:
             raise step_hooks.one_value_refused(self.batch_metrics, engine.one_program)
+        self.batch_metrics += losses
         self.whole_batches = bool(self.batch_terms or self.batch_metrics)
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,

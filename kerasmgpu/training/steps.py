@@ -240,9 +240,21 @@ def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
 # --- metrics ----------------------------------------------------------------------------------
 
 
-def one_value_refused(found: List[str], one_program: bool) -> ValueError:
-    """The refusal of compile metrics whose value for a batch is one number (`found`, in
-    words) where the engine cannot compute them over the whole batch."""
+def one_value_refused(found: List[str], one_program: bool, argument: str = "metrics"
+                      ) -> ValueError:
+    """The refusal of compile metrics (or losses: `argument`) whose value for a batch is
+    one number (`found`, in words) where the engine cannot compute them over the whole
+    batch."""
+    if argument == "loss":
+        return bad_value(
+            "loss", ", ".join(found), "losses of one value per row, where each replica runs "
+            "its own step (TensorFlow, PyTorch): a loss of the whole batch computed over "
+            "each replica's share is another loss and gradient than one device's (Keras 3 "
+            "on TensorFlow reported 3x one device's loss), and no padding row's weight "
+            "reaches inside one value; Keras 3 on JAX computes it over the global batch",
+            "reduce over the last axis only (`keras.ops.mean(..., axis=-1)` or "
+            "`K.mean(..., axis=-1)`): Keras then averages the rows, which for a mean is the "
+            "same loss; or train with Keras 3 on JAX", raw=True)
     if one_program:  # found only once a padded batch was traced (no declared outputs)
         allowed = ("such a metric on a model whose outputs are declared (a functional model, "
                    "or one called once before parallelize()): a batch that does not "

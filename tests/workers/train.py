@@ -30,8 +30,8 @@ at the time limit: `scancel --batch --signal=USR1 $SLURM_JOB_ID`), --batchnorm
 layer's add_loss of a mean square), --momentum M (SGD(momentum=M): optimizer state to
 restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
-that the one an earlier run left loads), --batch-metric (a compile metric of one value
-per batch, an RMSE function), --disagree WHAT (each process given the call
+that the one an earlier run left loads), --batch-metric (a compile loss and metric of one
+value per batch: a mean without an axis, an RMSE function), --disagree WHAT (each process given the call
 otherwise - shard: its own rows; arguments: rank 1 another epochs and validation_data;
 generator: a generator augmenting with each process's own draws; on-batch: a
 train_on_batch of each process's own batch - which must raise in every process; the
@@ -111,7 +111,8 @@ parser.add_argument("--momentum", type=float, default=0.0)
 parser.add_argument("--faults", default=None)
 parser.add_argument("--checkpoint", action="store_true")
 parser.add_argument("--batch-metric", action="store_true",
-                    help="a compile metric of one value per batch (an RMSE function)")
+                    help="a compile loss and metric of one value per batch (a mean without "
+                    "an axis, an RMSE function)")
 parser.add_argument("--disagree", default=None,
                     choices=["shard", "arguments", "generator", "on-batch"])
 args = parser.parse_args()
@@ -188,7 +189,10 @@ if args.batch_metric:
     def rmse(y_true, y_pred):  # the Keras 2 habit: one value per batch
         return ops.sqrt(ops.mean(ops.square(y_pred - y_true)))
 
-    metrics = metrics + [rmse]
+    def batch_mse(y_true, y_pred):  # a loss of one value per batch (no axis)
+        return ops.mean(ops.square(y_pred - y_true))
+
+    loss, metrics = batch_mse, metrics + [rmse]
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
 sequence = args.counted or args.per_row
