@@ -46,18 +46,18 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[Any]]:
     seen: Dict[str, List[Any]] = {"plain": [], "masked": []}
     plain_step, active = steps.plain_step, steps.active
 
-    def counted_plain(data: Any, call: Any) -> Any:
+    def counted_plain(data: Any, call: Any, kind: Any = None) -> Any:
         # The rows of its x as the step sees them (static in a trace, else None).
         x = data[0] if isinstance(data, (tuple, list)) else data
         leaf = next(iter(x.values())) if isinstance(x, dict) else x
         rows = getattr(leaf, "shape", [None])[0]
         seen["plain"].append(None if rows is None else int(rows))
-        return plain_step(data, call)
+        return plain_step(data, call, kind)
 
-    def counted_active(packed: Any) -> Iterator[Any]:
+    def counted_active(packed: Any, kind: Any = None) -> Iterator[Any]:
         if packed is not None and not steps.unpadded(packed):
             seen["masked"].append(tuple(packed.shape))
-        return active(packed)
+        return active(packed, kind)
 
     monkeypatch.setattr(steps, "plain_step", counted_plain)
     monkeypatch.setattr(steps, "active", counted_active)
