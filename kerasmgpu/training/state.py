@@ -85,6 +85,8 @@ class ParallelState:
             raise step_hooks.one_value_refused(self.batch_metrics, engine.one_program)
         self.batch_metrics += losses
         self.whole_batches = bool(self.batch_terms or self.batch_metrics)
+        if self.report is not None:
+            self.report.batch_values = list(self.batch_metrics)
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:

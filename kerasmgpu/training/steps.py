@@ -405,6 +405,9 @@ class StepReport:
     # Per step kind: whether the first of its `opaque` reasons is about the loss.
     losses: Dict[str, bool] = field(default_factory=dict)
     warned: set = field(default_factory=set)
+    # The compile losses and metrics of one value per batch (`ParallelState.
+    # tell_batch_metrics`), in words.
+    batch_values: List[str] = field(default_factory=list)
 
     def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
         reasons = []
@@ -436,6 +439,11 @@ class StepReport:
             # Every replica computes one device's loss and terms: only a metric's reason
             # is left.
             reasons = reasons[1:]
+        if self.batch_values and not self.whole.get(kind):
+            # A feed whose short batches cannot go whole (a tf.data pipeline or generator
+            # on JAX): a metric of them is refused at its first padded step, a loss not.
+            reasons = list(reasons or []) + [
+                f"its {', '.join(self.batch_values)} reduce the whole batch to one value"]
         if not reasons or kind in self.warned or self.pads.get(kind, None) is False:
             return
         self.warned.add(kind)
