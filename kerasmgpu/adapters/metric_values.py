@@ -105,22 +105,6 @@ def output_specs(model: Any) -> List[Spec]:
     return specs
 
 
-def batch_metrics(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Spec]
-                  ) -> List[str]:
-    """The compile metrics (`metrics`, `weighted_metrics`) whose value for a batch of
-    outputs of `specs` (`output_specs`) is one number, each in words."""
-    found: List[str] = []
-    if not specs:
-        return found
-    for key in ("metrics", "weighted_metrics"):
-        for metric in _leaves(compile_args.get(key)):
-            averaged = averaged_function(adapter, metric)
-            if averaged is not None and any(
-                    value_rank(adapter, *averaged, spec) == 0 for spec in specs):
-                found.append(_named(metric, averaged[0]))
-    return found
-
-
 def loss_function(adapter: Any, loss: Any
                   ) -> Optional[Tuple[Callable[..., Any], Dict[str, Any]]]:
     """The user's function a compile loss computes and its keyword arguments: the
@@ -144,24 +128,39 @@ def loss_function(adapter: Any, loss: Any
     return fn, dict(kwargs or {})
 
 
+Unwrap = Callable[[Any, Any], Optional[Tuple[Callable[..., Any], Dict[str, Any]]]]
+
+
+def _one_value(adapter: Any, given: Any, unwrap: Unwrap, kind: str, specs: Sequence[Spec]
+               ) -> List[str]:
+    """The compile `given` (a structure of losses or metrics) whose function (`unwrap`)
+    returns one number for a batch of outputs of `specs`, each in words."""
+    found: List[str] = []
+    for item in _leaves(given) if specs else ():
+        computed = unwrap(adapter, item)
+        if computed is not None and any(value_rank(adapter, computed[0], computed[1], spec)
+                                        == 0 for spec in specs):
+            name = (getattr(item, "name", None) if kind == "metric" else None) or getattr(
+                computed[0], "__name__", None) or getattr(item, "name", kind)
+            found.append(f"{kind} {name!r} (one value per batch)")
+    return found
+
+
+def batch_metrics(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Spec]
+                  ) -> List[str]:
+    """The compile metrics (`metrics`, `weighted_metrics`) whose value for a batch of
+    outputs of `specs` (`output_specs`) is one number, each in words."""
+    return _one_value(adapter, [compile_args.get("metrics"),
+                                compile_args.get("weighted_metrics")],
+                      averaged_function, "metric", specs)
+
+
 def batch_losses(adapter: Any, compile_args: Dict[str, Any], specs: Sequence[Spec]
                  ) -> List[str]:
     """The compile losses whose value for a batch of outputs of `specs` is one number
     (a `mean` without an axis): Keras then weighs no row of it, and replicas that each
     compute it over their share compute another loss and gradient than one device."""
-    found: List[str] = []
-    for loss in _leaves(compile_args.get("loss")) if specs else ():
-        computed = loss_function(adapter, loss)
-        if computed is not None and any(value_rank(adapter, *computed, spec) == 0
-                                        for spec in specs):
-            name = getattr(computed[0], "__name__", None) or getattr(loss, "name", "loss")
-            found.append(f"loss {name!r} (one value per batch)")
-    return found
-
-
-def _named(metric: Any, fn: Callable[..., Any]) -> str:
-    name = getattr(metric, "name", None) or getattr(fn, "__name__", type(fn).__name__)
-    return f"metric {name!r} (one value per batch)"
+    return _one_value(adapter, compile_args.get("loss"), loss_function, "loss", specs)
 
 
 def one_value(adapter: Any, metric: Any, values: Sequence[Any]) -> bool:

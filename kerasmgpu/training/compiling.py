@@ -176,16 +176,10 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
         replica, step_hooks.loss_hook(adapter, scaled, lambda: hook_metrics(replica)),
         lambda values, mask, reduction: step_hooks.loss_values(adapter, values, mask, reduction))
     adapter.install_metrics_hook(replica, _on_compiled_metric(replica))
-    _batch_metrics(state, replica)
-    state.engine.prepare_compiled(replica)
-
-
-def _batch_metrics(state: ParallelState, replica: Any) -> None:
-    """Compile metrics of one value per batch (`metric_values`): computed over the whole
-    batch where one program runs it (short batches then go whole, as for the loss terms
-    of the batch), refused where each replica runs its own step."""
-    state.batch_metrics = []
+    # Compile losses and metrics of one value per batch: whole short batches on one
+    # program, refused where each replica runs its own step.
     state.tell_batch_metrics(replica)
+    state.engine.prepare_compiled(replica)
 
 
 def _compile_args_from_call(original: Callable[..., Any], replica: Any, *a: Any, **kw: Any

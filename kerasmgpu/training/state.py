@@ -46,7 +46,7 @@ class ParallelState:
     # Compile metrics and losses of one value per batch (`adapters.metric_values`): short
     # batches go whole for them too (one program over the global batch; refused
     # elsewhere).
-    batch_metrics: List[str] = field(default_factory=list)
+    batch_values: List[str] = field(default_factory=list)
     # Whether the model's outputs told them (declared outputs); else each call's targets
     # are probed (`tell_batch_metrics`).
     batch_metrics_told: bool = True
@@ -72,21 +72,22 @@ class ParallelState:
         short batches go whole for them where one program runs the batch; elsewhere they
         are refused."""
         engine = self.engine
+        self.batch_values = []
         if engine.slices_in_graph or engine.planner.replicas < 2:
             return  # Keras 2.3 computes them over the merged outputs; one replica is one
         specs = specs if specs is not None else metric_values.output_specs(model)
         self.batch_metrics_told = bool(specs)
         args = self.adapter.compile_args(model)
         losses = metric_values.batch_losses(self.adapter, args, specs)
-        self.batch_metrics = metric_values.batch_metrics(self.adapter, args, specs)
+        metrics = metric_values.batch_metrics(self.adapter, args, specs)
         if losses and not engine.one_program:
             raise step_hooks.one_value_refused(losses, engine.one_program, "loss")
-        if self.batch_metrics and not engine.one_program:
-            raise step_hooks.one_value_refused(self.batch_metrics, engine.one_program)
-        self.batch_metrics += losses
-        self.whole_batches = bool(self.batch_terms or self.batch_metrics)
+        if metrics and not engine.one_program:
+            raise step_hooks.one_value_refused(metrics, engine.one_program)
+        self.batch_values = metrics + losses
+        self.whole_batches = bool(self.batch_terms or self.batch_values)
         if self.report is not None:
-            self.report.batch_values = list(self.batch_metrics)
+            self.report.batch_values = self.batch_values
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:

@@ -281,9 +281,9 @@ def masked_update(adapter: Adapter, metric: Any, one_program: bool = True,
     A metric of one value per batch (`metric_values.one_value`) takes no padding weight:
     it is computed as Keras computes it where one program runs the batch and no padding
     row is in it (a batch that divides, or - `whole(kind)`: the step kind's feed gives
-    short batches whole - one that does not), and refused elsewhere (found up front where the model's
-    outputs are declared: `compiling._batch_metrics`; here at its first step where they
-    are not)."""
+    short batches whole - one that does not), and refused elsewhere (found up front
+    where the model's outputs or its targets tell them: `ParallelState.
+    tell_batch_metrics`; here at its first step where they do not)."""
 
     def make(original: Callable[..., Any], params: List[str]) -> Callable[..., Any]:
         where = params.index("sample_weight") if "sample_weight" in params else None
