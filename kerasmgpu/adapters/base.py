@@ -468,6 +468,12 @@ class Adapter(ModelCopying, StepOps):
         """Variables laid out over several processes take a value one process assigns
         alone without a collective (Keras 3 on JAX); elsewhere nothing to do."""
 
+    def after_symbolic_build(self, model: Any, then: Callable[[], None]) -> bool:
+        """Run `then` each time a call (fit, evaluate, *_on_batch) has built what its
+        step carries - the compile metrics, the optimizer - and before the step's
+        layouts are read (Keras 3 on JAX); False where this line has no such moment."""
+        return False
+
     # --- parallelize(verify=True) (kerasmgpu.training.verify) ----------------------------
 
     def global_batch(self, data: Any) -> Any:

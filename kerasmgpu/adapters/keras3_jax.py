@@ -22,6 +22,13 @@ every backend shares are in `keras3`. What is read or wrapped here:
   parallel side lays its batch out with the same conversion (`global_batch`). Read in the
   sources of 3.3, 3.8, 3.10 and 3.15; where they are not what was read, the answer is
   False and the engine trains a copy made in its scope, as before.
+* `Trainer._symbolic_build` (3.3 - 3.15), wrapped on the instance
+  (`after_symbolic_build`): every call builds there what its step carries and was not
+  built yet - the compile metrics, the optimizer - before it reads the variables'
+  layouts for the jitted step (`_record_training_state_sharding_spec`, 3.3 - 3.14;
+  `make_train_function`, 3.15). A metric object the user made before parallelize()
+  (`keras.metrics.AUC()`) has its variables on one device then. Read in the sources of
+  3.3, 3.8 and 3.15.
 * `assign_locally` (a model built in `kerasmgpu.scope()` in a job of several
   processes): each variable's `_direct_assign` and `_layout` again, wrapped on the
   instance so that a host value assigned by one process alone (a checkpoint loaded on
@@ -176,6 +183,23 @@ class Keras3Jax(Keras3):
             undo()
             raise
         return undo
+
+    def after_symbolic_build(self, model: Any, then: Callable[[], None]) -> bool:
+        original = getattr(model, "_symbolic_build", None)
+        if not callable(original):
+            return False
+        if getattr(original, HOOKED, False):
+            original.__dict__["then"] = then  # a recompile: the latest engine's
+            return True
+
+        def symbolic_build(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            symbolic_build.__dict__["then"]()
+            return result
+
+        symbolic_build.__dict__.update({HOOKED: True, "then": then})
+        model.__dict__["_symbolic_build"] = symbolic_build
+        return True
 
     def assign_locally(self, variables: List[Any]) -> None:
         """Variables laid out over several processes' devices take a value one process

@@ -211,6 +211,25 @@ class KerasDistributionEngine(Engine):
                 undo()
             raise
 
+    def prepare_compiled(self, replica: Any) -> None:
+        # A call builds its compile metrics lazily, after parallelize(): a metric object
+        # the user made (`metrics=[keras.metrics.AUC()]`) has its variables on one
+        # device, and the jitted step, which takes its layouts from the variables,
+        # failed at the first fit ("Received incompatible devices for jitted
+        # computation"). Laid out as they join, before the step reads the layouts.
+        self.adapter.after_symbolic_build(replica, lambda: self._lay_out_joined(replica))
+
+    def _lay_out_joined(self, model: Any) -> None:
+        joined = [v for v in self._carried(model) if not self._placed_here([v])]
+        if not joined:
+            return
+        layouts = [self.distribution.get_variable_layout(v) for v in joined]
+        if self.adapter.place_replicated(joined, layouts, [v.value for v in joined]) is None:
+            raise self.adapter.fail("variables cannot be laid out in place",
+                                    "the variables a call's step carries")
+        if self.job.multi_process():
+            self.adapter.assign_locally(joined)
+
     def epoch_end(self, replica: Any) -> None:
         # The optimizer's variables are made at the first step: laid out over every
         # process's devices too where the model was built in scope (see parallelize).
