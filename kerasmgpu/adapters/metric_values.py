@@ -29,13 +29,13 @@ from kerasmgpu.env.versions import frameworks_own
 Spec = Tuple[Tuple[Optional[int], ...], str]  # (shape, dtype) of one model output
 
 
-def _leaves(structure: Any) -> Iterator[Any]:
+def leaves(structure: Any) -> Iterator[Any]:
     if isinstance(structure, dict):
         for value in structure.values():
-            yield from _leaves(value)
+            yield from leaves(value)
     elif isinstance(structure, (list, tuple)):
         for value in structure:
-            yield from _leaves(value)
+            yield from leaves(value)
     elif structure is not None:
         yield structure
 
@@ -136,7 +136,7 @@ def _one_value(adapter: Any, given: Any, unwrap: Unwrap, kind: str, specs: Seque
     """The compile `given` (a structure of losses or metrics) whose function (`unwrap`)
     returns one number for a batch of outputs of `specs`, each in words."""
     found: List[str] = []
-    for item in _leaves(given) if specs else ():
+    for item in leaves(given) if specs else ():
         computed = unwrap(adapter, item)
         if computed is not None and any(value_rank(adapter, computed[0], computed[1], spec)
                                         == 0 for spec in specs):

@@ -141,7 +141,8 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
             "the original (template) model", "call parallelize() once, on the template",
         )
     klass = type(replica)
-    report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__)
+    report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__,
+                                   one_program=engine.one_program)
     state = ParallelState(template=template, engine=engine, adapter=adapter, report=report,
                           accumulate_steps=options.accumulate_steps,
                           verify=options.verify, sync_batchnorm=options.sync_batchnorm)

@@ -7,10 +7,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from kerasmgpu.adapters import Adapter, metric_values
+from kerasmgpu.adapters import Adapter, metric_states, metric_values
 from kerasmgpu.batching import Planner
 from kerasmgpu.data import feeds, structure
-from kerasmgpu.training import resume, sync
+from kerasmgpu.training import refusals, resume, sync
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training.ops import EngineOps
 
@@ -45,7 +45,8 @@ class ParallelState:
     batch_terms: List[str] = field(default_factory=list)
     # Compile metrics and losses of one value per batch (`adapters.metric_values`): short
     # batches go whole for them too (one program over the global batch; refused
-    # elsewhere).
+    # elsewhere); so they do for the user's metrics that count rows of sample weight 0
+    # (`adapters.metric_states`) where one program runs the batch.
     batch_values: List[str] = field(default_factory=list)
     # Whether the model's outputs told them (declared outputs); else each call's targets
     # are probed (`tell_batch_metrics`).
@@ -81,13 +82,21 @@ class ParallelState:
         losses = metric_values.batch_losses(self.adapter, args, specs)
         metrics = metric_values.batch_metrics(self.adapter, args, specs)
         if losses and not engine.one_program:
-            raise step_hooks.one_value_refused(losses, engine.one_program, "loss")
+            raise refusals.one_value_refused(losses, engine.one_program, "loss")
         if metrics and not engine.one_program:
-            raise step_hooks.one_value_refused(metrics, engine.one_program)
+            raise refusals.one_value_refused(metrics, engine.one_program)
+        # The user's Metric subclasses, tried on made-up rows: one whose state is not a
+        # sum over rows cannot be summed over replicas; one that counts rows of weight
+        # 0 counts the padding rows, unless short batches go whole on one program.
+        blind, unsummed = metric_states.rules(self.adapter, args, specs)
+        if unsummed and not engine.one_program:
+            raise refusals.unsummed_refused(unsummed)
         self.batch_values = metrics + losses
-        self.whole_batches = bool(self.batch_terms or self.batch_values)
+        self.whole_batches = bool(self.batch_terms or self.batch_values or (
+            blind and engine.one_program))
         if self.report is not None:
             self.report.batch_values = self.batch_values
+            self.report.blind_metrics = blind
 
     def feed(self, x: Any, *, kind: str, training: bool = True, model: Any = None,
              position: Optional[resume.Plan] = None, **kwargs: Any) -> feeds.Feed:

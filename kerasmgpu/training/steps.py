@@ -39,7 +39,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter, metric_values
 from kerasmgpu.batching import MASK, SCALE
 from kerasmgpu.data.bundle import (
@@ -52,6 +51,7 @@ from kerasmgpu.data.bundle import (
     split,
 )
 from kerasmgpu.data.structure import map_structure, nested, same_structure, zip_map
+from kerasmgpu.training.refusals import one_value_refused
 
 PRED_KEY = "kerasmgpu_outputs"
 MASK_KEY = "kerasmgpu_mask"
@@ -240,40 +240,6 @@ def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
 # --- metrics ----------------------------------------------------------------------------------
 
 
-def one_value_refused(found: List[str], one_program: bool, argument: str = "metrics"
-                      ) -> ValueError:
-    """The refusal of compile metrics (or losses: `argument`) whose value for a batch is
-    one number (`found`, in words) where the engine cannot compute them over the whole
-    batch."""
-    if argument == "loss":
-        return bad_value(
-            "loss", ", ".join(found), "losses of one value per row, where each replica runs "
-            "its own step (TensorFlow, PyTorch): a loss of the whole batch computed over "
-            "each replica's share is another loss and gradient than one device's (Keras 3 "
-            "on TensorFlow reported 3x one device's loss), and no padding row's weight "
-            "reaches inside one value; Keras 3 on JAX computes it over the global batch",
-            "reduce over the last axis only (`keras.ops.mean(..., axis=-1)` or "
-            "`K.mean(..., axis=-1)`): Keras then averages the rows, which for a mean is the "
-            "same loss; or train with Keras 3 on JAX", raw=True)
-    if one_program:  # found only once a padded batch was traced (no declared outputs)
-        allowed = ("such a metric on a model whose outputs are declared (a functional model, "
-                   "or one called once before parallelize()): a batch that does not "
-                   "divide then goes whole, and no padding row counts in it")
-        fix = ("build the model before parallelize(), or use batch sizes and row counts "
-               "that divide by the replicas")
-    else:
-        allowed = ("metrics of one value per row (Keras averages them over the rows) or "
-                   "Metric classes whose state is a sum over rows, where each replica runs "
-                   "its own step (TensorFlow, PyTorch): a function of the whole batch - a "
-                   "square root of a mean, a maximum - computed over each replica's share "
-                   "and averaged is not one device's (plain MirroredStrategy averages the "
-                   "replicas' values); Keras 3 on JAX computes it over the global batch")
-        fix = ("return one value per row (e.g. `keras.ops.mean(..., axis=-1)`), or use "
-               "Keras's metric class (`keras.metrics.RootMeanSquaredError()` for an RMSE, "
-               "over every row of the epoch), or train with Keras 3 on JAX")
-    return bad_value("metrics", ", ".join(found), allowed, fix, raw=True)
-
-
 def masked_update(adapter: Adapter, metric: Any, one_program: bool = True,
                   whole: Callable[[str], bool] = lambda kind: False) -> Callable[..., Any]:
     """A metric's update_state that weights padding rows 0 while a packing is active.
@@ -408,6 +374,11 @@ class StepReport:
     # The compile losses and metrics of one value per batch (`ParallelState.
     # tell_batch_metrics`), in words.
     batch_values: List[str] = field(default_factory=list)
+    # The user's metrics that count rows of sample weight 0 (`adapters.metric_states`),
+    # in words: padding rows count in them unless a short batch goes whole on one
+    # program.
+    blind_metrics: List[str] = field(default_factory=list)
+    one_program: bool = False
 
     def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
         reasons = []
@@ -444,6 +415,10 @@ class StepReport:
             # on JAX): a metric of them is refused at its first padded step, a loss not.
             reasons = list(reasons or []) + [
                 f"its {', '.join(self.batch_values)} reduce the whole batch to one value"]
+        if self.blind_metrics and not (self.whole.get(kind) and self.one_program):
+            reasons = list(reasons or []) + [f"its {m}" for m in self.blind_metrics]
+        # (A metric without sample_weight is found both before and at its step.)
+        reasons = list(dict.fromkeys(reasons or []))
         if not reasons or kind in self.warned or self.pads.get(kind, None) is False:
             return
         self.warned.add(kind)
