@@ -177,6 +177,7 @@ RUNS: Dict[str, List[str]] = {
        if LINE in MULTI_WORKER_LINES else {}),
     **({"batch-metric!": ["train.py", "--epochs", "2", "--batch-metric"]} if not ON_JAX
        else {}),
+    **({"metric-state!": ["train.py", "--metric-state"]} if ON_TORCH else {}),
     **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
 }
 # Their one-process references, all in one process (each run its own model, trained as
@@ -469,13 +470,33 @@ def test_a_loss_and_metric_of_one_value_per_batch_on_two_processes(job: Job, one
         _assert_same(one / "batch-metric" / "rank0.npz",
                      _finished(job, "batch-metric") / "rank0.npz")
         return
-    out = _finished(job, "batch-metric")
+    _refused_in_every_process(job, "batch-metric", "ValueError: Invalid `loss`. Received: "
+                              "loss=loss 'batch_mse' (one value per batch)",
+                              "Fix: reduce over the last axis only")
+
+
+def _refused_in_every_process(job: Job, run: str, head: str, fix: str) -> None:
+    """Run `run` raised, in both processes, an error starting with `head` and naming
+    `fix`, and trained nothing."""
+    out = _finished(job, run)
     for rank in (0, 1):
         raised = (out / f"raised{rank}.txt").read_text()
-        assert raised.startswith("ValueError: Invalid `loss`. Received: loss=loss "
-                                 "'batch_mse' (one value per batch)"), raised
-        assert "Fix: reduce over the last axis only" in raised, raised
+        assert raised.startswith(head), raised
+        assert fix in raised, raised
     assert not (out / "rank0.npz").exists()
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not ON_TORCH, reason="torch, whose engine sums the processes' metric "
+                    "states; the TF lines' replicas in one process: "
+                    "tests/test_metric_objects.py")
+def test_a_metric_whose_state_is_not_a_sum_is_refused_in_every_process(job: Job) -> None:
+    """A running maximum summed over the processes is not one device's maximum: refused
+    in every process before anything trains."""
+    _refused_in_every_process(job, "metric-state", "ValueError: Invalid `metrics`. Received: "
+                              "metrics=metric 'worst' (its state is not a sum over rows)",
+                              "Fix: keep sums over rows in the metric's variables")
 
 
 @pytest.mark.core

@@ -31,7 +31,8 @@ layer's add_loss of a mean square), --momentum M (SGD(momentum=M): optimizer sta
 restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
 that the one an earlier run left loads), --batch-metric (a compile loss and metric of one
-value per batch: a mean without an axis, an RMSE function), --disagree WHAT (each process given the call
+value per batch: a mean without an axis, an RMSE function), --metric-state (a Metric
+subclass keeping a running maximum: not a sum over rows), --disagree WHAT (each process given the call
 otherwise - shard: its own rows; arguments: rank 1 another epochs and validation_data;
 generator: a generator augmenting with each process's own draws; on-batch: a
 train_on_batch of each process's own batch - which must raise in every process; the
@@ -113,6 +114,8 @@ parser.add_argument("--checkpoint", action="store_true")
 parser.add_argument("--batch-metric", action="store_true",
                     help="a compile loss and metric of one value per batch (a mean without "
                     "an axis, an RMSE function)")
+parser.add_argument("--metric-state", action="store_true",
+                    help="a Metric subclass whose state is a running maximum")
 parser.add_argument("--disagree", default=None,
                     choices=["shard", "arguments", "generator", "on-batch"])
 args = parser.parse_args()
@@ -159,7 +162,9 @@ if args.batch_terms:
             return inputs
 
     hidden = MeanSquare()(hidden)
-loss, metrics = "mse", ["mae"]
+# A metric object made before parallelize(), as users compile them (on Keras 3 with JAX
+# its variables were left on one device).
+loss, metrics = "mse", [keras.metrics.MeanAbsoluteError(name="mae")]
 if args.counted:
     x = rng.integers(1, 9, size=(args.rows, 6)).astype("int32")
     for row, length in enumerate(rng.integers(1, 7, size=args.rows)):
@@ -193,6 +198,21 @@ if args.batch_metric:
         return ops.mean(ops.square(y_pred - y_true))
 
     loss, metrics = batch_mse, metrics + [rmse]
+if args.metric_state:
+    ops = keras.ops
+
+    class Worst(keras.metrics.Metric):  # a running maximum: not a sum over rows
+        def __init__(self):
+            super().__init__(name="worst")
+            self.worst = self.add_weight(name="worst", shape=(), initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.worst.assign(ops.maximum(self.worst, ops.max(ops.abs(y_pred - y_true))))
+
+        def result(self):
+            return self.worst * 1.0
+
+    metrics = metrics + [Worst()]
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
 sequence = args.counted or args.per_row
