@@ -29,6 +29,7 @@ import pytest
 from helpers import (
     IN_PROCESS,
     ON_JAX,
+    ON_TF,
     assert_history_close,
     assert_weights_close,
     deterministic_weights,
@@ -108,20 +109,46 @@ class Worst(keras.metrics.Metric):
         return self.worst * 1.0
 
 
-def _model(metrics: List[Any]) -> Any:
+class Net(keras.Model):
+    """Subclassed, no get_config: its outputs are not declared (the metrics are tried
+    with its targets' shapes, at its first call), and on TensorFlow it is built in
+    kerasmgpu.scope(), its metric objects too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.hidden(x))
+
+
+def _model(make_metrics: Any, subclassed: bool = False, parallel: bool = False) -> Any:
+    if subclassed and parallel and ON_TF:
+        with kerasmgpu.scope():
+            return _built(make_metrics, subclassed)
+    return _built(make_metrics, subclassed)
+
+
+def _built(make_metrics: Any, subclassed: bool) -> Any:
     seed_all(keras, 1)
-    inputs = keras.Input((5,))
-    model = keras.Model(inputs, keras.layers.Dense(1)(
-        keras.layers.Dense(8, activation="tanh")(inputs)))
+    if subclassed:
+        model = Net()
+        model(X[:2])
+    else:
+        inputs = keras.Input((5,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(
+            keras.layers.Dense(8, activation="tanh")(inputs)))
     deterministic_weights(model, 1)
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=metrics)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=make_metrics())
     return model
 
 
-def _as_on_one_device(make_metrics: Any, refit: Any = None) -> Any:
+def _as_on_one_device(make_metrics: Any, refit: Any = None, subclassed: bool = False) -> Any:
     """Fit and evaluate plain Keras on one device and the parallel model, each with its
     own metric objects made before parallelize(); returns the one-device History."""
-    one, template = _model(make_metrics()), _model(make_metrics())
+    one = _model(make_metrics, subclassed)
+    template = _model(make_metrics, subclassed, parallel=True)
     expected = one.fit(X, Y, **FIT)
     evaluated = one.evaluate(X, Y, batch_size=8, verbose=0, return_dict=True)
     pmodel = kerasmgpu.parallelize(template, gpus=3)
@@ -146,30 +173,46 @@ def test_metric_objects_made_before_parallelize_train_as_on_one_device() -> None
 
 
 @pytest.mark.skipif(not IN_PROCESS, reason="an in-process multi-device route")
-def test_a_metric_that_counts_rows_of_weight_0_is_exact_on_jax_and_named_elsewhere() -> None:
+@pytest.mark.parametrize("subclassed", [False, True])
+def test_a_metric_that_counts_rows_of_weight_0_is_exact_on_jax_and_named_elsewhere(
+        subclassed: bool) -> None:
+    def metrics() -> List[Any]:
+        return [Unweighted(), Weighted()]
+
     if ON_JAX:  # one program: short batches go whole, no padding row in them
-        expected = _as_on_one_device(lambda: [Unweighted(), Weighted()])
+        expected = _as_on_one_device(metrics, subclassed=subclassed)
         # Its padded value differs from its own: the comparison can fail.
         assert expected.history["unweighted"] == pytest.approx(expected.history["weighted"])
         return
     with pytest.warns(UserWarning, match=r"its metric 'unweighted' counts rows whose "
                       r"sample_weight is 0, so kerasmgpu cannot keep padding rows out of it"):
-        kerasmgpu.parallelize(_model([Unweighted(), Weighted()]), gpus=3).fit(X, Y, **FIT)
+        kerasmgpu.parallelize(_model(metrics, subclassed, parallel=True), gpus=3).fit(X, Y, **FIT)
 
 
 @pytest.mark.skipif(not IN_PROCESS, reason="an in-process multi-device route (torch: "
                     "tests/test_distributed.py)")
-def test_a_metric_whose_state_is_not_a_sum_is_exact_on_jax_and_refused_elsewhere() -> None:
+@pytest.mark.parametrize("subclassed", [False, True])
+def test_a_metric_whose_state_is_not_a_sum_is_exact_on_jax_and_refused_elsewhere(
+        subclassed: bool) -> None:
+    def metrics() -> List[Any]:
+        return [Worst(), Weighted()]
+
     if ON_JAX:
-        _as_on_one_device(lambda: [Worst(), Weighted()])
+        _as_on_one_device(metrics, subclassed=subclassed)
         return
-    template = _model([Worst(), Weighted()])
+    template = _model(metrics, subclassed, parallel=True)
     start = template.get_weights()
-    with pytest.raises(ValueError, match=r"Invalid `metrics`\. Received: metrics=metric "
-                       r"'worst' \(its state is not a sum over rows\)\. Allowed: metrics "
-                       r"whose state variables are sums over rows .* Fix: keep sums over "
-                       r"rows in the metric's variables"):
-        kerasmgpu.parallelize(template, gpus=3)
+    refused = pytest.raises(ValueError, match=r"Invalid `metrics`\. Received: metrics=metric "
+                            r"'worst' \(its state is not a sum over rows\)\. Allowed: "
+                            r"metrics whose state variables are sums over rows .* Fix: keep "
+                            r"sums over rows in the metric's variables")
+    if subclassed:  # no declared outputs: told by the targets, at its first call
+        pmodel = kerasmgpu.parallelize(template, gpus=3)
+        with refused:
+            pmodel.fit(X, Y, **FIT)
+    else:
+        with refused:
+            kerasmgpu.parallelize(template, gpus=3)
     for a, b in zip(start, template.get_weights()):
         np.testing.assert_array_equal(a, b)
 

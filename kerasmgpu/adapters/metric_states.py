@@ -16,9 +16,9 @@ Neither can be read from the code, so each is tried, once per metric object, bef
 step, on a few rows of made-up targets and outputs shaped like the model's: on Keras 3
 with its public stateless API (`stateless_reset_state`, `stateless_update_state`,
 `stateless_result`, 3.0 - 3.15), nothing assigned to the metric; on tf.keras / tf_keras
-(no stateless API) eagerly on a fresh object of its class made outside the strategy
-(public `from_config`, `reset_state`, `update_state`, `result`, `assign`; a class that
-cannot be made from its config is not tried). The state of the whole
+(no stateless API) eagerly on a fresh object of its class, made on a thread outside any
+strategy's scope (public `from_config`, `reset_state`, `update_state`, `result`,
+`assign`; a class that cannot be made from its config is not tried). The state of the whole
 rows is compared with two halves' states summed, and rows with two padding copies of
 weight 0 with the rows alone. Where the metric cannot be run on such rows (it wants
 integer labels, it raises) or gives no finite value, nothing is told and the metric is
@@ -27,6 +27,7 @@ updated as before.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -36,6 +37,7 @@ from kerasmgpu.env.versions import frameworks_own
 ROWS = 6  # two halves of 3; padded with copies of its first 2 rows, as batching pads
 PADDING = 2
 _ATTR = "_kerasmgpu_state_rules"
+_TIMEOUT_S = 60.0
 
 
 def user_metrics(adapter: Any, compile_args: Any) -> List[Any]:
@@ -67,7 +69,8 @@ def rules(adapter: Any, compile_args: Any, specs: Sequence[Spec]
         told = metric.__dict__.get(_ATTR)
         if told is None:
             told = _tried(adapter, metric, specs)
-            metric.__dict__[_ATTR] = told
+            if specs:  # (none: a model without declared outputs, tried at its feed)
+                metric.__dict__[_ATTR] = told
         counts_padding, not_summed = told
         if not takes_sample_weight(metric):
             blind.append(f"metric {name!r} takes no sample_weight")
@@ -81,7 +84,23 @@ def rules(adapter: Any, compile_args: Any, specs: Sequence[Spec]
 def _tried(adapter: Any, metric: Any, specs: Sequence[Spec]) -> Tuple[bool, bool]:
     """(counts rows of weight 0, state not a sum) for the first spec the metric runs on;
     (False, False) where it runs on none."""
-    runner = _Stateless(adapter, metric) if adapter.keras3 else _Assigning(metric)
+    if adapter.keras3:
+        return _tried_with(adapter, metric, _Stateless(adapter, metric), specs)
+    # tf.keras: on a thread of its own, where no strategy's scope is entered (TF keeps
+    # that stack per thread): the fresh object's variables are then plain ones, which
+    # take eager updates, even where parallelize() or fit() runs in kerasmgpu.scope().
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerasmgpu-metric")
+    try:
+        future = pool.submit(lambda: _tried_with(adapter, metric, _Assigning(metric), specs))
+        return future.result(timeout=_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:  # (never seen: a few eager ops)
+        return False, False
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _tried_with(adapter: Any, metric: Any, runner: Any, specs: Sequence[Spec]
+                ) -> Tuple[bool, bool]:
     if not runner.usable():
         return False, False
     for spec in specs:
@@ -135,9 +154,6 @@ class _Assigning:
         try:
             import tensorflow as tf
 
-            # (Made inside a strategy's scope - a model compiled in kerasmgpu.scope() -
-            # its variables take no eager update either: the trying raises, nothing is
-            # told.)
             if tf.executing_eagerly():
                 self.metric = type(metric).from_config(metric.get_config())
         except Exception:  # a class that takes other arguments than its config's
