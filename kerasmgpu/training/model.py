@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
 from kerasmgpu._errors import bad_value
@@ -33,8 +34,8 @@ from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.env.versions import frameworks_own
 from kerasmgpu.options import Options
+from kerasmgpu.training import added_metrics, refusals, sync, terms
 from kerasmgpu.training import steps as step_hooks
-from kerasmgpu.training import sync, terms
 from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.calls import _REPLACED
 from kerasmgpu.training.compiling import (
@@ -164,7 +165,9 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
         # they are (`batching.BatchPlan.whole`): as copies where each replica runs its
         # own step, laid out replicated under one program (in a job, every process
         # feeding it whole).
-        state.whole_batches = bool(state.batch_terms)
+        if not engine.one_program:
+            state.metric_terms = _added_metrics(adapter, template, type(template).__name__)
+        state.whole_batches = bool(state.batch_terms or state.metric_terms)
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state
@@ -174,6 +177,28 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
     _synchronized_batchnorm(replica, adapter, options.sync_batchnorm)
     engine.prepare_replica(replica)
     return replica
+
+
+def _added_metrics(adapter: Adapter, template: Any, model_name: str) -> List[str]:
+    """The layers that add metrics (`add_metric`), tried on made-up rows
+    (`added_metrics`): a value that is not a mean over the rows is refused; one that
+    cannot be tried is said to be exact for a mean only."""
+    layers = terms.metric_layers(adapter, template)
+    if not layers:
+        return []
+    not_means, untried = added_metrics.tried(adapter, layers)
+    if not_means:
+        raise refusals.not_a_mean_refused(not_means)
+    if untried:
+        warnings.warn(
+            f"kerasmgpu: {model_name}: {', '.join(untried)} could not be tried on made-up "
+            "rows: each replica computes such a value over its share of the batch, and the "
+            "replicas' values are averaged - one device's value for a mean over the rows "
+            "only (batches that do not divide go whole to every replica for it). Fix: "
+            "add only means over the rows, or compute other figures after fit() with "
+            "predict().", stacklevel=3)
+    return [f"add_metric in {type(layer).__name__}.call (layer {layer.name!r})"
+            for layer in layers]
 
 
 def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None:

@@ -1,7 +1,8 @@
 """The refusals of compile losses and metrics that the engine cannot compute as one
-device does: functions of one value per batch (`adapters.metric_values`) and the user's
-metrics whose state is not a sum over rows (`adapters.metric_states`), where each
-replica runs its own step. Raised before any weight moves (`ParallelState.
+device does: functions of one value per batch (`adapters.metric_values`), the user's
+metrics whose state is not a sum over rows (`adapters.metric_states`) and values added
+with `add_metric` that are not a mean over the rows (`training.added_metrics`), where
+each replica runs its own step. Raised before any weight moves (`ParallelState.
 tell_batch_metrics`), or at the first step that tells them (`steps.masked_update`)."""
 
 from __future__ import annotations
@@ -58,3 +59,18 @@ def unsummed_refused(found: List[str]) -> ValueError:
         "keep sums over rows in the metric's variables and compute the rest in result() "
         "(a mean: a total and a count), or compute such a figure after fit() with "
         "predict(), or train with Keras 3 on JAX", raw=True)
+
+
+def not_a_mean_refused(found: List[str]) -> ValueError:
+    """The refusal of values a layer adds with `add_metric` that are not a mean over the
+    rows (`found`, in words: `training.added_metrics`) where each replica runs its own
+    step."""
+    return bad_value(
+        "model", ", ".join(found) + " (not a mean over the rows)",
+        "add_metric values that are means over the rows, where each replica runs its own "
+        "step (tf.keras, tf_keras): each replica computes the value over its share of the "
+        "batch and the replicas' values are averaged, which is one device's value for a "
+        "mean over the rows only (a maximum read 0.83 where one device's was 0.87)",
+        "add a mean over the rows (`tf.reduce_mean(...)`), compute the figure after fit() "
+        "with predict() or in a callback, or train with Keras 3 on JAX, where one program "
+        "computes the global batch", raw=True)

@@ -118,3 +118,12 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
         if not {"compute_loss", "compiled_loss"} & _names(step, type(model)):
             found.append(f"its own {kind}_step's loss")
     return found
+
+
+def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
+    """The layers (the model among them) whose `call`, or the code of the user's it
+    reaches, names `add_metric` (tf.keras, tf_keras, Keras 2.3: a value Keras averages
+    over the steps, computed in the step from the rows it is given)."""
+    return [layer for layer in adapter.layers_of(model)
+            if "add_metric" in _names(getattr(type(layer), "call", None), type(layer),
+                                      [layer, *_helpers(layer)])]

@@ -1,0 +1,129 @@
+"""Values a layer adds with `add_metric` in its `call` (tf.keras, tf_keras; Keras 3 has no
+`add_metric`): Keras averages them over the steps, each computed from the rows the step
+is given - on one device the whole batch.
+
+Where each replica runs its own step each computes the value over its share and the
+replicas' values are averaged: before, a mean over the rows went off on padded batches
+(0.4044 for one device's 0.4063) and a maximum on every batch (0.83 for 0.87), silently.
+Now a layer's added values are tried on made-up rows before anything trains: a mean over
+the rows is exact (short batches go whole), anything else is refused; a layer that
+cannot be tried is named in a warning.
+
+22 rows in batches of 8 on 3 replicas: batches of 8 do not divide (whole), the last 6 do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import (
+    ON_TF,
+    assert_history_close,
+    assert_weights_close,
+    deterministic_weights,
+    keras_module,
+    seed_all,
+)
+
+import kerasmgpu
+
+pytestmark = [pytest.mark.core, pytest.mark.skipif(
+    not ON_TF or hasattr(keras_module(), "ops"),
+    reason="add_metric in a layer's call: tf.keras and tf_keras (Keras 3 removed it; "
+    "Keras 2.3: tests/test_keras23.py)")]
+
+keras = keras_module()
+rng = np.random.default_rng(0)
+X = rng.normal(size=(22, 5)).astype("float32")
+Y = (X @ rng.normal(size=(5, 1))).astype("float32")
+FIT = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+
+
+class Watch(keras.layers.Layer):
+    """Adds the mean absolute activation (a mean over the rows), and with `worst` the
+    largest one (not a mean)."""
+
+    def __init__(self, worst: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.worst = worst
+
+    def call(self, x: Any) -> Any:
+        import tensorflow as tf
+
+        self.add_metric(tf.reduce_mean(tf.abs(x)), name="activation")
+        if self.worst:
+            self.add_metric(tf.reduce_max(tf.abs(x)), name="worst_activation")
+        return x
+
+
+class Net(keras.Model):
+    """Subclassed, adding a metric in its own call: its inputs are not declared, so it
+    cannot be tried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x: Any) -> Any:
+        import tensorflow as tf
+
+        hidden = self.hidden(x)
+        self.add_metric(tf.reduce_mean(tf.abs(hidden)), name="activation")
+        return self.out(hidden)
+
+
+def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False) -> Any:
+    seed_all(keras, 1)
+    if subclassed:
+        if parallel:
+            with kerasmgpu.scope():
+                return _model(worst, subclassed)
+        model = Net()
+        model(X[:2])
+    else:
+        inputs = keras.Input((5,))
+        hidden = Watch(worst)(keras.layers.Dense(8, activation="tanh")(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def _as_on_one_device(subclassed: bool = False) -> None:
+    one = _model(subclassed=subclassed)
+    template = _model(subclassed=subclassed, parallel=True)
+    expected = one.fit(X, Y, **FIT)
+    evaluated = one.evaluate(X, Y, batch_size=8, verbose=0, return_dict=True)
+    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    assert_history_close(expected, pmodel.fit(X, Y, **FIT))
+    got = pmodel.evaluate(X, Y, batch_size=8, verbose=0, return_dict=True)
+    for name, value in evaluated.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+    assert_weights_close(one, template)
+    assert "activation" in expected.history
+
+
+def test_an_added_mean_over_the_rows_is_one_devices_value() -> None:
+    _as_on_one_device()
+
+
+def test_an_added_value_that_is_not_a_mean_is_refused_before_anything_trains() -> None:
+    template = _model(worst=True)
+    start = template.get_weights()
+    with pytest.raises(ValueError, match=r"Invalid `model`\. Received: model=add_metric "
+                       r"'worst_activation' in Watch\.call \(layer '.*'\) \(not a mean over "
+                       r"the rows\)\. Allowed: add_metric values that are means over the "
+                       r"rows, .* Fix: add a mean over the rows"):
+        kerasmgpu.parallelize(template, gpus=3)
+    for a, b in zip(start, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_layer_that_cannot_be_tried_is_named_and_its_mean_still_exact() -> None:
+    with pytest.warns(UserWarning, match=r"add_metric in Net\.call \(layer '.*'\) could "
+                      r"not be tried on made-up rows: .* one device's value for a mean "
+                      r"over the rows only"):
+        _as_on_one_device(subclassed=True)
