@@ -7,7 +7,10 @@ replicas' values are averaged: before, a mean over the rows went off on padded b
 (0.4044 for one device's 0.4063) and a maximum on every batch (0.83 for 0.87), silently.
 Now a layer's added values are tried on made-up rows before anything trains: a mean over
 the rows is exact (short batches go whole), anything else is refused; a layer that
-cannot be tried is named in a warning.
+cannot be tried is named in a warning. Keras 2.3's multi_gpu_model computes the
+template's added values on the whole batch, from the template's own inputs, as one device
+does - any value is exact - but dropped them from History and evaluate (it names a
+nested model's metrics one level deep): now named.
 
 22 rows in batches of 8 on 3 replicas: batches of 8 do not divide (whole), the last 6 do.
 """
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import (
+    ON_LEGACY,
     ON_TF,
     assert_history_close,
     assert_weights_close,
@@ -30,9 +34,9 @@ from helpers import (
 import kerasmgpu
 
 pytestmark = [pytest.mark.core, pytest.mark.skipif(
-    not ON_TF or hasattr(keras_module(), "ops"),
-    reason="add_metric in a layer's call: tf.keras and tf_keras (Keras 3 removed it; "
-    "Keras 2.3: tests/test_keras23.py)")]
+    not (ON_TF or ON_LEGACY) or hasattr(keras_module(), "ops"),
+    reason="add_metric in a layer's call: Keras 2.3, tf.keras and tf_keras (Keras 3 "
+    "removed it)")]
 
 keras = keras_module()
 rng = np.random.default_rng(0)
@@ -50,11 +54,10 @@ class Watch(keras.layers.Layer):
         self.worst = worst
 
     def call(self, x: Any) -> Any:
-        import tensorflow as tf
-
-        self.add_metric(tf.reduce_mean(tf.abs(x)), name="activation")
+        backend = keras.backend
+        self.add_metric(backend.mean(backend.abs(x)), name="activation")
         if self.worst:
-            self.add_metric(tf.reduce_max(tf.abs(x)), name="worst_activation")
+            self.add_metric(backend.max(backend.abs(x)), name="worst_activation")
         return x
 
 
@@ -68,14 +71,13 @@ class Net(keras.Model):
         self.out = keras.layers.Dense(1)
 
     def call(self, x: Any) -> Any:
-        import tensorflow as tf
-
         hidden = self.hidden(x)
-        self.add_metric(tf.reduce_mean(tf.abs(hidden)), name="activation")
+        self.add_metric(keras.backend.mean(keras.backend.abs(hidden)), name="activation")
         return self.out(hidden)
 
 
-def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False) -> Any:
+def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False,
+           batchnorm: bool = False) -> Any:
     seed_all(keras, 1)
     if subclassed:
         if parallel:
@@ -86,31 +88,44 @@ def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False
     else:
         inputs = keras.Input((5,))
         hidden = Watch(worst)(keras.layers.Dense(8, activation="tanh")(inputs))
+        if batchnorm:
+            hidden = keras.layers.BatchNormalization()(hidden)
         model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
     deterministic_weights(model, 1)
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     return model
 
 
-def _as_on_one_device(subclassed: bool = False) -> None:
-    one = _model(subclassed=subclassed)
-    template = _model(subclassed=subclassed, parallel=True)
+def _evaluated(model: Any) -> Any:
+    return dict(zip(model.metrics_names, model.evaluate(X, Y, batch_size=8, verbose=0)))
+
+
+def _as_on_one_device(subclassed: bool = False, **kwargs: Any) -> None:
+    one = _model(subclassed=subclassed, **kwargs)
+    template = _model(subclassed=subclassed, parallel=True, **kwargs)
     expected = one.fit(X, Y, **FIT)
-    evaluated = one.evaluate(X, Y, batch_size=8, verbose=0, return_dict=True)
-    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    evaluated = _evaluated(one)
+    pmodel = kerasmgpu.parallelize(template, gpus=3,
+                                   sync_batchnorm=bool(kwargs.get("batchnorm")))
     assert_history_close(expected, pmodel.fit(X, Y, **FIT))
-    got = pmodel.evaluate(X, Y, batch_size=8, verbose=0, return_dict=True)
+    got = _evaluated(pmodel)
     for name, value in evaluated.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
     assert_weights_close(one, template)
     assert "activation" in expected.history
 
 
-def test_an_added_mean_over_the_rows_is_one_devices_value() -> None:
-    _as_on_one_device()
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_an_added_mean_over_the_rows_is_one_devices_value(batchnorm: bool) -> None:
+    # (A BatchNormalization layer, synchronized: Keras 2.3 then builds the replicas
+    # itself.)
+    _as_on_one_device(batchnorm=batchnorm)
 
 
 def test_an_added_value_that_is_not_a_mean_is_refused_before_anything_trains() -> None:
+    if ON_LEGACY:  # computed from the template's own inputs: the whole batch
+        _as_on_one_device(worst=True)
+        return
     template = _model(worst=True)
     start = template.get_weights()
     with pytest.raises(ValueError, match=r"Invalid `model`\. Received: model=add_metric "
@@ -122,6 +137,8 @@ def test_an_added_value_that_is_not_a_mean_is_refused_before_anything_trains() -
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3's multi_gpu_model copies no subclassed "
+                    "model")
 def test_a_layer_that_cannot_be_tried_is_named_and_its_mean_still_exact() -> None:
     with pytest.warns(UserWarning, match=r"add_metric in Net\.call \(layer '.*'\) could "
                       r"not be tried on made-up rows: .* one device's value for a mean "

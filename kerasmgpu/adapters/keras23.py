@@ -145,6 +145,37 @@ class Keras23(Adapter):
         if missing:
             parallel.add_loss(missing)
 
+    def name_nested_metrics(self, parallel: Any) -> None:
+        """Keras 2.3 computes a model's metrics all the way down its layers (`metrics`,
+        through a nested model's layers: the template's, in the parallel model) but names
+        them one level deep (`metrics_names`: its direct layers' `_metrics`), and the logs
+        zip the two: a template layer's `add_metric` value - which the parallel model
+        computes on the whole batch, from the template's own inputs, as one device does -
+        was dropped from History and evaluate (a Keras 2.3 bug for any nested model).
+        Where the template has such metrics the parallel model's class names what it
+        computes: 'loss', then each of `_get_training_eval_metrics()` with a result, as
+        the train and test functions output them. Reads `_get_training_eval_metrics` and
+        `_call_result` (2.3.1)."""
+        klass = type(parallel)
+        if not callable(getattr(parallel, "_get_training_eval_metrics", None)):
+            raise self.fail("`Model._get_training_eval_metrics` is missing",
+                            "the metrics the train function outputs")
+        direct = {id(m) for layer in parallel.layers for m in getattr(layer, "_metrics", [])}
+        direct |= {id(m) for m in getattr(parallel, "_metrics", [])}
+        if all(id(m) in direct for m in self._nested_metrics(parallel)):
+            return  # nothing nested: Keras's own names are right
+
+        def metrics_names(model: Any) -> List[str]:
+            return ["loss"] + [m.name for m in model._get_training_eval_metrics()
+                               if hasattr(m, "_call_result")]
+
+        parallel.__class__ = type(klass.__name__, (klass,), {
+            "metrics_names": property(metrics_names), "__module__": klass.__module__})
+
+    def _nested_metrics(self, parallel: Any) -> List[Any]:
+        return [m for layer in self.layers_of(parallel)[1:]
+                for m in getattr(layer, "_metrics", [])]
+
     def compile_args(self, model: Any) -> Dict[str, Any]:
         """Keras 2.3 keeps its compile arguments on the model. The optimizer is the
         model's own object: the parallel model shares it (`keras23_template`)."""

@@ -113,6 +113,7 @@ class MultiGpuModelEngine(Engine):
             # Activity regularizers and add_loss terms as one device computes them: on
             # the whole batch, once (the replicas' per-slice copies are dropped).
             self.adapter.add_one_device_losses(parallel, terms)
+        self.adapter.name_nested_metrics(parallel)
         parallel_model.hold(parallel, model, self, self.adapter, options)
         follow = _Follow(parallel, model, self.adapter)
         mirror = None
