@@ -56,7 +56,8 @@ def main() -> int:
     y = rng.integers(0, 10, size=args.rows)
     synced = kerasmgpu.parallelize(convnet(keras, args.size), gpus=args.replicas,
                                    sync_batchnorm=True)
-    apart = kerasmgpu.parallelize(convnet(keras, args.size), gpus=args.replicas)
+    apart = kerasmgpu.parallelize(convnet(keras, args.size), gpus=args.replicas,
+                                  sync_batchnorm=False)
     fit = dict(batch_size=args.batch_size, epochs=args.epochs, verbose=0, shuffle=False)
     synced.fit(x, y, **fit)
     apart.fit(x, y, **fit)

@@ -122,7 +122,7 @@ def parallelize(
     *,
     route: Union[str, Route, None] = None,
     accumulate_steps: int = 1,
-    sync_batchnorm: bool = False,
+    sync_batchnorm: Optional[bool] = None,
     verify: Optional[bool] = None,
 ) -> ModelT:
     """A model that trains on all requested devices, for whatever Keras is installed.
@@ -138,7 +138,9 @@ def parallelize(
     equal to one step over their rows together on one device (README, Semantics).
     `sync_batchnorm=True`: BatchNormalization normalizes over the whole global batch,
     padding rows left out, as one device does (every line; on Keras 2.3 a functional or
-    Sequential model).
+    Sequential model). False: each replica's own statistics, as tf.distribute. None (left
+    out): False, and a model with BatchNormalization layers gets a warning saying its
+    results differ from one device's.
     `verify=True` (None: the environment variable KERASMGPU_VERIFY=1; an explicit value
     wins): each fit checks its first global batch and the first the replicas share the
     other way (padded or whole after one that divides, and the reverse) - loss and gradients
@@ -158,8 +160,43 @@ def parallelize(
     adapter, cls, selected, job = _prepare(gpus, route, model)
     _check_options(adapter, cls, model, steps, sync_batchnorm,
                    several=job.multi_process())
-    options = Options(accumulate_steps=steps, sync_batchnorm=sync_batchnorm, verify=checked)
-    return _parallelize(model, gpus, adapter, cls, selected, job, options)
+    options = Options(accumulate_steps=steps, sync_batchnorm=bool(sync_batchnorm),
+                      verify=checked)
+    parallel = _parallelize(model, gpus, adapter, cls, selected, job, options)
+    if sync_batchnorm is None:
+        _warn_unsynchronized_batchnorm(adapter, cls, model, parallel)
+    return parallel
+
+
+def _warn_unsynchronized_batchnorm(adapter: Adapter, cls: type[Engine], model: Any,
+                                   parallel: Any) -> None:
+    """sync_batchnorm left out on a model with BatchNormalization layers: their
+    statistics are not one device's (each replica's, or over padding rows too on one
+    program), which the user did not choose - said once, on the chief."""
+    from kerasmgpu.training.state import state_of
+
+    state = state_of(parallel)
+    if state is None or state.engine.planner.replicas < 2 or (
+            state.engine.job.multi_process() and not state.engine.job.is_chief()):
+        return
+    norm = getattr(adapter.keras.layers, "BatchNormalization", None)
+    layers = [layer.name for layer in adapter.layers_of(model) if norm is not None
+              and isinstance(layer, norm) and not getattr(layer, "synchronized", False)]
+    if not layers:
+        return
+    how = ("take their batch statistics over the global batch with the padding rows of a "
+           "batch that does not divide counted" if state.engine.one_program else
+           "normalize each replica's share of the batch with its own statistics (as "
+           "tf.distribute does)")
+    fix = ("pass sync_batchnorm=True for one device's statistics over the global batch, "
+           "padding left out (one all-reduce per layer per step where each replica runs "
+           "its own step), or sync_batchnorm=False to keep them as they are and silence "
+           "this" if cls.syncs_batchnorm else "pass sync_batchnorm=False to keep them as "
+           "they are (this route cannot synchronize them) and silence this")
+    warnings.warn(
+        f"kerasmgpu: {type(model).__name__}: its BatchNormalization layers "
+        f"{', '.join(repr(n) for n in layers[:4])}{' ...' if len(layers) > 4 else ''} {how}: "
+        f"training and its figures differ from one device's. Fix: {fix}.", stacklevel=3)
 
 
 def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
@@ -169,8 +206,8 @@ def _check_options(adapter: Adapter, cls: type[Engine], model: Any, steps: int,
     from kerasmgpu._errors import bad_type, bad_value
     from kerasmgpu.training.compiling import own_accumulation_error
 
-    if not isinstance(sync_batchnorm, bool):
-        raise bad_type("sync_batchnorm", sync_batchnorm, "True or False",
+    if sync_batchnorm is not None and not isinstance(sync_batchnorm, bool):
+        raise bad_type("sync_batchnorm", sync_batchnorm, "True, False or None",
                        "pass sync_batchnorm=True or leave it out")
     if sync_batchnorm and not cls.syncs_batchnorm:
         raise bad_value(

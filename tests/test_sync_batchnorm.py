@@ -16,6 +16,7 @@ device, without the option each replica's slice has its own moments (the check c
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, List
 
@@ -105,10 +106,15 @@ def _synchronized(layer_own: bool) -> None:
                                parallel.evaluate(x, y, batch_size=BATCH, verbose=0),
                                rtol=1e-4, atol=1e-5)
     # Without the option the padding rows count in the moments (Keras 2.3: each replica's
-    # slice has its own): the check above can fail.
+    # slice has its own): the check above can fail - and, the option left out, a warning
+    # says so.
     other = _model()
-    kerasmgpu.parallelize(other).fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                                     verbose=0)
+    with pytest.warns(UserWarning, match=r"its BatchNormalization layers 'batch_norm.*' "
+                      r"(take their batch statistics over the global batch with the padding "
+                      r"rows|normalize each replica's share).* differ from one device's\. "
+                      r"Fix: pass sync_batchnorm=True"):
+        parallel_other = kerasmgpu.parallelize(other)
+    parallel_other.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     assert _max_difference(one, other) > 1e-2
 
 
@@ -128,8 +134,19 @@ def test_a_layers_own_synchronized_is_honoured_with_padding_left_out() -> None:
 
 @pytest.mark.core
 @needs_sync
+@pytest.mark.parametrize("chosen", [False, True])
+def test_a_chosen_sync_batchnorm_is_not_warned_about(chosen: bool) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kerasmgpu.parallelize(_model(), sync_batchnorm=chosen)
+    assert not [w for w in caught if "BatchNormalization" in str(w.message)], [
+        str(w.message) for w in caught]
+
+
+@pytest.mark.core
+@needs_sync
 def test_sync_batchnorm_must_be_a_bool() -> None:
-    with pytest.raises(TypeError, match=r"sync_batchnorm=.*Allowed: True or False"):
+    with pytest.raises(TypeError, match=r"sync_batchnorm=.*Allowed: True, False or None"):
         kerasmgpu.parallelize(_model(), sync_batchnorm="yes")
 
 
