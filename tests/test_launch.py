@@ -344,6 +344,50 @@ def test_the_first_failure_is_named_though_its_consequence_exits_first(
     assert_gone(*pids_in(out))
 
 
+def test_a_worker_killed_by_a_signal_is_named_though_its_peer_noted_first(
+        tracked: Tracked, capsys: pytest.CaptureFixture[str]) -> None:
+    # Rank 1 is killed by SIGKILL (it notes nothing), and its exit is seen late - as a
+    # large process's is, its memory freed before the launcher learns it died; rank 0
+    # fails at once because its peer is gone, notes that, and exits first. Named: rank 1
+    # (it was rank 0, "exited with code 1", 1 job in 10 of the JAX SIGKILL test).
+    script = tracked.script("""\
+        from kerasmgpu.env import cluster
+        from kerasmgpu.process import ending
+        ending.watch(cluster.detect())
+        if RANK == 1:
+            ready("gone")
+            time.sleep(1)
+            os.kill(os.getpid(), signal.SIGKILL)
+        wait_for("gone")
+        raise ConnectionResetError("Gloo AllGather failed: Connection reset by peer")
+    """)
+    code = main(["--nproc", "2", script])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert "kerasmgpu launch: rank 1 was killed by signal SIGKILL" in err, err[-2000:]
+    assert_gone(*pids_in(out))
+
+
+def test_a_failure_from_a_peer_is_named_when_no_other_worker_failed(
+        tracked: Tracked, capsys: pytest.CaptureFixture[str]) -> None:
+    # The peer rank 0 names ended well: rank 0's own failure is the job's, at once.
+    script = tracked.script("""\
+        from kerasmgpu.env import cluster
+        from kerasmgpu.process import ending
+        ending.watch(cluster.detect())
+        if RANK == 1:
+            sys.exit(0)
+        raise ConnectionResetError("Connection reset by peer")
+    """)
+    start = time.monotonic()
+    code = main(["--nproc", "2", script])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert "kerasmgpu launch: rank 0 exited with code 1" in err, err[-2000:]
+    assert time.monotonic() - start < 8  # not the 10 s bound of the wait for another
+    assert_gone(*pids_in(out))
+
+
 @pytest.mark.multiprocess
 def test_worker_ignoring_sigterm_is_killed_after_grace(tracked: Tracked) -> None:
     script = tracked.script("""\

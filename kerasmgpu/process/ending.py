@@ -30,7 +30,12 @@ Which process failed first: a process that fails makes the others fail in their
 collectives a moment later, and when they exit within milliseconds of each other the
 launcher's view of the exits can order them wrongly. So, under `kerasmgpu launch`, a
 process notes the instant it fails (before printing its traceback) in the file that
-`KERASMGPU_FAILURE_FILE` names: that instant precedes the failures it causes.
+`KERASMGPU_FAILURE_FILE` names: that instant precedes the failures it causes. It notes too
+whether it failed because another process is gone (a collective whose connection was
+reset or closed, `from_a_peer`): a process killed by a signal notes nothing, and the
+launcher may see its exit after the others noted the failures it caused (a large
+process's memory is freed before its parent learns it died), so a failure from a peer
+makes the launcher look for the one that failed on its own.
 
 Nothing here imports a framework; `kerasmgpu.engines.startup` calls `watch` when the
 job's process starts, and each engine's start-up `framework_started` once its framework
@@ -53,9 +58,16 @@ from kerasmgpu.process import status
 
 __all__ = ["FAILURE_FILE_ENV", "framework_started", "watch"]
 
-# Set by `kerasmgpu launch` for each worker: where it notes "PID MONOTONIC-TIME" when it
-# fails (read by the launcher, which compares the PID with its worker's).
+# Set by `kerasmgpu launch` for each worker: where it notes "PID MONOTONIC-TIME HOW" when
+# it fails, HOW "own" or "peer" (read by the launcher, which compares the PID with its
+# worker's).
 FAILURE_FILE_ENV = "KERASMGPU_FAILURE_FILE"
+# What a collective says, in each framework, when another process of the job is gone:
+# JAX's gloo ("Read error ... Connection reset by peer"), torch's gloo and NCCL, TF's
+# gRPC ("Socket closed", UnavailableError), kerasmgpu's own bounded collectives.
+_PEER_GONE = ("connection reset", "connection closed", "connection refused", "broken pipe",
+              "socket closed", "end of file", "unavailableerror", "peer",
+              "a collective with the other processes failed")
 
 
 class _Ending:
@@ -81,7 +93,7 @@ def watch(job: cluster.ClusterEnvironment) -> None:
     previous = sys.excepthook
 
     def excepthook(kind: Any, value: Any, traceback: Any) -> None:
-        _note_failure()  # the instant, before the traceback takes its time
+        _note_failure(from_a_peer(value))  # the instant, before the traceback takes its time
         previous(kind, value, traceback)  # the traceback first, as always
         _ending.failure = (status.by_signal(signal.SIGINT) if issubclass(kind, KeyboardInterrupt)
                            else status.FAILURE)
@@ -132,14 +144,28 @@ def _system_exit(code: Any) -> SystemExit:
     return error
 
 
-def _note_failure() -> None:
-    """Note for the launcher the instant this process failed (once; a write that fails
-    only leaves the launcher its own view of the exits)."""
+def from_a_peer(error: Optional[BaseException]) -> bool:
+    """Whether `error` (or an exception it was raised from) says another process of the
+    job is gone: a failure that process caused, not this one's own."""
+    seen = 0
+    while error is not None and seen < 8:
+        text = f"{type(error).__name__}: {error}".lower()
+        if any(words in text for words in _PEER_GONE):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+def _note_failure(peer: bool = False) -> None:
+    """Note for the launcher the instant this process failed, and whether because
+    another process is gone (once; a write that fails only leaves the launcher its own
+    view of the exits)."""
     path = os.environ.get(FAILURE_FILE_ENV)
     if not path or _ending.noted:
         return
     _ending.noted = True
-    line = f"{os.getpid()} {time.monotonic()!r}\n"
+    line = f"{os.getpid()} {time.monotonic()!r} {'peer' if peer else 'own'}\n"
     partial = f"{path}.{os.getpid()}.partial"
     try:
         with open(partial, "w", encoding="ascii") as f:
