@@ -178,6 +178,7 @@ RUNS: Dict[str, List[str]] = {
     **({"batch-metric!": ["train.py", "--epochs", "2", "--batch-metric"]} if not ON_JAX
        else {}),
     **({"metric-state!": ["train.py", "--metric-state"]} if ON_TORCH else {}),
+    **({"layer-state!": ["train.py", "--layer-state"]} if ON_TORCH else {}),
     **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
 }
 # Their one-process references, all in one process (each run its own model, trained as
@@ -497,6 +498,20 @@ def test_a_metric_whose_state_is_not_a_sum_is_refused_in_every_process(job: Job)
     _refused_in_every_process(job, "metric-state", "ValueError: Invalid `metrics`. Received: "
                               "metrics=metric 'worst' (its state is not a sum over rows)",
                               "Fix: keep sums over rows in the metric's variables")
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not ON_TORCH, reason="torch, where each process would keep its own "
+                    "assigned variables; the TF lines and JAX in one process: "
+                    "tests/test_tried_layers.py")
+def test_a_layer_assigning_variables_in_its_step_is_refused_in_every_process(job: Job
+                                                                            ) -> None:
+    """A layer counting its rows in a variable: each process would count its own share
+    (rank 0's kept at each epoch end) - refused in every process before anything trains."""
+    _refused_in_every_process(job, "layer-state", "ValueError: Invalid `model`. Received: "
+                              "model=Counting.call assigning variables (layer 'counting')",
+                              "Fix: train with Keras 3 on JAX")
 
 
 @pytest.mark.core

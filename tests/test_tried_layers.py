@@ -1,4 +1,7 @@
-"""Values a layer adds with `add_metric` in its `call` (tf.keras, tf_keras; Keras 3 has no
+"""What a layer's own `call` does with the rows it is given beyond the loss, against plain
+Keras on one device: values it adds with `add_metric`, variables it assigns.
+
+Values a layer adds with `add_metric` in its `call` (tf.keras, tf_keras; Keras 3 has no
 `add_metric`): Keras averages them over the steps, each computed from the rows the step
 is given - on one device the whole batch.
 
@@ -12,6 +15,14 @@ template's added values on the whole batch, from the template's own inputs, as o
 does - any value is exact - but dropped them from History and evaluate (it names a
 nested model's metrics one level deep): now named.
 
+Variables a layer assigns in `call` (a moving average of its input's mean, a count of
+rows): JAX counted the padding rows (48 rows for one device's 44); TensorFlow averaged
+the replicas' updates (a count of 16 for 44, the loss 3e-2 off), silently. Now short
+batches go whole for them (JAX, TensorFlow: exact where the replicas' updates combine,
+as a moving average of a mean does), a variable whose updates do not combine is refused
+on TensorFlow (tried on made-up rows), and any on torch (each process keeps its own:
+tests/test_distributed.py).
+
 22 rows in batches of 8 on 3 replicas: batches of 8 do not divide (whole), the last 6 do.
 """
 
@@ -22,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import (
+    ON_JAX,
     ON_LEGACY,
     ON_TF,
     assert_history_close,
@@ -33,10 +45,11 @@ from helpers import (
 
 import kerasmgpu
 
-pytestmark = [pytest.mark.core, pytest.mark.skipif(
+pytestmark = pytest.mark.core
+adds_metrics = pytest.mark.skipif(
     not (ON_TF or ON_LEGACY) or hasattr(keras_module(), "ops"),
     reason="add_metric in a layer's call: Keras 2.3, tf.keras and tf_keras (Keras 3 "
-    "removed it)")]
+    "removed it)")
 
 keras = keras_module()
 rng = np.random.default_rng(0)
@@ -76,8 +89,36 @@ class Net(keras.Model):
         return self.out(hidden)
 
 
+class Moving(keras.layers.Layer):
+    """A moving average of its input's mean, subtracted from it: a variable assigned from
+    the rows, whose replicas' updates, aggregated by their mean, combine into the whole
+    batch's; with `count` also a count of the rows seen (Keras's default aggregation,
+    none), which they do not."""
+
+    def __init__(self, count: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.count = count
+
+    def build(self, shape: Any) -> None:
+        # Their mean is the whole batch's update where TensorFlow combines the replicas'.
+        mean = "mean" if hasattr(keras, "ops") else __import__(
+            "tensorflow").VariableAggregation.MEAN
+        self.average = self.add_weight(name="average", shape=(), initializer="zeros",
+                                       trainable=False, aggregation=mean)
+        self.rows = self.add_weight(name="rows", shape=(), initializer="zeros",
+                                    trainable=False)
+
+    def call(self, x: Any, training: Any = None) -> Any:
+        backend = keras.ops if hasattr(keras, "ops") else keras.backend
+        if training:
+            self.average.assign(0.5 * self.average + 0.5 * backend.mean(x))
+            if self.count:
+                self.rows.assign_add(backend.sum(backend.ones_like(x[:, 0])))
+        return x - self.average
+
+
 def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False,
-           batchnorm: bool = False) -> Any:
+           batchnorm: bool = False, state: Any = None) -> Any:
     seed_all(keras, 1)
     if subclassed:
         if parallel:
@@ -87,7 +128,8 @@ def _model(worst: bool = False, subclassed: bool = False, parallel: bool = False
         model(X[:2])
     else:
         inputs = keras.Input((5,))
-        hidden = Watch(worst)(keras.layers.Dense(8, activation="tanh")(inputs))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+        hidden = Moving(state == "count")(hidden) if state else Watch(worst)(hidden)
         if batchnorm:
             hidden = keras.layers.BatchNormalization()(hidden)
         model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
@@ -112,9 +154,11 @@ def _as_on_one_device(subclassed: bool = False, **kwargs: Any) -> None:
     for name, value in evaluated.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
     assert_weights_close(one, template)
-    assert "activation" in expected.history
+    if kwargs.get("state") is None:
+        assert "activation" in expected.history
 
 
+@adds_metrics
 @pytest.mark.parametrize("batchnorm", [False, True])
 def test_an_added_mean_over_the_rows_is_one_devices_value(batchnorm: bool) -> None:
     # (A BatchNormalization layer, synchronized: Keras 2.3 then builds the replicas
@@ -122,6 +166,7 @@ def test_an_added_mean_over_the_rows_is_one_devices_value(batchnorm: bool) -> No
     _as_on_one_device(batchnorm=batchnorm)
 
 
+@adds_metrics
 def test_an_added_value_that_is_not_a_mean_is_refused_before_anything_trains() -> None:
     if ON_LEGACY:  # computed from the template's own inputs: the whole batch
         _as_on_one_device(worst=True)
@@ -137,10 +182,50 @@ def test_an_added_value_that_is_not_a_mean_is_refused_before_anything_trains() -
         np.testing.assert_array_equal(a, b)
 
 
+@adds_metrics
 @pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3's multi_gpu_model copies no subclassed "
                     "model")
 def test_a_layer_that_cannot_be_tried_is_named_and_its_mean_still_exact() -> None:
     with pytest.warns(UserWarning, match=r"add_metric in Net\.call \(layer '.*'\) could "
-                      r"not be tried on made-up rows: .* one device's value for a mean "
-                      r"over the rows only"):
+                      r"not be tried on made-up rows: .* one device's for a mean over the "
+                      r"rows only"):
         _as_on_one_device(subclassed=True)
+
+
+def _moving(model: Any) -> Any:
+    return [layer for layer in model.layers if isinstance(layer, Moving)][0]
+
+
+in_process = pytest.mark.skipif(not (ON_TF or ON_JAX), reason="an in-process route where "
+                                "a layer's assigned variables are combined or one program "
+                                "runs (torch refuses them: tests/test_distributed.py; Keras "
+                                "2.3 updates through add_update)")
+
+
+@in_process
+def test_a_moving_average_of_the_rows_is_one_devices() -> None:
+    one = _model(state="average")
+    template = _model(state="average", parallel=True)
+    expected = one.fit(X, Y, **FIT)
+    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=3).fit(X, Y, **FIT))
+    assert_weights_close(one, template)  # the average among them
+
+
+@in_process
+def test_a_count_of_rows_is_one_devices_on_jax_and_refused_where_replicas_combine() -> None:
+    template = _model(state="count", parallel=True)
+    if ON_JAX:
+        one = _model(state="count")
+        one.fit(X, Y, **FIT)
+        kerasmgpu.parallelize(template, gpus=3).fit(X, Y, **FIT)
+        assert float(np.asarray(_moving(one).rows)) == 44.0  # 22 rows, 2 epochs
+        assert_weights_close(one, template)
+        return
+    start = template.get_weights()
+    with pytest.raises(ValueError, match=r"Invalid `model`\. Received: model=the variable "
+                       r"'rows' Moving\.call assigns \(layer '.*'\) \(updated otherwise "
+                       r"from a share of the rows\)\. Allowed: variables a layer assigns .* "
+                       r"Fix: train with Keras 3 on JAX"):
+        kerasmgpu.parallelize(template, gpus=3)
+    for a, b in zip(start, template.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the trying put back what it assigned

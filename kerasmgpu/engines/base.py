@@ -112,6 +112,9 @@ class Engine(abc.ABC):
     # global batch (JAX); else each replica runs its own rows.
     slices_in_graph: ClassVar[bool] = False
     one_program: ClassVar[bool] = False
+    # A variable a layer assigns in its step takes the replicas' values combined by its
+    # aggregation (TensorFlow's mirrored variables); else each replica keeps its own.
+    combines_assigned_variables: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, devices: Sequence[Device], *,
                  job: ClusterEnvironment) -> None:

@@ -108,6 +108,8 @@ class MirroredEngine(Engine):
     # The micro-batches are fed as a Python sequence, which several TF workers cannot
     # share out (`distribute_feed`); not tested there.
     accumulates_in_processes = False
+    # A layer's assigned variable takes the replicas' values combined by its aggregation.
+    combines_assigned_variables = True
 
     # A worker's MultiWorkerMirroredStrategy, made by `start` the moment TensorFlow was
     # imported (or why it could not be), for the engine built later in that process.

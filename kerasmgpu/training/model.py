@@ -34,7 +34,7 @@ from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import feeds, structure
 from kerasmgpu.env.versions import frameworks_own
 from kerasmgpu.options import Options
-from kerasmgpu.training import added_metrics, refusals, sync, terms
+from kerasmgpu.training import refusals, sync, terms, tried_layers
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training import verify as self_check
 from kerasmgpu.training.calls import _REPLACED
@@ -165,9 +165,9 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
         # they are (`batching.BatchPlan.whole`): as copies where each replica runs its
         # own step, laid out replicated under one program (in a job, every process
         # feeding it whole).
-        if not engine.one_program:
-            state.metric_terms = _added_metrics(adapter, template, type(template).__name__)
-        state.whole_batches = bool(state.batch_terms or state.metric_terms)
+        state.layer_terms = _tried_layers(engine, adapter, template)
+        state.whole_batches = bool(state.batch_terms or state.layer_terms)
+        report.layer_terms = state.layer_terms
     # Written straight into __dict__: Keras's attribute tracking must not see them
     # (the template is not a sub-model of the replica).
     replica.__dict__[STATE_ATTR] = state
@@ -179,26 +179,43 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
     return replica
 
 
-def _added_metrics(adapter: Adapter, template: Any, model_name: str) -> List[str]:
-    """The layers that add metrics (`add_metric`), tried on made-up rows
-    (`added_metrics`): a value that is not a mean over the rows is refused; one that
-    cannot be tried is said to be exact for a mean only."""
-    layers = terms.metric_layers(adapter, template)
-    if not layers:
-        return []
-    not_means, untried = added_metrics.tried(adapter, layers)
-    if not_means:
-        raise refusals.not_a_mean_refused(not_means)
+def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:
+    """What the user's layers do with the rows they are given beyond the loss - values
+    added with `add_metric`, variables assigned in `call` - in words; short batches go
+    whole for them (`tried_layers`). Where each replica runs its own step what does not
+    combine over replicas as one device's is refused, before anything trains; on torch
+    an assigned variable is (each process keeps its own, rank 0's at each epoch end)."""
+    found: List[str] = []
+    untried: List[str] = []
+    metric_layers = [] if engine.one_program else terms.metric_layers(adapter, template)
+    if metric_layers:
+        bad, not_tried = tried_layers.added_values(adapter, metric_layers)
+        if bad:
+            raise refusals.not_a_mean_refused(bad)
+        untried += not_tried
+        found += [f"add_metric in {type(layer).__name__}.call (layer {layer.name!r})"
+                  for layer in metric_layers]
+    state_layers = terms.state_layers(adapter, template)
+    if state_layers and not engine.one_program:
+        if not engine.combines_assigned_variables:
+            raise refusals.assigned_refused([
+                f"{type(layer).__name__}.call assigning variables (layer {layer.name!r})"
+                for layer in state_layers], combined=False)
+        bad, not_tried = tried_layers.variable_updates(adapter, state_layers)
+        if bad:
+            raise refusals.assigned_refused(bad, combined=True)
+        untried += not_tried
+    found += [f"{type(layer).__name__}.call assigning variables (layer {layer.name!r})"
+              for layer in state_layers]
     if untried:
         warnings.warn(
-            f"kerasmgpu: {model_name}: {', '.join(untried)} could not be tried on made-up "
-            "rows: each replica computes such a value over its share of the batch, and the "
-            "replicas' values are averaged - one device's value for a mean over the rows "
-            "only (batches that do not divide go whole to every replica for it). Fix: "
-            "add only means over the rows, or compute other figures after fit() with "
-            "predict().", stacklevel=3)
-    return [f"add_metric in {type(layer).__name__}.call (layer {layer.name!r})"
-            for layer in layers]
+            f"kerasmgpu: {type(template).__name__}: {', '.join(untried)} could not be tried "
+            "on made-up rows: each replica computes such a value, or updates such a "
+            "variable, from its share of the batch, and the replicas' results are "
+            "averaged - one device's for a mean over the rows only (batches that do not "
+            "divide go whole to every replica for them). Fix: add and update only means "
+            "over the rows, or train with Keras 3 on JAX.", stacklevel=3)
+    return found
 
 
 def _synchronized_batchnorm(replica: Any, adapter: Adapter, every: bool) -> None:

@@ -22,6 +22,7 @@ class EngineOps(Protocol):
     metrics_per_process: ClassVar[bool]
     slices_in_graph: ClassVar[bool]
     one_program: ClassVar[bool]
+    combines_assigned_variables: ClassVar[bool]
     job: ClusterEnvironment
 
     @property

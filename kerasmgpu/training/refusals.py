@@ -1,8 +1,9 @@
 """The refusals of compile losses and metrics that the engine cannot compute as one
 device does: functions of one value per batch (`adapters.metric_values`), the user's
-metrics whose state is not a sum over rows (`adapters.metric_states`) and values added
-with `add_metric` that are not a mean over the rows (`training.added_metrics`), where
-each replica runs its own step. Raised before any weight moves (`ParallelState.
+metrics whose state is not a sum over rows (`adapters.metric_states`), values added with
+`add_metric` that are not a mean over the rows and variables a layer assigns in its step
+that do not combine over replicas (`training.tried_layers`), where each replica runs its
+own step. Raised before any weight moves (`ParallelState.
 tell_batch_metrics`), or at the first step that tells them (`steps.masked_update`)."""
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def unsummed_refused(found: List[str]) -> ValueError:
 
 def not_a_mean_refused(found: List[str]) -> ValueError:
     """The refusal of values a layer adds with `add_metric` that are not a mean over the
-    rows (`found`, in words: `training.added_metrics`) where each replica runs its own
+    rows (`found`, in words: `training.tried_layers`) where each replica runs its own
     step."""
     return bad_value(
         "model", ", ".join(found) + " (not a mean over the rows)",
@@ -74,3 +75,32 @@ def not_a_mean_refused(found: List[str]) -> ValueError:
         "add a mean over the rows (`tf.reduce_mean(...)`), compute the figure after fit() "
         "with predict() or in a callback, or train with Keras 3 on JAX, where one program "
         "computes the global batch", raw=True)
+
+
+def assigned_refused(found: List[str], combined: bool) -> ValueError:
+    """The refusal of variables a layer's `call` assigns (`found`, in words:
+    `training.tried_layers`) where the replicas' updates do not make one device's:
+    `combined` - TensorFlow combines them, but these do not combine into the whole
+    batch's; else each process keeps its own (torch)."""
+    if combined:
+        received = ", ".join(found) + " (updated otherwise from a share of the rows)"
+        allowed = ("variables a layer assigns in its step that combine over replicas as "
+                   "one device's update, where each replica runs its own step "
+                   "(TensorFlow): each replica updates them from its share of the batch "
+                   "and TensorFlow combines the replicas' values by the variable's "
+                   "aggregation (their mean or sum where it says so; with none, Keras's "
+                   "default, each keeps its own and the first's is read) - one device's "
+                   "update for a moving average of a mean over the rows aggregated by the "
+                   "mean, not for a count of rows (a third of one device's on 3 replicas) "
+                   "or a maximum")
+    else:
+        received = ", ".join(found)
+        allowed = ("no variable assigned in a layer's step where each process runs its "
+                   "own (PyTorch): each process would update its own from its share, and "
+                   "rank 0's is kept at each epoch's end")
+    return bad_value(
+        "model", received, allowed,
+        "train with Keras 3 on JAX (one program over the global batch: exact), update "
+        "such state outside the step (a callback), or on TensorFlow keep it a moving "
+        "average of a mean over the rows made with `add_weight(..., aggregation=\"mean\")`"
+        , raw=True)

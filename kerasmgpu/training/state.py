@@ -43,9 +43,10 @@ class ParallelState:
     # (`terms.batch_terms`), and whether batches that do not divide go whole to every
     # replica for it.
     batch_terms: List[str] = field(default_factory=list)
-    # Layers that add metrics computed from the rows they are given (`add_metric`):
-    # short batches go whole for them too where each replica runs its own step.
-    metric_terms: List[str] = field(default_factory=list)
+    # What the user's layers compute from the rows they are given beyond the loss - values
+    # added with `add_metric`, variables assigned in `call` (`training.tried_layers`):
+    # short batches go whole for them too.
+    layer_terms: List[str] = field(default_factory=list)
     # Compile metrics and losses of one value per batch (`adapters.metric_values`): short
     # batches go whole for them too (one program over the global batch; refused
     # elsewhere); so they do for the user's metrics that count rows of sample weight 0
@@ -95,7 +96,7 @@ class ParallelState:
         if unsummed and not engine.one_program:
             raise refusals.unsummed_refused(unsummed)
         self.batch_values = metrics + losses
-        self.whole_batches = bool(self.batch_terms or self.metric_terms or self.batch_values
+        self.whole_batches = bool(self.batch_terms or self.layer_terms or self.batch_values
                                   or (blind and engine.one_program))
         if self.report is not None:
             self.report.batch_values = self.batch_values

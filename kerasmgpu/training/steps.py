@@ -379,6 +379,9 @@ class StepReport:
     # program.
     blind_metrics: List[str] = field(default_factory=list)
     one_program: bool = False
+    # What the user's layers compute from the rows beyond the loss (`ParallelState.
+    # layer_terms`), in words: padding rows count in them unless a short batch goes whole.
+    layer_terms: List[str] = field(default_factory=list)
 
     def after(self, kind: str, frame: Frame, model: Any, has_compiled_loss: bool) -> None:
         reasons = []
@@ -417,6 +420,8 @@ class StepReport:
                 f"its {', '.join(self.batch_values)} reduce the whole batch to one value"]
         if self.blind_metrics and not (self.whole.get(kind) and self.one_program):
             reasons = list(reasons or []) + [f"its {m}" for m in self.blind_metrics]
+        if self.layer_terms and not self.whole.get(kind):
+            reasons = list(reasons or []) + [f"its {t}" for t in self.layer_terms]
         # (A metric without sample_weight is found both before and at its step.)
         reasons = list(dict.fromkeys(reasons or []))
         if not reasons or kind in self.warned or self.pads.get(kind, None) is False:

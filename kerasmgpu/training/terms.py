@@ -127,3 +127,16 @@ def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
     return [layer for layer in adapter.layers_of(model)
             if "add_metric" in _names(getattr(type(layer), "call", None), type(layer),
                                       [layer, *_helpers(layer)])]
+
+
+_ASSIGNS = frozenset({"assign", "assign_add", "assign_sub"})
+
+
+def state_layers(adapter: Adapter, model: Any) -> List[Any]:
+    """The user's layers (the model among them) whose `call`, or the code of the user's
+    it reaches, assigns variables (`self.ema.assign(...)`): state updated from the rows
+    the step is given. Keras's own layers are not among them (BatchNormalization's
+    moving statistics: `sync_batchnorm`)."""
+    return [layer for layer in adapter.layers_of(model)
+            if not frameworks_own(type(layer)) and _ASSIGNS & _names(
+                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]

@@ -1,69 +1,91 @@
-"""Values a layer adds with `add_metric` (tf.keras, tf_keras) where each replica runs its
-own step.
+"""What a layer's own `call` does with the rows it is given, where each replica runs its
+own step: tried on made-up rows before anything trains, since it cannot be read.
 
-`self.add_metric(value, name=...)` in a layer's `call` is averaged by Keras over the
-steps, each step's value computed from the rows the step is given: on one device the
-whole batch. Each replica computes it from its share, and the replicas' values are
-averaged - one device's value where it is a mean over the rows and the shares are equal
-(a batch that does not divide then goes whole to every replica: `ParallelState.
-whole_batches`), another number for a maximum, a sum or a standard deviation (a maximum
-read 0.83 where one device's was 0.87, silently).
+* Values it adds with `add_metric` (tf.keras, tf_keras): Keras averages them over the
+  steps, each step's value computed from the rows the step is given - on one device the
+  whole batch. Each replica computes it from its share and the replicas' values are
+  averaged: one device's value where it is a mean over the rows and the shares are equal
+  (a batch that does not divide then goes whole to every replica: `ParallelState.
+  whole_batches`), another number for a maximum, a sum or a standard deviation (a maximum
+  read 0.83 where one device's was 0.87, silently). `added_values`.
+* Variables it assigns (`self.ema.assign(...)`, a row counter's `assign_add`): each
+  replica updates them from its share, and TensorFlow combines the replicas' values by
+  the variable's aggregation - their mean or sum where it says so; with none (Keras's
+  default) each replica keeps its own, and the first's is what is read: one device's
+  update where the combination of the shares' updates is the whole batch's (a moving
+  average of a mean over the rows, aggregated by the mean; a state that does not depend
+  on the rows), another state for a count of rows (a third of one device's on 3
+  replicas), a maximum or a moving average without an aggregation, silently.
+  `variable_updates`.
 
-What a layer's code adds cannot be read from it, so each such layer of a functional
-model is tried before anything trains: its `call` run on made-up inputs shaped like its
-own (`layer.input`, public), once on 6 rows and once on each half, its `add_metric` (and
-`add_loss`, which it must not leave behind) caught on the instance for the run. A value
-whose mean over the whole rows is not the mean of the halves' is not a mean over the
-rows. Run on a thread of its own, where no strategy's scope is entered, with
-`training=False` where `call` takes it; a stateful layer is not run. A layer that cannot
-be run so (a subclassed model's own `call`, inputs of several nodes, a layer that
-raises) is not told: its values are then exact for a mean over the rows only, and
-parallelize() says so.
+Each such layer of a functional model has its `call` run on made-up inputs shaped like
+its own (`layer.input`, public), once on 6 rows and once on each half - the values it
+adds caught on the instance (`add_metric`, and `add_loss`, which it must not leave
+behind), the variables it assigns read after each run and put back - on a thread of its
+own, where no strategy's scope is entered. A stateful layer is not run. A layer that
+cannot be run so (a subclassed model's own `call`, inputs of several nodes, a layer that
+raises) is not told: parallelize() says so.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import inspect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROWS = 6
 _TIMEOUT_S = 60.0
+Tried = Tuple[List[str], List[str]]  # (what cannot be combined, layers not tried)
 
 
-def tried(adapter: Any, layers: List[Any]) -> Tuple[List[str], List[str]]:
-    """(values that are not a mean over the rows, layers that could not be tried), in
-    words."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerasmgpu-metric")
+def added_values(adapter: Any, layers: List[Any]) -> Tried:
+    """(values added with `add_metric` that are not a mean over the rows, layers that
+    could not be tried), in words."""
+    return _on_a_thread(lambda: _each(layers, lambda layer: _added(adapter, layer),
+                                      "add_metric {name!r} in {cls}.call (layer {layer!r})",
+                                      "add_metric in {cls}.call (layer {layer!r})"), layers,
+                        "add_metric in {cls}.call (layer {layer!r})")
+
+
+def variable_updates(adapter: Any, layers: List[Any]) -> Tried:
+    """(variables a layer's `call` assigns whose replicas' updates do not combine into
+    the whole batch's, layers that could not be tried), in words."""
+    return _on_a_thread(lambda: _each(layers, lambda layer: _assigned(adapter, layer),
+                                      "the variable {name!r} {cls}.call assigns (layer "
+                                      "{layer!r})", "{cls}.call assigning variables (layer "
+                                      "{layer!r})"), layers,
+                        "{cls}.call assigning variables (layer {layer!r})")
+
+
+def _on_a_thread(run: Callable[[], Tried], layers: List[Any], untried: str) -> Tried:
+    # TF keeps the strategy scope stack per thread: a thread of its own enters none, so
+    # the made-up rows run eagerly on the layer's variables as they are.
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerasmgpu-layer")
     try:
-        return pool.submit(_tried, adapter, layers).result(timeout=_TIMEOUT_S)
+        return pool.submit(run).result(timeout=_TIMEOUT_S)
     except concurrent.futures.TimeoutError:  # (never seen: a layer's call on 6 rows)
-        return [], [_named(layer) for layer in layers]
+        return [], [untried.format(cls=type(layer).__name__, layer=layer.name)
+                    for layer in layers]
     finally:
         pool.shutdown(wait=False)
 
 
-def _named(layer: Any) -> str:
-    return (f"add_metric in {type(layer).__name__}.call (layer "
-            f"{getattr(layer, 'name', '?')!r})")
-
-
-def _tried(adapter: Any, layers: List[Any]) -> Tuple[List[str], List[str]]:
-    not_means: List[str] = []
-    untried: List[str] = []
+def _each(layers: List[Any], told: Callable[[Any], Optional[Dict[str, bool]]],
+          found: str, untried: str) -> Tried:
+    bad: List[str] = []
+    not_tried: List[str] = []
     for layer in layers:
-        means = _means(adapter, layer)
-        if means is None:
-            untried.append(_named(layer))
+        combined = told(layer)
+        words = {"cls": type(layer).__name__, "layer": getattr(layer, "name", "?")}
+        if combined is None:
+            not_tried.append(untried.format(**words))
             continue
-        not_means.extend(f"add_metric {name!r} in {type(layer).__name__}.call (layer "
-                         f"{layer.name!r})" for name, same in means.items() if not same)
-    return not_means, untried
+        bad.extend(found.format(name=name, **words) for name, ok in combined.items() if not ok)
+    return bad, not_tried
 
 
-def _means(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
-    """Per added metric name, whether its value is a mean over the rows; None where the
-    layer cannot be run on made-up rows."""
+def _made_inputs(layer: Any) -> Optional[Tuple[Any, List[Any]]]:
+    """(the layer's input as given, made-up rows for each of its leaves)."""
     import numpy as np
 
     if getattr(layer, "stateful", False):
@@ -83,10 +105,45 @@ def _means(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
         dtype = np.dtype(getattr(getattr(leaf, "dtype", None), "name", None) or "float32")
         made.append(rng.uniform(size=(ROWS, *dims)).astype(dtype) if dtype.kind == "f"
                     else np.zeros((ROWS, *dims), dtype))
+    return given, made
+
+
+def _call(adapter: Any, layer: Any, given: Any, made: List[Any], rows: slice,
+          training: bool) -> None:
     try:
         takes_training = "training" in inspect.signature(layer.call).parameters
     except (TypeError, ValueError):
         takes_training = False
+    ops = getattr(adapter.keras, "ops", None)  # Keras 3; tf.keras's backend else
+    tensor = ops.convert_to_tensor if ops is not None else adapter.keras.backend.constant
+    inputs = [tensor(m[rows]) for m in made]
+    layer.call(inputs if isinstance(given, (list, tuple)) else inputs[0],
+               **({"training": training} if takes_training else {}))
+
+
+def _caught(layer: Any, **methods: Callable[..., Any]) -> Callable[[], None]:
+    """`methods` put on the layer's instance; returns what takes them away."""
+    held = {key: layer.__dict__.get(key) for key in methods}
+    layer.__dict__.update(methods)
+
+    def restore() -> None:
+        for key, value in held.items():
+            if value is None:
+                layer.__dict__.pop(key, None)
+            else:
+                layer.__dict__[key] = value
+
+    return restore
+
+
+def _added(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
+    """Per added metric name, whether its value is a mean over the rows; None where the
+    layer cannot be run on made-up rows."""
+    import numpy as np
+
+    inputs = _made_inputs(layer)
+    if inputs is None:
+        return None
 
     def added(rows: slice) -> Dict[str, float]:
         values: Dict[str, float] = {}
@@ -95,29 +152,73 @@ def _means(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
                        ) -> None:
             values[str(name)] = float(np.mean(np.asarray(value, "float64")))
 
-        inputs = [adapter.keras.backend.constant(m[rows]) for m in made]
-        held = {key: layer.__dict__.get(key) for key in ("add_metric", "add_loss")}
-        layer.__dict__["add_metric"] = add_metric
-        layer.__dict__["add_loss"] = lambda *args, **kwargs: None
+        restore = _caught(layer, add_metric=add_metric,
+                          add_loss=lambda *args, **kwargs: None)
         try:
-            layer.call(inputs if isinstance(given, (list, tuple)) else inputs[0],
-                       **({"training": False} if takes_training else {}))
+            _call(adapter, layer, *inputs, rows, training=False)
         finally:
-            for key, value in held.items():
-                if value is None:
-                    layer.__dict__.pop(key, None)
-                else:
-                    layer.__dict__[key] = value
+            restore()
         return values
 
     try:
-        whole = added(slice(0, ROWS))
-        first, second = added(slice(0, ROWS // 2)), added(slice(ROWS // 2, ROWS))
+        parts = [added(slice(0, ROWS)), added(slice(0, ROWS // 2)),
+                 added(slice(ROWS // 2, ROWS))]
     except Exception:  # not runnable on made-up rows: nothing to tell
         return None
-    if not whole or set(whole) != set(first) or set(first) != set(second) or not all(
-            np.isfinite(list(part.values())).all() for part in (whole, first, second)):
+    whole, first, second = parts
+    if not whole or any(set(p) != set(whole) for p in parts) or not all(
+            np.isfinite(list(p.values())).all() for p in parts):
         return None
     return {name: bool(np.isclose((first[name] + second[name]) / 2, value, rtol=1e-4,
                                   atol=1e-6))
             for name, value in whole.items()}
+
+
+def _assigned(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
+    """Per variable the layer's training `call` assigns, whether the replicas' updates
+    from the two halves, combined by its aggregation, are the whole rows' update; None
+    where the layer cannot be run on made-up rows."""
+    import numpy as np
+
+    inputs = _made_inputs(layer)
+    variables = list(getattr(layer, "weights", None) or [])
+    if inputs is None or not variables:
+        return None
+    start = [np.array(v) for v in variables]
+
+    def after(rows: slice) -> List[Any]:
+        restore = _caught(layer, add_metric=lambda *args, **kwargs: None,
+                          add_loss=lambda *args, **kwargs: None)
+        try:
+            _call(adapter, layer, *inputs, rows, training=True)
+            return [np.array(v, "float64") for v in variables]
+        finally:
+            restore()
+            for variable, value in zip(variables, start):
+                variable.assign(value)
+
+    try:
+        whole, first, second = (after(slice(0, ROWS)), after(slice(0, ROWS // 2)),
+                                after(slice(ROWS // 2, ROWS)))
+    except Exception:  # not runnable on made-up rows: nothing to tell
+        return None
+    told: Dict[str, bool] = {}
+    for variable, begun, w, a, b in zip(variables, start, whole, first, second):
+        if np.array_equal(w, begun) and np.array_equal(a, begun) and np.array_equal(b, begun):
+            continue  # not assigned
+        if not (np.isfinite(w).all() and np.isfinite(a).all() and np.isfinite(b).all()):
+            return None
+        how = str(getattr(variable, "aggregation", "none")).lower()
+        if "mean" in how:
+            combined = (a + b) / 2
+        elif "sum" in how:
+            combined = begun + (a - begun) + (b - begun)
+        else:
+            # ONLY_FIRST_REPLICA, or none (the default): each replica keeps its own
+            # update, and the first's is read - one device's only where every share
+            # gives the whole batch's (a state that does not depend on the rows).
+            combined = a if "first" in how else np.where(np.isclose(a, b), a, np.nan)
+        name = getattr(variable, "path", None) or getattr(variable, "name", "?")
+        told[str(name).split("/")[-1].split(":")[0]] = bool(
+            np.allclose(combined, w, rtol=1e-4, atol=1e-6))
+    return told

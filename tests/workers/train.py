@@ -32,7 +32,8 @@ restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
 that the one an earlier run left loads), --batch-metric (a compile loss and metric of one
 value per batch: a mean without an axis, an RMSE function), --metric-state (a Metric
-subclass keeping a running maximum: not a sum over rows), --disagree WHAT (each process given the call
+subclass keeping a running maximum: not a sum over rows), --layer-state (a layer
+that counts the rows it is given in a variable it assigns), --disagree WHAT (each process given the call
 otherwise - shard: its own rows; arguments: rank 1 another epochs and validation_data;
 generator: a generator augmenting with each process's own draws; on-batch: a
 train_on_batch of each process's own batch - which must raise in every process; the
@@ -116,6 +117,8 @@ parser.add_argument("--batch-metric", action="store_true",
                     "an axis, an RMSE function)")
 parser.add_argument("--metric-state", action="store_true",
                     help="a Metric subclass whose state is a running maximum")
+parser.add_argument("--layer-state", action="store_true",
+                    help="a layer counting the rows it is given in a variable")
 parser.add_argument("--disagree", default=None,
                     choices=["shard", "arguments", "generator", "on-batch"])
 args = parser.parse_args()
@@ -213,6 +216,18 @@ if args.metric_state:
             return self.worst * 1.0
 
     metrics = metrics + [Worst()]
+if args.layer_state:
+    class Counting(keras.layers.Layer):  # state assigned from the rows in the step
+        def build(self, shape):
+            self.rows = self.add_weight(name="rows", shape=(), initializer="zeros",
+                                        trainable=False)
+
+        def call(self, x, training=None):
+            if training:
+                self.rows.assign_add(keras.ops.sum(keras.ops.ones_like(x[:, 0])))
+            return x
+
+    hidden = Counting()(hidden)
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
 sequence = args.counted or args.per_row
