@@ -121,12 +121,13 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
 
 
 def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
-    """The layers (the model among them) whose `call`, or the code of the user's it
+    """The user's layers (the model among them) whose `call`, or the code of the user's it
     reaches, names `add_metric` (tf.keras, tf_keras, Keras 2.3: a value Keras averages
-    over the steps, computed in the step from the rows it is given)."""
+    over the steps, computed in the step from the rows it is given). Keras's own layers
+    add none."""
     return [layer for layer in adapter.layers_of(model)
-            if "add_metric" in _names(getattr(type(layer), "call", None), type(layer),
-                                      [layer, *_helpers(layer)])]
+            if not frameworks_own(type(layer)) and "add_metric" in _names(
+                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]
 
 
 _ASSIGNS = frozenset({"assign", "assign_add", "assign_sub"})
