@@ -104,6 +104,30 @@ if CHECKED:
             return x - keras.backend.mean(x, axis=0, keepdims=True)
 
 
+def _summed_model():
+    """`_model(Summed())` as a subclassed model adding the term in its own call."""
+
+    class SummedModel(keras.Model):
+        def __init__(self):
+            super().__init__(name="summed")
+            self.hidden = keras.layers.Dense(16, activation="relu", name="hidden")
+            self.out = keras.layers.Dense(3, activation="softmax", name="out")
+
+        def call(self, x, training=None):
+            hidden = self.hidden(x)
+            self.add_loss(0.01 * ops.sum(ops.square(hidden)))
+            return self.out(hidden)
+
+    ops = getattr(keras, "ops", keras.backend)  # Keras 3, else the backend's
+    seed_all(keras, 1)
+    model = SummedModel()
+    model(X[:2])
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                  loss="sparse_categorical_crossentropy")
+    return model
+
+
 def _model(layer=None):
     if layer is None:
         return mlp(keras, metrics=())
@@ -238,6 +262,23 @@ def test_predict_and_evaluate_compare_their_first_batch(monkeypatch) -> None:
 
 
 @checked
+def test_a_model_built_in_scope_is_checked_and_trains_as_on_one_device() -> None:
+    """A model built in kerasmgpu.scope() (no copy): one device's loss is computed on its
+    own distributed variables, outside a replica. On tf_keras and tf.keras its compiled
+    loss's trackers (sync-on-read) refused the update there, and verify=True failed on
+    every such model ("SyncOnReadVariable does not support `assign_add`")."""
+    if ON_LEGACY:
+        pytest.skip("Keras 2.3 has no kerasmgpu.scope() models to adopt")
+    one = _model()
+    with kerasmgpu.scope():
+        template = _model()
+    pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
+    one.fit(X, Y, **FIT)
+    pmodel.fit(X, Y, **FIT)
+    assert_weights_close(template, one, atol=1e-5)
+
+
+@checked
 def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alone() -> None:
     """A term that sums over the rows of a batch: one device's on JAX (one program over
     the global batch) and Keras 2.3 (the template's own terms); where each replica runs
@@ -245,9 +286,20 @@ def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alo
     raise naming the term, before any weight moves. The first batch (40 rows over 3)
     goes whole to every replica, which computes one device's term whatever it is; the
     last (21 rows) divides, so the check must reach it (`verify._batches`); and on
-    Keras 3 its loss must hold the `add_loss` terms (a stateless call collects them)."""
-    template, one = _model(Summed(name="summed")), _model(Summed(name="summed"))
-    pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
+    Keras 3 its loss must hold the `add_loss` terms (a stateless call collects them).
+    On the TF lines such a layer is refused by parallelize() before anything, tried on
+    made-up rows (tests/test_tried_layers.py); one it cannot try - the model's own
+    call, subclassed - is left to the check, named in a warning."""
+    if ON_JAX or ON_LEGACY:
+        template, one = _model(Summed(name="summed")), _model(Summed(name="summed"))
+        pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
+    else:
+        one = _summed_model()
+        with kerasmgpu.scope():  # no get_config to be copied by: trained as it is
+            template = _summed_model()
+        with pytest.warns(UserWarning, match=r"add_loss in SummedModel\.call \(layer "
+                          r"'summed'\) could not be tried on made-up rows"):
+            pmodel = kerasmgpu.parallelize(template, gpus=3, verify=True)
     if ON_JAX or ON_LEGACY:
         one.fit(X, Y, **FIT)
         pmodel.fit(X, Y, **FIT)
@@ -256,7 +308,7 @@ def test_a_loss_term_summed_over_a_replica_s_rows_raises_where_replicas_step_alo
     before = [w.copy() for w in template.get_weights()]
     with pytest.raises(kerasmgpu.VerificationError,
                        match=r"\(21 rows\).*in a loss term computed from the batch \(add_loss "
-                       r"in Summed.call \(layer 'summed'\)\).*make it a mean"):
+                       r"in SummedModel.call \(layer 'summed'\)\).*make it a mean"):
         pmodel.fit(X, Y, **FIT)
     for a, b in zip(template.get_weights(), before):
         np.testing.assert_array_equal(a, b)

@@ -406,6 +406,40 @@ class TfKeras2(TfKeras2Losses):
         loss, *grads = self.replica_loss_and_gradients(model, x, y, sample_weight, training)
         return float(loss.numpy()), [g.numpy() for g in grads]
 
+    @contextlib.contextmanager
+    def _trackers_still(self, model: Any, y_pred: Any) -> Iterator[None]:
+        """One device's loss of a model built in kerasmgpu.scope(), computed outside a
+        replica: its compiled loss updates its loss trackers, sync-on-read variables that
+        take no update there ("SyncOnReadVariable does not support `assign_add` in
+        cross-replica context"; `verify=True` failed so on every such model). Their
+        `update_state` does nothing for the call (the public method, on the instance;
+        what `kept_metrics` would put back anyway). The compiled loss's container
+        (`model.compiled_loss`, its public `build(y_pred)` and `metrics`; 2.12 - 2.21) is
+        built first: it makes its trackers there."""
+        tf = self._tf
+        # (Inside a replica - `strategy.run` - they take it; anywhere else their strategy
+        # is entered around the update, in its cross-replica context.)
+        if self.distribution_strategy_of(model) is None or (
+                tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()):
+            yield
+            return
+        container = getattr(model, "compiled_loss", None)
+        if container is not None and not getattr(container, "built", True):
+            container.build(y_pred)  # its trackers are made here (else at its call)
+        metrics = [m for m in model.metrics + list(getattr(container, "metrics", None) or [])
+                   if hasattr(m, "update_state")]
+        held = [(m, m.__dict__.get("update_state")) for m in metrics]
+        for metric in metrics:
+            metric.__dict__["update_state"] = lambda *args, **kwargs: None
+        try:
+            yield
+        finally:
+            for metric, own in held:
+                if own is None:
+                    metric.__dict__.pop("update_state", None)
+                else:
+                    metric.__dict__["update_state"] = own
+
     def replica_loss_and_gradients(self, model: Any, x: Any, y: Any, sample_weight: Any,
                                    training: bool) -> List[Any]:
         """The model's call and its public `compute_loss` (2.12 - 2.21) under a gradient
@@ -422,7 +456,8 @@ class TfKeras2(TfKeras2Losses):
         variables = list(model.trainable_variables)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=training)
-            loss = model.compute_loss(x, y, y_pred, sample_weight)
+            with self._trackers_still(model, y_pred):
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
         grads = tape.gradient(loss, variables)
         # An Embedding's gradient is IndexedSlices: dense, to be summed and compared.
         return [loss] + [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
