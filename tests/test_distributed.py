@@ -901,7 +901,7 @@ def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process
              "padding-fed": "No layer's output differs",
              "padding-gen": "No layer's output differs",
              "state": "'scale'", "term": "in a loss term computed from the batch (add_loss "
-             "in Summed.call (layer 'summed'))", "evaluate": "'hidden'"}
+             "in SummedModel.call (layer 'summed'))", "evaluate": "'hidden'"}
     for rank in (0, 1):
         outcome = json.loads((out / f"verify{rank}.json").read_text())
         assert outcome.pop("correct") == 0.0, outcome

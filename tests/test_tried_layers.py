@@ -229,3 +229,31 @@ def test_a_count_of_rows_is_one_devices_on_jax_and_refused_where_replicas_combin
         kerasmgpu.parallelize(template, gpus=3)
     for a, b in zip(start, template.get_weights()):
         np.testing.assert_array_equal(a, b)  # the trying put back what it assigned
+
+
+class Summed(keras.layers.Layer):
+    """Adds a term that sums over the rows of its batch (not a mean)."""
+
+    def call(self, x: Any) -> Any:
+        backend = keras.ops if hasattr(keras, "ops") else keras.backend
+        self.add_loss(0.01 * backend.sum(backend.square(x)))
+        return x
+
+
+@pytest.mark.skipif(not ON_TF, reason="where replicas average their terms in one process: "
+                    "the TF lines (JAX and Keras 2.3 compute it over the global batch: "
+                    "tests/test_models.py; torch: tests/test_verify.py's job)")
+def test_an_added_term_that_sums_over_the_rows_is_refused_before_anything_trains() -> None:
+    seed_all(keras, 1)
+    inputs = keras.Input((5,))
+    hidden = Summed(name="summed")(keras.layers.Dense(8, activation="tanh")(inputs))
+    template = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    template.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    start = template.get_weights()
+    with pytest.raises(ValueError, match=r"Invalid `model`\. Received: model=add_loss in "
+                       r"Summed\.call \(layer 'summed'\) \(a term that is not a mean over "
+                       r"the rows\)\. Allowed: add_loss terms that are means over the rows.* "
+                       r"Fix: divide the term by the batch's rows"):
+        kerasmgpu.parallelize(template, gpus=3)
+    for a, b in zip(start, template.get_weights()):
+        np.testing.assert_array_equal(a, b)

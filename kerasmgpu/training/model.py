@@ -183,8 +183,10 @@ def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[st
     """What the user's layers do with the rows they are given beyond the loss - values
     added with `add_metric`, variables assigned in `call` - in words; short batches go
     whole for them (`tried_layers`). Where each replica runs its own step what does not
-    combine over replicas as one device's is refused, before anything trains; on torch
-    an assigned variable is (each process keeps its own, rank 0's at each epoch end)."""
+    combine over replicas as one device's is refused, before anything trains - those and
+    the terms added with `add_loss` (found and made whole by `terms.batch_terms`) that
+    are not a mean over the rows; on torch an assigned variable is (each process keeps
+    its own, rank 0's at each epoch end)."""
     found: List[str] = []
     untried: List[str] = []
     metric_layers = [] if engine.one_program else terms.metric_layers(adapter, template)
@@ -195,6 +197,12 @@ def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[st
         untried += not_tried
         found += [f"add_metric in {type(layer).__name__}.call (layer {layer.name!r})"
                   for layer in metric_layers]
+    loss_layers = [] if engine.one_program else terms.loss_layers(adapter, template)
+    if loss_layers:
+        bad, not_tried = tried_layers.added_losses(adapter, loss_layers)
+        if bad:
+            raise refusals.not_a_mean_refused(bad, what="add_loss")
+        untried += not_tried
     state_layers = terms.state_layers(adapter, template)
     if state_layers and not engine.one_program:
         if not engine.combines_assigned_variables:

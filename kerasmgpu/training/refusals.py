@@ -62,10 +62,20 @@ def unsummed_refused(found: List[str]) -> ValueError:
         "predict(), or train with Keras 3 on JAX", raw=True)
 
 
-def not_a_mean_refused(found: List[str]) -> ValueError:
-    """The refusal of values a layer adds with `add_metric` that are not a mean over the
-    rows (`found`, in words: `training.tried_layers`) where each replica runs its own
-    step."""
+def not_a_mean_refused(found: List[str], what: str = "add_metric") -> ValueError:
+    """The refusal of values a layer adds with `add_metric` (or terms with `add_loss`:
+    `what`) that are not a mean over the rows (`found`, in words: `training.
+    tried_layers`) where each replica runs its own step."""
+    if what == "add_loss":
+        return bad_value(
+            "model", ", ".join(found) + " (a term that is not a mean over the rows)",
+            "add_loss terms that are means over the rows, where each replica runs its own "
+            "step (TensorFlow, PyTorch): each replica adds its term over its share of the "
+            "batch and the replicas' losses are averaged, which is one device's term for "
+            "a mean over the rows only (a sum over them: a third of one device's on 3 "
+            "replicas)", "divide the term by the batch's rows (a mean: `keras.ops.mean`), "
+            "or train with Keras 3 on JAX, where one program computes the global batch",
+            raw=True)
     return bad_value(
         "model", ", ".join(found) + " (not a mean over the rows)",
         "add_metric values that are means over the rows, where each replica runs its own "

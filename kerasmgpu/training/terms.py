@@ -141,3 +141,11 @@ def state_layers(adapter: Adapter, model: Any) -> List[Any]:
     return [layer for layer in adapter.layers_of(model)
             if not frameworks_own(type(layer)) and _ASSIGNS & _names(
                 getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]
+
+
+def loss_layers(adapter: Adapter, model: Any) -> List[Any]:
+    """The user's layers (the model among them) whose `call`, or the code of the user's
+    it reaches, names `add_loss` (as `batch_terms` finds them)."""
+    return [layer for layer in adapter.layers_of(model)
+            if not frameworks_own(type(layer)) and "add_loss" in _names(
+                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]

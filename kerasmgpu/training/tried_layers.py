@@ -8,6 +8,10 @@ own step: tried on made-up rows before anything trains, since it cannot be read.
   (a batch that does not divide then goes whole to every replica: `ParallelState.
   whole_batches`), another number for a maximum, a sum or a standard deviation (a maximum
   read 0.83 where one device's was 0.87, silently). `added_values`.
+* Terms it adds with `add_loss` (a penalty on its activations): each replica adds its
+  term over its share, and the replicas' losses - their gradients - are averaged: one
+  device's term for a mean over the rows, a third of it on 3 replicas for a sum over
+  them, silently unless `verify=True` caught it. `added_losses`.
 * Variables it assigns (`self.ema.assign(...)`, a row counter's `assign_add`): each
   replica updates them from its share, and TensorFlow combines the replicas' values by
   the variable's aggregation - their mean or sum where it says so; with none (Keras's
@@ -45,6 +49,16 @@ def added_values(adapter: Any, layers: List[Any]) -> Tried:
                                       "add_metric {name!r} in {cls}.call (layer {layer!r})",
                                       "add_metric in {cls}.call (layer {layer!r})"), layers,
                         "add_metric in {cls}.call (layer {layer!r})")
+
+
+def added_losses(adapter: Any, layers: List[Any]) -> Tried:
+    """(layers whose `add_loss` terms are not a mean over the rows, layers that could not
+    be tried), in words: each replica's term over its share is averaged over the
+    replicas, one device's for a mean over the rows, 1/N of it for a sum."""
+    return _on_a_thread(lambda: _each(layers, lambda layer: _losses(adapter, layer),
+                                      "add_loss in {cls}.call (layer {layer!r})",
+                                      "add_loss in {cls}.call (layer {layer!r})"), layers,
+                        "add_loss in {cls}.call (layer {layer!r})")
 
 
 def variable_updates(adapter: Any, layers: List[Any]) -> Tried:
@@ -172,6 +186,44 @@ def _added(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
     return {name: bool(np.isclose((first[name] + second[name]) / 2, value, rtol=1e-4,
                                   atol=1e-6))
             for name, value in whole.items()}
+
+
+def _losses(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
+    """{"": whether the terms the layer's training `call` adds sum to a mean over the
+    rows}; None where it cannot be run on made-up rows, adds nothing on them, or gives
+    two runs on the same rows different terms (a random draw)."""
+    import numpy as np
+
+    inputs = _made_inputs(layer)
+    if inputs is None:
+        return None
+
+    def added(rows: slice) -> float:
+        terms: List[float] = []
+
+        def add_loss(value: Any, *args: Any, **kwargs: Any) -> None:
+            for term in value if isinstance(value, (list, tuple)) else [value]:
+                if not callable(term):  # (a weight's regularizer: not from the rows)
+                    terms.append(float(np.sum(np.asarray(term, "float64"))))
+
+        restore = _caught(layer, add_loss=add_loss, add_metric=lambda *a, **k: None)
+        try:
+            _call(adapter, layer, *inputs, rows, training=True)
+        finally:
+            restore()
+        if not terms:
+            raise LookupError("no term on these rows")
+        return float(sum(terms))
+
+    try:
+        whole, again = added(slice(0, ROWS)), added(slice(0, ROWS))
+        first, second = added(slice(0, ROWS // 2)), added(slice(ROWS // 2, ROWS))
+    except Exception:  # not runnable on made-up rows, or nothing added: nothing to tell
+        return None
+    if not np.isfinite([whole, again, first, second]).all() or not np.isclose(
+            whole, again, rtol=1e-6, atol=0.0):
+        return None
+    return {"": bool(np.isclose((first + second) / 2, whole, rtol=1e-4, atol=1e-6))}
 
 
 def _assigned(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:

@@ -455,8 +455,9 @@ def _locate(state: Any, replica: Any, x: Any, tol: float) -> str:
     try:
         layers, reference, parallel = _layer_outputs(state, replica, x)
     except Exception as exc:  # a model without a functional graph: no layer to name
+        # (A subclassed model: no graph to probe; a term of the batch it adds is named.)
         return (f"(Layer by layer: not available for this model, {type(exc).__name__}; "
-                "look for state a copy misses.)")
+                f"look for state a copy misses{_terms_hint(state).rstrip(',')}.)")
     for layer, a, b in zip(layers, parallel, reference):
         off = _difference(a, b)
         if off > tol:
