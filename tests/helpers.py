@@ -153,6 +153,25 @@ def classification_data(rows: int = 1001, features: int = 20, classes: int = 3,
     return x, y.astype("int64")
 
 
+def short_batch_data(rows: int = 22, features: int = 5) -> Any:
+    """(x, y): rows of a linear regression target, for the tests of what a batch that
+    does not divide does (22 rows in batches of 8 on 3 replicas: batches of 8 that do not
+    divide, a last one of 6 that does)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    return x, (x @ rng.normal(size=(features, 1))).astype("float32")
+
+
+def assert_refused_untouched(model: Any, call: Callable[[], Any], match: str) -> None:
+    """`call()` raises a ValueError matching `match`, and `model`'s weights are as they
+    were: refused before any weight moved."""
+    start = [np.array(w) for w in model.get_weights()]
+    with pytest.raises(ValueError, match=match):
+        call()
+    for a, b in zip(start, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def assert_weights_close(a: Any, b: Any, atol: float = 1e-5) -> None:
     wa, wb = a.get_weights(), b.get_weights()
     assert len(wa) == len(wb)

@@ -31,6 +31,7 @@ from helpers import (
     deterministic_weights,
     keras_module,
     seed_all,
+    short_batch_data,
 )
 
 import kerasmgpu
@@ -40,9 +41,7 @@ pytestmark = pytest.mark.core
 keras = keras_module()
 ops = keras.ops if hasattr(keras, "ops") else keras.backend
 
-rng = np.random.default_rng(0)
-X = rng.normal(size=(22, 5)).astype("float32")
-Y = (X @ rng.normal(size=(5, 1))).astype("float32")
+X, Y = short_batch_data()
 FIT = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
 
 
