@@ -66,7 +66,7 @@ FAILURE_FILE_ENV = "KERASMGPU_FAILURE_FILE"
 # JAX's gloo ("Read error ... Connection reset by peer"), torch's gloo and NCCL, TF's
 # gRPC ("Socket closed", UnavailableError), kerasmgpu's own bounded collectives.
 _PEER_GONE = ("connection reset", "connection closed", "connection refused", "broken pipe",
-              "socket closed", "end of file", "unavailableerror", "peer",
+              "socket closed", "unavailableerror", "by peer", "remote process exited",
               "a collective with the other processes failed")
 
 
