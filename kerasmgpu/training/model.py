@@ -204,17 +204,16 @@ def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[st
             raise refusals.not_a_mean_refused(bad, what="add_loss")
         untried += not_tried
     state_layers = terms.state_layers(adapter, template)
+    assigning = [f"{type(layer).__name__}.call assigning variables (layer {layer.name!r})"
+                 for layer in state_layers]
     if state_layers and not engine.one_program:
         if not engine.combines_assigned_variables:
-            raise refusals.assigned_refused([
-                f"{type(layer).__name__}.call assigning variables (layer {layer.name!r})"
-                for layer in state_layers], combined=False)
+            raise refusals.assigned_refused(assigning, combined=False)
         bad, not_tried = tried_layers.variable_updates(adapter, state_layers)
         if bad:
             raise refusals.assigned_refused(bad, combined=True)
         untried += not_tried
-    found += [f"{type(layer).__name__}.call assigning variables (layer {layer.name!r})"
-              for layer in state_layers]
+    found += assigning
     if untried:
         warnings.warn(
             f"kerasmgpu: {type(template).__name__}: {', '.join(untried)} could not be tried "

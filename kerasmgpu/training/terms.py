@@ -109,8 +109,7 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
         name = getattr(layer, "name", type(layer).__name__)
         if getattr(layer, "activity_regularizer", None) is not None:
             found.append(f"the activity regularizer of layer {name!r}")
-        elif "add_loss" in _names(getattr(type(layer), "call", None), type(layer),
-                                  [layer, *_helpers(layer)]):
+        elif "add_loss" in _call_names(layer):
             found.append(f"add_loss in {type(layer).__name__}.call (layer {name!r})")
     if not found and adapter.has_call_time_losses(model):
         found.append("loss terms added by its last call (add_loss)")
@@ -120,32 +119,35 @@ def batch_terms(adapter: Adapter, model: Any, custom_steps: Dict[str, Any]) -> L
     return found
 
 
-def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
-    """The user's layers (the model among them) whose `call`, or the code of the user's it
-    reaches, names `add_metric` (tf.keras, tf_keras, Keras 2.3: a value Keras averages
-    over the steps, computed in the step from the rows it is given). Keras's own layers
-    add none."""
+def _call_names(layer: Any) -> frozenset:
+    """The names a layer's `call` reads, and the user's code it reaches (`_names`)."""
+    return _names(getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])
+
+
+def _users_layers_naming(adapter: Adapter, model: Any, wanted: frozenset) -> List[Any]:
+    """The user's layers (the model among them) whose `call` names one of `wanted`;
+    Keras's own layers are not read."""
     return [layer for layer in adapter.layers_of(model)
-            if not frameworks_own(type(layer)) and "add_metric" in _names(
-                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]
+            if not frameworks_own(type(layer)) and wanted & _call_names(layer)]
 
 
-_ASSIGNS = frozenset({"assign", "assign_add", "assign_sub"})
+def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
+    """The user's layers whose `call`, or the code of the user's it reaches, names
+    `add_metric` (tf.keras, tf_keras, Keras 2.3: a value Keras averages over the steps,
+    computed in the step from the rows it is given). Keras's own layers add none."""
+    return _users_layers_naming(adapter, model, frozenset({"add_metric"}))
 
 
 def state_layers(adapter: Adapter, model: Any) -> List[Any]:
-    """The user's layers (the model among them) whose `call`, or the code of the user's
-    it reaches, assigns variables (`self.ema.assign(...)`): state updated from the rows
-    the step is given. Keras's own layers are not among them (BatchNormalization's
-    moving statistics: `sync_batchnorm`)."""
-    return [layer for layer in adapter.layers_of(model)
-            if not frameworks_own(type(layer)) and _ASSIGNS & _names(
-                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]
+    """The user's layers whose `call`, or the code of the user's it reaches, assigns
+    variables (`self.ema.assign(...)`): state updated from the rows the step is given.
+    Keras's own layers are not among them (BatchNormalization's moving statistics:
+    `sync_batchnorm`)."""
+    return _users_layers_naming(adapter, model,
+                                frozenset({"assign", "assign_add", "assign_sub"}))
 
 
 def loss_layers(adapter: Adapter, model: Any) -> List[Any]:
-    """The user's layers (the model among them) whose `call`, or the code of the user's
-    it reaches, names `add_loss` (as `batch_terms` finds them)."""
-    return [layer for layer in adapter.layers_of(model)
-            if not frameworks_own(type(layer)) and "add_loss" in _names(
-                getattr(type(layer), "call", None), type(layer), [layer, *_helpers(layer)])]
+    """The user's layers whose `call`, or the code of the user's it reaches, names
+    `add_loss` (as `batch_terms` finds them)."""
+    return _users_layers_naming(adapter, model, frozenset({"add_loss"}))
