@@ -282,6 +282,7 @@ def _pipelines() -> Dict[str, Callable[[], Any]]:
 PIPELINES = _pipelines()
 
 
+@pytest.mark.tf_data
 @pytest.mark.core
 @requires(tf_data=True)
 @grid(replicas=REPLICAS, pipeline=list(PIPELINES))
@@ -302,6 +303,7 @@ def test_each_epoch_reads_what_one_device_reads(replicas: int, pipeline: str) ->
                                pmodel.evaluate(make(), verbose=0), rtol=1e-5)
 
 
+@pytest.mark.tf_data
 @pytest.mark.core
 @requires(tf_data=True)
 def test_reshuffles_continue_across_fit_calls() -> None:

@@ -235,12 +235,11 @@ class Adapter(ModelCopying, StepOps):
     # packing by its static shape. On the Keras 2 lines every batch carries its packing.
     even_batches_run_plain = False
 
-    @property
-    def lays_out_replicated(self) -> bool:
-        """Whether a batch of kerasmgpu's PyDataset whose rows do not divide over the
-        devices can be laid out replicated - every device all rows, one program
-        computing them once (`batching.BatchPlan.replicated`): Keras 3 on JAX. Arranges
-        what it answers for where the adapter must."""
+    def lays_out_replicated(self, ours: Callable[[Any], bool]) -> bool:
+        """Whether a fed batch whose rows do not divide over the devices can be laid out
+        replicated - every device all rows, one program computing them once
+        (`batching.BatchPlan.replicated`): Keras 3 on JAX. `ours(batch)`: whether a batch
+        is kerasmgpu's. Arranges what it answers for where the adapter must."""
         return False
 
     def steps_per_call(self, model: Any) -> int:

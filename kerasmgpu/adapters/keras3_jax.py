@@ -57,6 +57,11 @@ every backend shares are in `keras3`. What is read or wrapped here:
   handed to the method in place of the distribution's own data layout): kerasmgpu feeds
   such a batch, in one process, only for a model whose loss has terms of the whole
   batch (`batching.BatchPlan.replicated`); `lays_out_replicated` says where it can.
+  A generator or tf.data pipeline kerasmgpu pads reaches Keras as a generator or a
+  dataset, which no attribute can mark: its batches are told by their packing (the
+  data layer's test, handed to `lays_out_replicated`), they keep one structure, and in
+  one process a run of them whose rows do not divide is laid out replicated the same
+  way; any other feed's first batch is handed back and the method runs as Keras's.
 * `keras.src.backend.jax.trainer._distribute_data` (Keras 3.3 - 3.9, whose
   `distribute_data_input` splits every batch over the replicas whatever its layout):
   wrapped in the module, in one process, to lay such a batch out replicated itself
@@ -95,8 +100,7 @@ class Keras3Jax(Keras3):
                                  replicated: Callable[[Any], bool]) -> bool:
         return _allow_changing_structure(dataset, kind_of, replicated)
 
-    @property
-    def lays_out_replicated(self) -> bool:
+    def lays_out_replicated(self, ours: Callable[[Any], bool]) -> bool:
         # Arranges what it answers for, as allow_changing_structure does.
         # The per-kind runs (`_per_kind`) lay a run of batches whose rows do not divide
         # over the devices out replicated (3.10+: Keras lays a batch out as given).
@@ -106,14 +110,17 @@ class Keras3Jax(Keras3):
         if self.version is None:
             return False
         trainer = _trainer()
-        method = getattr(getattr(trainer, "JAXEpochIterator", None),
-                         "_get_distributed_iterator", None)
+        epoch_iterator: Any = getattr(trainer, "JAXEpochIterator", None)
+        method = getattr(epoch_iterator, "_get_distributed_iterator", None)
         if method is None:
             # Keras 3.3: `_distribute_data(data)` lays out every batch by itself.
             runs = self.version < KERAS3_JAX_DATA_AS_LAID_OUT
         else:
             runs = getattr(method, _PATCHED_ATTR, False) or list(
                 inspect.signature(method).parameters) == ["self", "distribution"]
+            if runs and not getattr(method, _PATCHED_ATTR, False):
+                epoch_iterator._get_distributed_iterator = _per_kind(method)
+        _OURS[:] = [ours]
         if not runs or self.version >= KERAS3_JAX_DATA_AS_LAID_OUT:
             return runs
         return _lay_out_uneven(trainer)
@@ -328,6 +335,17 @@ KIND_ATTR = "kerasmgpu_batch_kind"
 _PATCHED_ATTR = "kerasmgpu_per_kind"
 
 _END = object()
+# The data layer's test of a batch kerasmgpu fed (`lays_out_replicated`): how the runs
+# tell a generator or tf.data pipeline of kerasmgpu's, which carries no KIND_ATTR.
+_OURS: List[Callable[[Any], bool]] = []
+
+
+def _one_kind(batch: Any) -> None:
+    return None
+
+
+def _never(batch: Any) -> bool:
+    return False
 
 
 def _trainer() -> Optional[Any]:
@@ -360,6 +378,12 @@ def _allow_changing_structure(dataset: Any, kind_of: Callable[[Any], Any],
     except (AttributeError, TypeError):  # a generator: Keras reads no `py_dataset` of it
         return False
     return True
+
+
+def _chained(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    if first is not _END:
+        yield first
+    yield from rest
 
 
 class _Source:
@@ -470,12 +494,17 @@ class _Replicated:
 def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
     def per_kind(self: Any, distribution: Any) -> Iterator[Any]:
         kinds = getattr(getattr(self.data_adapter, "py_dataset", None), KIND_ATTR, None)
-        if kinds is None:  # not kerasmgpu's: Keras's own method, untouched
-            yield from original(self, distribution)
-            return
-        kind_of, replicated = kinds
         batches = iter(self.data_adapter.get_jax_iterator())
         pending = [next(batches, _END)]
+        if kinds is None:
+            if pending[0] is _END or not (_OURS and _OURS[0](pending[0])):
+                # Not kerasmgpu's: Keras's own method, on the same batches.
+                yield from original(_Source(_chained(pending[0], batches)), distribution)
+                return
+            # A generator or tf.data pipeline kerasmgpu pads: one structure; in one
+            # process its runs are told by their rows (replicated only there).
+            kinds = (_one_kind, _never)
+        kind_of, replicated = kinds
 
         import jax
 

@@ -85,14 +85,19 @@ class Input:
     """One kind of input: what every engine needs from it, a method per feed kind."""
 
     # Whether its batches reach Keras through kerasmgpu's own PyDataset, which one
-    # program can lay out replicated (`batching.BatchPlan.replicated`).
+    # program can lay out replicated (`batching.BatchPlan.replicated`), in a job too.
     REPLICATES: ClassVar[bool] = False
+    # Whether they reach Keras as a generator or a tf.data pipeline, whose batches one
+    # program lays out replicated in one process only (told by their packing: a job's
+    # process could not tell a whole batch from its share of one).
+    REPLICATES_ALONE: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         self.adapter = adapter
+        replicates = (self.REPLICATES and adapter.even_batches_run_plain or
+                      self.REPLICATES_ALONE and planner.process_count == 1)
         if planner.whole and (request.predict or not planner.copies and not (
-                self.REPLICATES and adapter.even_batches_run_plain
-                and adapter.lays_out_replicated)):
+                replicates and adapter.lays_out_replicated(bundle.is_padded))):
             # predict computes no loss: padded as for any model. One program cannot be
             # given copies (a sum would count each): where it cannot lay the batch out
             # replicated either, it is padded, and the step's report warns that padding
@@ -126,8 +131,9 @@ class Input:
         if self.adapter.allow_changing_structure(dataset, bundle.is_padded,
                                                  bundle.is_replicated):
             return bundle.PLAIN
-        if self.planner.whole and not self.planner.copies:
-            # `lays_out_replicated` promised the runs that lay such a batch out.
+        if self.planner.whole and not self.planner.copies and self.REPLICATES:
+            # `lays_out_replicated` promised the runs that lay such a batch out (a
+            # generator's are told by their packing, in one structure).
             raise RuntimeError(
                 f"kerasmgpu: {type(dataset).__name__} cannot be laid out per run of "
                 "batches on this Keras, though a replicated batch was planned for it; "

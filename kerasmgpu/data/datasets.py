@@ -27,6 +27,8 @@ from kerasmgpu.data.structure import leaves, unpack
 class Dataset(Input):
     """A `tf.data.Dataset` of batches: x, (x, y) or (x, y, sample_weight)."""
 
+    REPLICATES_ALONE = True  # handed to Keras as a pipeline (Keras 3 on JAX)
+
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         dataset = request.x

@@ -110,6 +110,8 @@ class PaddedBatches:
 class Generator(Input):
     """A generator or iterator: batches in order, of a length nobody knows."""
 
+    REPLICATES_ALONE = True  # handed to Keras as a generator (Keras 3)
+
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
         # An iterator that also has __getitem__ weighs classes as a PyDataset does,

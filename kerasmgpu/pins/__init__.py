@@ -51,7 +51,7 @@ class Pins:
     @property
     def backend(self) -> Optional[str]:
         """KERAS_BACKEND for a Keras 3 env, None elsewhere."""
-        return self.env.rsplit("-", 1)[1] if self.env.startswith("keras3.") else None
+        return self.env.split("-")[1] if self.env.startswith("keras3.") else None
 
     @property
     def legacy_tf_keras(self) -> bool:
@@ -86,9 +86,12 @@ def _describe(env: str, versions: Dict[str, str]) -> str:
         return f"tf.keras {versions['keras']} on TensorFlow {versions['tensorflow']}"
     if env.startswith("tfkeras"):
         return f"tf_keras {versions['tf-keras']} on TensorFlow {versions['tensorflow']}"
-    backend = env.rsplit("-", 1)[1]
+    backend = env.split("-")[1]
     engine = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}[backend]
-    return f"Keras {versions['keras']} on {engine} {versions[backend]}"
+    text = f"Keras {versions['keras']} on {engine} {versions[backend]}"
+    if env.endswith("-tfdata"):  # TensorFlow beside the backend, for tf.data pipelines
+        text += f", with TensorFlow {versions['tensorflow']} for tf.data"
+    return text
 
 
 def get(env: str) -> Pins:
