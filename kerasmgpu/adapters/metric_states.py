@@ -27,10 +27,10 @@ updated as before.
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 from typing import Any, List, Optional, Sequence, Tuple
 
+from kerasmgpu.adapters.aside import outside_scopes
 from kerasmgpu.adapters.metric_values import Spec, leaves
 from kerasmgpu.env.versions import frameworks_own
 
@@ -86,17 +86,10 @@ def _tried(adapter: Any, metric: Any, specs: Sequence[Spec]) -> Tuple[bool, bool
     (False, False) where it runs on none."""
     if adapter.keras3:
         return _tried_with(adapter, metric, _Stateless(adapter, metric), specs)
-    # tf.keras: on a thread of its own, where no strategy's scope is entered (TF keeps
-    # that stack per thread): the fresh object's variables are then plain ones, which
-    # take eager updates, even where parallelize() or fit() runs in kerasmgpu.scope().
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerasmgpu-metric")
-    try:
-        future = pool.submit(lambda: _tried_with(adapter, metric, _Assigning(metric), specs))
-        return future.result(timeout=_TIMEOUT_S)
-    except concurrent.futures.TimeoutError:  # (never seen: a few eager ops)
-        return False, False
-    finally:
-        pool.shutdown(wait=False)
+    # tf.keras: outside any strategy's scope (`aside`): the fresh object's variables are
+    # then plain ones, which take eager updates.
+    return outside_scopes(lambda: _tried_with(adapter, metric, _Assigning(metric), specs),
+                          _TIMEOUT_S, "metric", lambda: (False, False))
 
 
 def _tried_with(adapter: Any, metric: Any, runner: Any, specs: Sequence[Spec]

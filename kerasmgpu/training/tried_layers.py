@@ -33,9 +33,10 @@ raises) is not told: parallelize() says so.
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from kerasmgpu.adapters.aside import outside_scopes
 
 ROWS = 6
 _TIMEOUT_S = 60.0
@@ -72,16 +73,10 @@ def variable_updates(adapter: Any, layers: List[Any]) -> Tried:
 
 
 def _on_a_thread(run: Callable[[], Tried], layers: List[Any], untried: str) -> Tried:
-    # TF keeps the strategy scope stack per thread: a thread of its own enters none, so
-    # the made-up rows run eagerly on the layer's variables as they are.
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kerasmgpu-layer")
-    try:
-        return pool.submit(run).result(timeout=_TIMEOUT_S)
-    except concurrent.futures.TimeoutError:  # (never seen: a layer's call on 6 rows)
-        return [], [untried.format(cls=type(layer).__name__, layer=layer.name)
-                    for layer in layers]
-    finally:
-        pool.shutdown(wait=False)
+    # Outside any strategy's scope (`adapters.aside`): the made-up rows run eagerly on
+    # the layer's variables as they are.
+    return outside_scopes(run, _TIMEOUT_S, "layer", lambda: ([], [
+        untried.format(cls=type(layer).__name__, layer=layer.name) for layer in layers]))
 
 
 def _each(layers: List[Any], told: Callable[[Any], Optional[Dict[str, bool]]],
