@@ -79,6 +79,71 @@ def test_activity_regularizers_and_add_loss_train_as_on_one_device(
                                one.evaluate(x, y, batch_size=8, verbose=0), rtol=1e-5)
 
 
+def _updating(conditional: bool, nested: bool = False) -> Any:
+    """A layer of the user's own keeping a moving average of its input's mean and a count
+    of the rows it saw, by `add_update` - on its input (`conditional`) or not - between
+    two Dense layers; `nested`: inside a model of its own. Its output reads neither
+    variable: a read of a variable the same step assigns has no order against the
+    assign in Keras 2.3's graph, on one device too."""
+
+    class Averaging(keras.layers.Layer):
+        def build(self, shape):
+            self.average = self.add_weight("average", (), initializer="zeros",
+                                           trainable=False)
+            self.rows = self.add_weight("rows", (), initializer="zeros", trainable=False)
+            super().build(shape)
+
+        def call(self, inputs):
+            updates = [K.moving_average_update(self.average, K.mean(inputs), 0.9),
+                       K.update_add(self.rows, K.cast(K.shape(inputs)[0], "float32"))]
+            self.add_update(updates, inputs if conditional else None)
+            return 2.0 * inputs
+
+    inputs = keras.layers.Input((5,))
+    hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+    if nested:
+        inner = keras.layers.Input((4,))
+        hidden = keras.models.Model(inner, Averaging(name="averaging")(inner))(hidden)
+    else:
+        hidden = Averaging(name="averaging")(hidden)
+    model = keras.models.Model(inputs, keras.layers.Dense(1)(hidden))
+    rng = np.random.RandomState(3)
+    K.batch_set_value([(w, rng.normal(scale=0.3, size=K.int_shape(w)).astype("float32"))
+                       for w in model.trainable_weights])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+@pytest.mark.parametrize("sync_batchnorm", [False, True], ids=["keras", "layer-by-layer"])
+@pytest.mark.parametrize("conditional", [True, False], ids=["on-inputs", "unconditional"])
+def test_a_layer_making_update_ops_updates_once_from_the_whole_batch(
+        conditional: bool, sync_batchnorm: bool) -> None:
+    """Each replica ran a layer's `add_update` ops on its slice, one after the other: a
+    moving average read 0.47 where one device's is 0.19, silently (a count of rows was
+    right: a sum). The template's own call, on the whole batch, makes them now - in
+    Keras's multi_gpu_model and in the replicas built layer by layer (sync_batchnorm)."""
+    rng = np.random.RandomState(1)
+    x = rng.normal(size=(22, 5)).astype("float32")  # batches of 8: the last one 6 rows
+    y = rng.normal(size=(22, 1)).astype("float32")
+    one, template = _updating(conditional), _updating(conditional)
+    one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1], sync_batchnorm=sync_batchnorm)
+    pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    layer = template.get_layer("averaging")
+    assert K.get_value(layer.rows) == 44.0  # every row once an epoch
+    np.testing.assert_allclose(K.get_value(layer.average),
+                               K.get_value(one.get_layer("averaging").average), atol=1e-6)
+    assert_weights_close(one, template)
+
+
+def test_a_nested_layer_making_update_ops_is_warned_about() -> None:
+    """Inside a nested model, the layer's own call reads that model's inputs, which no
+    step feeds: its replicas keep their ops, and parallelize() says so, naming it."""
+    with pytest.warns(UserWarning, match=r"Averaging 'averaging' in the nested model .* "
+                      r"makes update ops .*Fix: call the layer in the model itself"):
+        kerasmgpu.parallelize(_updating(True, nested=True), gpus=REPLICAS[-1])
+
+
 def test_a_stateful_rnn_is_refused_before_anything_happens() -> None:
     # Before: parallelize() passed and the first step failed in TensorFlow
     # ("Incompatible shapes: [2,16] vs. [6,16]"): the state has the batch's rows, each

@@ -226,6 +226,50 @@ def test_a_count_of_rows_is_one_devices_on_jax_and_refused_where_replicas_combin
         r"variables a layer assigns .* Fix: train with Keras 3 on JAX")
 
 
+class Keras2Moving(Moving):
+    """`Moving` written the Keras 2 way: the backend's update functions, handed to
+    `add_update` (tf.keras and tf_keras run them where they are made)."""
+
+    def call(self, x: Any, training: Any = None) -> Any:
+        if training:
+            backend = keras.backend
+            updates = [backend.moving_average_update(self.average, backend.mean(x), 0.5)]
+            if self.count:
+                updates.append(backend.update_add(self.rows,
+                                                  backend.sum(backend.ones_like(x[:, 0]))))
+            self.add_update(updates)
+        return x - self.average
+
+
+def _keras2_moving(count: bool) -> Any:
+    seed_all(keras, 1)
+    inputs = keras.Input((5,))
+    hidden = Keras2Moving(count)(keras.layers.Dense(8, activation="tanh")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+@pytest.mark.skipif(not ON_TF or hasattr(keras, "ops"), reason="the Keras 2 backend's "
+                    "update functions: tf.keras and tf_keras (Keras 2.3 runs add_update's "
+                    "ops from the whole batch: tests/test_keras23_models.py)")
+def test_the_keras_2_update_functions_are_tried_as_assignments() -> None:
+    """`K.update_add` and `K.moving_average_update` assign as `assign_add` does, and
+    were not looked for: a count of rows read 16 for one device's 44, silently. They
+    are tried as any assignment: the moving average (aggregated by the mean) is exact,
+    the count refused."""
+    one, template = _keras2_moving(False), _keras2_moving(False)
+    expected = one.fit(X, Y, **FIT)
+    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=3).fit(X, Y, **FIT))
+    assert_weights_close(one, template)
+    counting = _keras2_moving(True)
+    assert_refused_untouched(
+        counting, lambda: kerasmgpu.parallelize(counting, gpus=3),
+        r"Invalid `model`\. Received: model=the variable 'rows' Keras2Moving\.call assigns "
+        r"\(layer '.*'\) \(updated otherwise from a share of the rows\)")
+
+
 class Summed(keras.layers.Layer):
     """Adds a term that sums over the rows of its batch (not a mean)."""
 

@@ -203,6 +203,11 @@ class Keras23(Adapter):
                             "are made, which the template and the parallel model share")
         keras23_template.share_slots(self.keras, optimizer, template)
 
+    def nested_updaters(self, model: Any) -> List[str]:
+        """Layers of yours making update ops inside a nested model (`keras23_template`),
+        in words: each replica runs them on its slice."""
+        return keras23_template.nested_updaters(self.keras, model)
+
     def replica_updates(self, model: Any) -> keras23_template.ReplicaUpdates:
         """Before `multi_gpu_model(model)`: what regathers its replicas' update ops by the
         trainable flags when the parallel model's train function is made."""

@@ -9,7 +9,9 @@ BatchNormalization node takes all replicas' inputs at once: one mean and varianc
 the whole global batch (the slices are unpadded: the last replica takes the remainder,
 so every row counts), each replica normalized with them, and the layer's moving
 statistics updated once with them, as on one device. The gradients flow through the
-shared moments to every replica.
+shared moments to every replica. A layer of the user's own that makes update ops
+(`add_update`: a moving average, a count of rows) keeps those of the template's own
+call, on the whole batch, as one device makes them (`keras23_template.keep_own_updates`).
 
 Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
 `keras23_runtime` (`import kerasmgpu.keras23`).
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from kerasmgpu._errors import bad_value
-from kerasmgpu.adapters import keras23_slicing
+from kerasmgpu.adapters import keras23_slicing, keras23_template
 
 
 def _slicer(keras: Any, i: int, parts: int) -> Any:
@@ -69,6 +71,8 @@ def synchronized_multi_gpu_model(keras: Any, model: Any, gpus: Sequence[int],
     import tensorflow as tf
 
     nodes = _nodes(keras, model)
+    whole = keras23_template.own_ops(keras, model)
+    before = keras23_template.update_keys(model)
     synced = synchronized_layer(keras)
     parts = len(gpus)
     # Per replica: template tensor (by id) -> that replica's tensor.
@@ -105,6 +109,7 @@ def synchronized_multi_gpu_model(keras: Any, model: Any, gpus: Sequence[int],
     replicas = keras.Model(own_inputs, [m[id(o)] for o in model.outputs for m in maps],
                            name=f"{model.name}_replicas")
     outputs = replicas(model.inputs)
+    keras23_template.keep_own_updates(model, whole, before, replicas)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     with tf.device("/cpu:0" if cpu_merge else f"/gpu:{gpus[0]}"):
         merged = [keras.layers.Lambda(keras23_slicing.real_rows,
@@ -112,7 +117,9 @@ def synchronized_multi_gpu_model(keras: Any, model: Any, gpus: Sequence[int],
             [keras.layers.concatenate(outputs[k * parts:(k + 1) * parts], axis=0,
                                       name=f"{name}_replicas"), model.inputs[0]])
                   for k, name in enumerate(_output_names(model.output_names))]
-    return keras.Model(model.inputs, merged)
+    parallel = keras.Model(model.inputs, merged)
+    keras23_template.train_after_own_inputs(parallel, model, whole)
+    return parallel
 
 
 def _output_names(names: Sequence[str]) -> List[str]:

@@ -17,7 +17,13 @@ replicas' update ops were collected into the template's own lists (its
 `_per_input_updates`, per replica input) when `multi_gpu_model` built them, with the
 flags of that moment. `ReplicaUpdates` gives the parallel model's train function, when
 it is built, the update ops of the layers trainable then - a layer frozen after
-`parallelize()` and recompiled stays put, one unfrozen updates again.
+`parallelize()` and recompiled stays put, one unfrozen updates again. A layer of the
+user's own that makes update ops (`add_update`: a moving average of its input, a count
+of rows) made them for each replica's slice, run one after the other: a moving average
+0.47 where one device's is 0.19, silently. Its ops are taken from the template's own
+call instead (`own_ops`), whose inputs are the parallel model's - the whole batch, as
+one device makes them - and its replicas' left out. Keras's own layers keep theirs
+(BatchNormalization: `sync_batchnorm`).
 
 Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
 `keras23_runtime` (`import kerasmgpu.keras23`).
@@ -32,6 +38,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 SHARED = "_kerasmgpu_shared_slots"
 # Keras 2.3's per-input update lists of a layer.
 UPDATES = "_per_input_updates"
+# How many unconditional update ops a layer of the user's own had when kerasmgpu first
+# met its template: its own call's; each replica's call adds as many (`own_ops`).
+_UNCONDITIONAL = "_kerasmgpu_own_unconditional_updates"
 
 
 def compile_token(model: Any) -> Tuple[Any, ...]:
@@ -149,6 +158,7 @@ class ReplicaUpdates:
         self._before = self._keys()
         self._replica_keys: Dict[int, Set[Any]] = {}
         self._model_keys: List[Any] = []
+        self._own = own_ops(keras, model)
 
     def _keys(self) -> Dict[int, Set[Any]]:
         return {id(owner): set(getattr(owner, UPDATES))
@@ -172,6 +182,7 @@ class ReplicaUpdates:
                 return own()
 
         parallel.__dict__["_make_train_function"] = make_train_function
+        train_after_own_inputs(parallel, self.model, self._own)
 
     @contextlib.contextmanager
     def as_now(self) -> Iterator[None]:
@@ -184,21 +195,27 @@ class ReplicaUpdates:
             return
         tree = _tree(self.model)
         own: Dict[int, List[Any]] = {}
+        left_out: Set[int] = set()  # a whole-batch layer's replicas' ops
         for layer, active in tree:
             if _inner(layer):
                 continue
             for owner in _owners(layer):
                 keys = self._replica_keys.get(id(owner), set())
                 lists = getattr(owner, UPDATES)
-                own.setdefault(id(owner), []).extend(
-                    (active, op) for key in keys for op in lists.get(key, []))
-        owned = {id(op) for ops in own.values() for _, op in ops}
+                ops = [op for key in keys for op in lists.get(key, [])]
+                whole = self._own.get(id(owner))
+                if whole:
+                    left_out.update(id(op) for op in ops + lists.get(None, [])[
+                        owner.__dict__[_UNCONDITIONAL]:])
+                    ops = whole
+                own.setdefault(id(owner), []).extend((active, op) for op in ops)
+        owned = {id(op) for ops in own.values() for _, op in ops} | left_out
         lists = getattr(self.model, UPDATES)
         found = [op for key in self._model_keys for op in lists.get(key, [])]
         gathered = list({id(op): op for ops in own.values() for active, op in ops
                          if active}.values())
         gathered += [op for op in found if id(op) not in owned]
-        saved = self._replace(tree, gathered)
+        saved = self._replace(tree, gathered, left_out)
         try:
             yield
         finally:
@@ -208,7 +225,7 @@ class ReplicaUpdates:
                 else:
                     lists[key] = value
 
-    def _replace(self, tree: List[Tuple[Any, bool]], gathered: List[Any]
+    def _replace(self, tree: List[Tuple[Any, bool]], gathered: List[Any], left_out: Set[int]
                  ) -> List[Tuple[Dict[Any, Any], Any, Optional[List[Any]]]]:
         saved: List[Tuple[Dict[Any, Any], Any, Optional[List[Any]]]] = []
 
@@ -219,12 +236,124 @@ class ReplicaUpdates:
         lists = getattr(self.model, UPDATES)
         for index, key in enumerate(self._model_keys):
             put(lists, key, gathered if index == 0 else [])
+        # The replicas' unconditional ops of a whole-batch layer, in its own list and
+        # collected into the template's (which reads its layers' lists too).
+        for layer, _ in tree:
+            for owner in _owners(layer):
+                if self._own.get(id(owner)) and None in getattr(owner, UPDATES):
+                    put(getattr(owner, UPDATES), None, getattr(owner, UPDATES)[None][
+                        :owner.__dict__[_UNCONDITIONAL]])
+        if left_out and None in lists:
+            put(lists, None, [op for op in lists[None] if id(op) not in left_out])
         for layer, _ in tree[1:]:
             if _inner(layer):
                 for key in self._replica_keys.get(id(layer), set()):
                     put(getattr(layer, UPDATES), key, [])
         return saved
 
+
+
+def _whole(keras: Any, layer: Any) -> bool:
+    """A layer of the user's own (not Keras's, not a model; a BatchNormalization
+    subclass's moving statistics follow `sync_batchnorm`)."""
+    return (type(layer).__module__.split(".")[0] != "keras" and not _inner(layer)
+            and not isinstance(layer, keras.layers.BatchNormalization))
+
+
+def own_ops(keras: Any, model: Any) -> Dict[int, List[Any]]:
+    """For each layer of the user's own in `model` that makes update ops, those its
+    calls in the template's own graph made (its nodes the template owns, and the
+    unconditional ones it had when kerasmgpu first met it): computed from the
+    template's inputs, which are the parallel model's, the whole batch. A layer inside
+    a model of the template's keeps its replicas' ops: that model's own graph reads its
+    own inputs, which no step feeds."""
+    uid = keras.utils.generic_utils.object_list_uid
+    nodes = getattr(model, "_network_nodes", None) or set()
+    found: Dict[int, List[Any]] = {}
+    for layer in getattr(model, "layers", None) or []:
+        lists = getattr(layer, UPDATES, None)
+        if not _whole(keras, layer) or not isinstance(lists, dict) or not lists:
+            continue
+        layer.__dict__.setdefault(_UNCONDITIONAL, len(lists.get(None, [])))
+        keys = [uid(node.input_tensors) for index, node in enumerate(layer._inbound_nodes)
+                if model._node_key(layer, index) in nodes]
+        ops = [op for key in keys for op in lists.get(key, [])]
+        ops += lists.get(None, [])[:layer.__dict__[_UNCONDITIONAL]]
+        if ops:
+            found[id(layer)] = ops
+    return found
+
+
+def nested_updaters(keras: Any, model: Any) -> List[str]:
+    """The layers of the user's own that make update ops inside a model of the
+    template's, in words: they keep their replicas' ops (`own_ops`)."""
+    return [f"{type(layer).__name__} {layer.name!r} in the nested model {inner.name!r}"
+            for inner in getattr(model, "layers", None) or [] if _inner(inner)
+            for layer, _ in _tree(inner)[1:]
+            if _whole(keras, layer) and getattr(layer, UPDATES, None)]
+
+
+def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]]) -> None:
+    """The template's own update ops (`own_ops`) read a forward pass of the template on
+    the whole batch that no gradient needs, so nothing ordered it before the optimizer's
+    assignments in the train function's one run: it could read the weights the step had
+    just changed (a moving average 3e-4 for one device's 4e-4). The optimizer's ops of
+    the parallel model's train function wait for the inputs those ops read, as one
+    device's wait for the forward pass their gradients need. Wraps the instance's
+    `_make_train_function` and, while it runs, the optimizer's `get_updates` (2.3.1)."""
+    nodes = getattr(model, "_network_nodes", None) or set()
+    tensors = [tensor for layer in getattr(model, "layers", None) or [] if own.get(id(layer))
+               for index, node in enumerate(layer._inbound_nodes)
+               if model._node_key(layer, index) in nodes for tensor in node.input_tensors]
+    if not tensors:
+        return
+    make = parallel._make_train_function
+
+    def make_train_function() -> Any:
+        optimizer = parallel.optimizer
+        original = optimizer.get_updates
+
+        def get_updates(*args: Any, **kwargs: Any) -> Any:
+            with tensors[0].graph.control_dependencies(tensors):
+                return original(*args, **kwargs)
+
+        optimizer.__dict__["get_updates"] = get_updates
+        try:
+            return make()
+        finally:
+            optimizer.__dict__.pop("get_updates", None)
+
+    parallel.__dict__["_make_train_function"] = make_train_function
+
+
+def update_keys(model: Any) -> Dict[int, Set[Any]]:
+    """Each direct layer's update list keys now (before replicas are built)."""
+    return {id(layer): set(getattr(layer, UPDATES, None) or {})
+            for layer in getattr(model, "layers", None) or []}
+
+
+def keep_own_updates(model: Any, own: Dict[int, List[Any]], before: Dict[int, Set[Any]],
+                     replicas: Any) -> None:
+    """After the replicas were built layer by layer and called (`keras23_batchnorm`:
+    their model `replicas` gathers its layers' ops by their flags itself): each layer of
+    `own` (`own_ops`) holds the template's own ops only - its replicas' left out of its
+    lists and of what `replicas` collected of them, its own conditional ones kept with
+    its unconditional ones, which any model it is a layer of collects."""
+    dropped: Set[int] = set()
+    for layer in getattr(model, "layers", None) or []:
+        ops = own.get(id(layer))
+        if not ops:
+            continue
+        lists = getattr(layer, UPDATES)
+        for key in set(lists) - before.get(id(layer), set()):
+            dropped.update(id(op) for op in lists[key])
+            lists[key] = []
+        kept = lists.get(None, [])[:layer.__dict__[_UNCONDITIONAL]]
+        dropped.update(id(op) for op in lists.get(None, [])[len(kept):])
+        lists[None] = kept + [op for op in ops if not any(op is k for k in kept)]
+    collected = getattr(replicas, UPDATES)
+    for key, ops in list(collected.items()):
+        collected[key] = [op for op in ops if id(op) not in dropped]
 
 
 def missing_lists(model: Any) -> List[str]:

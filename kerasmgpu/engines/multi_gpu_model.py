@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -83,6 +84,7 @@ class MultiGpuModelEngine(Engine):
         if len(self.devices) == 1:
             return self._on_one_device(model, options)
         _refuse_stateful(self.adapter, model)
+        _warn_nested_updates(self.adapter, model)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
         keras_multi_gpu_model = self.adapter.keras_multi_gpu_model()
@@ -180,6 +182,21 @@ def _refuse_stateful(adapter: Keras23, model: Any) -> None:
         "layers without stateful=True here: the replicas cannot share one batch-sized state",
         "train it on one device (gpus=1), or with stateful=False, or with Keras 3 on JAX "
         "(KERAS_BACKEND=jax), which trains a stateful RNN as one device does")
+
+
+def _warn_nested_updates(adapter: Keras23, model: Any) -> None:
+    """A layer of yours making update ops (`add_update`) in the model itself updates
+    once, from the template's own call on the whole batch (`keras23_template`); one
+    inside a nested model cannot: its model's own graph reads inputs no step feeds."""
+    found = adapter.nested_updaters(model)
+    if found:
+        warnings.warn(
+            f"kerasmgpu: {model.name}: {', '.join(found)} makes update ops (add_update), "
+            "which Keras 2.3's replicas each run on their own slice of the batch, one "
+            "after the other: one device's for a sum over the rows (a count), not for a "
+            "moving average. Fix: call the layer in the model itself rather than inside "
+            "a nested model (kerasmgpu then updates it once, from the whole batch), or "
+            "train with gpus=1.", stacklevel=3)
 
 
 class _Follow:

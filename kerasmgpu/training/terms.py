@@ -140,11 +140,14 @@ def metric_layers(adapter: Adapter, model: Any) -> List[Any]:
 
 def state_layers(adapter: Adapter, model: Any) -> List[Any]:
     """The user's layers whose `call`, or the code of the user's it reaches, assigns
-    variables (`self.ema.assign(...)`): state updated from the rows the step is given.
-    Keras's own layers are not among them (BatchNormalization's moving statistics:
-    `sync_batchnorm`)."""
-    return _users_layers_naming(adapter, model,
-                                frozenset({"assign", "assign_add", "assign_sub"}))
+    variables (`self.ema.assign(...)`, or the Keras 2 way, `K.update_add`,
+    `K.moving_average_update`, `self.add_update(...)`): state updated from the rows the
+    step is given. Keras's own layers are not among them (BatchNormalization's moving
+    statistics: `sync_batchnorm`). (`K.update` is not looked for: a dict's `update`
+    would be taken for it.)"""
+    return _users_layers_naming(adapter, model, frozenset({
+        "assign", "assign_add", "assign_sub", "update_add", "update_sub",
+        "moving_average_update", "add_update"}))
 
 
 def loss_layers(adapter: Adapter, model: Any) -> List[Any]:
