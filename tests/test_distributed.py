@@ -157,6 +157,11 @@ RUNS: Dict[str, List[str]] = {
     **({"batch-terms-pydataset": ["train.py", "--epochs", "2", "--rows", "103",
                                    "--batch-terms", "--pydataset"]}
        if ON_JAX and BATCH_TERMS else {}),
+    # And from a generator, which reaches Keras as a generator: the whole batch marked by
+    # its structure alone.
+    **({"batch-terms-generator": ["train.py", "--epochs", "2", "--rows", "103",
+                                   "--batch-terms", "--generator"]}
+       if ON_JAX and BATCH_TERMS else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -191,7 +196,7 @@ REFERENCES: Dict[str, List[str]] = {
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
-    **({"batch-terms-pydataset": RUNS["batch-terms-pydataset"]}
+    **({name: RUNS[name] for name in ("batch-terms-pydataset", "batch-terms-generator")}
        if ON_JAX and BATCH_TERMS else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
@@ -349,15 +354,17 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
                     f"{KERAS3_ACTIVITY_LOSS_IS_A_MEAN}, JAX from {KERAS3_JAX_MULTI_PROCESS_MIN} or "
                     f"the tf.keras lines; this env: "
                     f"{LINE.value} {_VERSION}")
-@pytest.mark.parametrize("run", ["batch-terms", pytest.param(
-    "batch-terms-pydataset", marks=requires(jax=True))])
+@pytest.mark.parametrize("run", ["batch-terms", *(pytest.param(
+    name, marks=requires(jax=True)) for name in ("batch-terms-pydataset",
+                                                  "batch-terms-generator"))])
 def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path, run: str
                                                         ) -> None:
     """An activity regularizer and a layer's add_loss, 103 rows in batches of 10: the
     last batch of 3 goes whole to both processes, each computing one device's terms
     (JAX: one program over both processes' devices, the batch laid out replicated);
     the job equals one process, with nothing to warn about. JAX padded it and warned
-    before. "batch-terms-pydataset" reads the rows from a PyDataset (JAX)."""
+    before. "batch-terms-pydataset" reads the rows from a PyDataset (JAX), and
+    "batch-terms-generator" from a generator (JAX: padded, with a warning, before)."""
     two = _finished(job, run)
     _assert_same(one / run / "rank0.npz", two / "rank0.npz")
     assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr

@@ -235,11 +235,12 @@ class Adapter(ModelCopying, StepOps):
     # packing by its static shape. On the Keras 2 lines every batch carries its packing.
     even_batches_run_plain = False
 
-    def lays_out_replicated(self, ours: Callable[[Any], bool]) -> bool:
+    def lays_out_replicated(self, ours: Callable[[Any], bool],
+                            replicated: Callable[[Any], bool]) -> bool:
         """Whether a fed batch whose rows do not divide over the devices can be laid out
         replicated - every device all rows, one program computing them once
-        (`batching.BatchPlan.replicated`): Keras 3 on JAX. `ours(batch)`: whether a batch
-        is kerasmgpu's. Arranges what it answers for where the adapter must."""
+        (`batching.BatchPlan.replicated`): Keras 3 on JAX. `ours` / `replicated`: whether
+        a batch is kerasmgpu's / fed whole by every process of a job. Arranges it."""
         return False
 
     def steps_per_call(self, model: Any) -> int:

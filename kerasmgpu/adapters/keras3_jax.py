@@ -59,9 +59,11 @@ every backend shares are in `keras3`. What is read or wrapped here:
   batch (`batching.BatchPlan.replicated`); `lays_out_replicated` says where it can.
   A generator or tf.data pipeline kerasmgpu pads reaches Keras as a generator or a
   dataset, which no attribute can mark: its batches are told by their packing (the
-  data layer's test, handed to `lays_out_replicated`), they keep one structure, and in
-  one process a run of them whose rows do not divide is laid out replicated the same
-  way; any other feed's first batch is handed back and the method runs as Keras's.
+  data layer's tests, handed to `lays_out_replicated`), and a run of them whose rows do
+  not divide is laid out replicated the same way - in a job, a generator's batch every
+  process feeds whole, marked (a tf.data pipeline keeps one structure and is never
+  planned so there); any other feed's first batch is handed back and the method runs
+  as Keras's.
 * `keras.src.backend.jax.trainer._distribute_data` (Keras 3.3 - 3.9, whose
   `distribute_data_input` splits every batch over the replicas whatever its layout):
   wrapped in the module, in one process, to lay such a batch out replicated itself
@@ -100,7 +102,8 @@ class Keras3Jax(Keras3):
                                  replicated: Callable[[Any], bool]) -> bool:
         return _allow_changing_structure(dataset, kind_of, replicated)
 
-    def lays_out_replicated(self, ours: Callable[[Any], bool]) -> bool:
+    def lays_out_replicated(self, ours: Callable[[Any], bool],
+                            replicated: Callable[[Any], bool]) -> bool:
         # Arranges what it answers for, as allow_changing_structure does.
         # The per-kind runs (`_per_kind`) lay a run of batches whose rows do not divide
         # over the devices out replicated (3.10+: Keras lays a batch out as given).
@@ -120,7 +123,7 @@ class Keras3Jax(Keras3):
                 inspect.signature(method).parameters) == ["self", "distribution"]
             if runs and not getattr(method, _PATCHED_ATTR, False):
                 epoch_iterator._get_distributed_iterator = _per_kind(method)
-        _OURS[:] = [ours]
+        _OURS[:] = [ours, replicated]
         if not runs or self.version >= KERAS3_JAX_DATA_AS_LAID_OUT:
             return runs
         return _lay_out_uneven(trainer)
@@ -335,17 +338,10 @@ KIND_ATTR = "kerasmgpu_batch_kind"
 _PATCHED_ATTR = "kerasmgpu_per_kind"
 
 _END = object()
-# The data layer's test of a batch kerasmgpu fed (`lays_out_replicated`): how the runs
-# tell a generator or tf.data pipeline of kerasmgpu's, which carries no KIND_ATTR.
+# The data layer's tests of a batch (`lays_out_replicated`): whether kerasmgpu fed it,
+# whether every process of a job feeds it whole - how the runs tell a generator or
+# tf.data pipeline of kerasmgpu's, which carries no KIND_ATTR, and its kinds of batch.
 _OURS: List[Callable[[Any], bool]] = []
-
-
-def _one_kind(batch: Any) -> None:
-    return None
-
-
-def _never(batch: Any) -> bool:
-    return False
 
 
 def _trainer() -> Optional[Any]:
@@ -501,9 +497,9 @@ def _per_kind(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[
                 # Not kerasmgpu's: Keras's own method, on the same batches.
                 yield from original(_Source(_chained(pending[0], batches)), distribution)
                 return
-            # A generator or tf.data pipeline kerasmgpu pads: one structure; in one
-            # process its runs are told by their rows (replicated only there).
-            kinds = (_one_kind, _never)
+            # A generator or tf.data pipeline kerasmgpu pads: a batch every process
+            # of a job feeds whole has a structure of its own (the mark).
+            kinds = (_OURS[1], _OURS[1])
         kind_of, replicated = kinds
 
         import jax

@@ -88,16 +88,20 @@ class Input:
     # program can lay out replicated (`batching.BatchPlan.replicated`), in a job too.
     REPLICATES: ClassVar[bool] = False
     # Whether they reach Keras as a generator or a tf.data pipeline, whose batches one
-    # program lays out replicated in one process only (told by their packing: a job's
-    # process could not tell a whole batch from its share of one).
+    # program lays out replicated told by their packing: in one process; in a job where
+    # a batch every process feeds whole says so (`MARKS_WHOLE`: a generator's may change
+    # structure, a tf.data pipeline's may not).
     REPLICATES_ALONE: ClassVar[bool] = False
+    MARKS_WHOLE: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         self.adapter = adapter
         replicates = (self.REPLICATES and adapter.even_batches_run_plain or
-                      self.REPLICATES_ALONE and planner.process_count == 1)
+                      self.REPLICATES_ALONE and (planner.process_count == 1 or
+                                                 self.MARKS_WHOLE))
         if planner.whole and (request.predict or not planner.copies and not (
-                replicates and adapter.lays_out_replicated(bundle.is_padded))):
+                replicates and adapter.lays_out_replicated(bundle.is_padded,
+                                                           bundle.is_replicated))):
             # predict computes no loss: padded as for any model. One program cannot be
             # given copies (a sum would count each): where it cannot lay the batch out
             # replicated either, it is padded, and the step's report warns that padding

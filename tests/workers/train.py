@@ -78,6 +78,8 @@ parser.add_argument("--preempt-slurm", action="store_true")
 parser.add_argument("--tf-data", action="store_true")
 parser.add_argument("--pydataset", action="store_true",
                     help="fit and evaluate read a keras.utils.PyDataset of the arrays")
+parser.add_argument("--generator", action="store_true",
+                    help="fit and evaluate read a generator of the arrays' batches")
 parser.add_argument("--listeners", action="store_true")
 parser.add_argument("--chief-sets", action="store_true")
 parser.add_argument("--on-parallel", action="store_true",
@@ -419,6 +421,16 @@ elif args.pydataset:
     history = pmodel.fit(Batches(), epochs=args.epochs, shuffle=False, verbose=0,
                          callbacks=callbacks, validation_data=(x[:33], y[:33]))
     evaluation = pmodel.evaluate(Batches(), verbose=0)
+elif args.generator:
+    def batches():
+        while True:  # every epoch's batches, in order; the steps tell the epochs
+            for start in range(0, len(x), args.batch):
+                yield x[start:start + args.batch], y[start:start + args.batch]
+
+    steps = -(-len(x) // args.batch)
+    history = pmodel.fit(batches(), steps_per_epoch=steps, epochs=args.epochs, verbose=0,
+                         callbacks=callbacks, validation_data=(x[:33], y[:33]))
+    evaluation = pmodel.evaluate(batches(), steps=steps, verbose=0)
 else:
     history = pmodel.fit(x, y, batch_size=args.batch, epochs=args.epochs,
                          shuffle=False, verbose=0, callbacks=callbacks,
