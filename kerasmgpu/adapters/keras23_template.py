@@ -26,7 +26,10 @@ one device makes them - and its replicas' left out. Keras's own layers keep thei
 (BatchNormalization: `sync_batchnorm`).
 
 Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
-`keras23_runtime` (`import kerasmgpu.keras23`).
+`keras23_runtime` (`import kerasmgpu.keras23`). Read there: `Layer._per_input_updates`
+and `_inbound_nodes`, `Network._network_nodes` and `_node_key`; wrapped on the instance:
+`Model._make_train_function`, and while it runs `Optimizer.get_updates`, whose
+assignments get control inputs by TensorFlow's `Operation._add_control_inputs`.
 """
 
 from __future__ import annotations
@@ -159,6 +162,10 @@ class ReplicaUpdates:
         self._replica_keys: Dict[int, Set[Any]] = {}
         self._model_keys: List[Any] = []
         self._own = own_ops(keras, model)
+        # The replicas' unconditional ops of a layer of `_own`, taken out of its list for
+        # good (the template's own fit would run them too), and left out of what the
+        # template collected of them.
+        self._dropped: Set[int] = set()
 
     def _keys(self) -> Dict[int, Set[Any]]:
         return {id(owner): set(getattr(owner, UPDATES))
@@ -183,6 +190,12 @@ class ReplicaUpdates:
 
         parallel.__dict__["_make_train_function"] = make_train_function
         train_after_own_inputs(parallel, self.model, self._own)
+        for layer in getattr(self.model, "layers", None) or []:
+            lists = getattr(layer, UPDATES, None) or {}
+            if self._own.get(id(layer)) and None in lists:
+                kept = layer.__dict__[_UNCONDITIONAL]
+                self._dropped.update(id(op) for op in lists[None][kept:])
+                lists[None] = lists[None][:kept]
 
     @contextlib.contextmanager
     def as_now(self) -> Iterator[None]:
@@ -205,10 +218,10 @@ class ReplicaUpdates:
                 ops = [op for key in keys for op in lists.get(key, [])]
                 whole = self._own.get(id(owner))
                 if whole:
-                    left_out.update(id(op) for op in ops + lists.get(None, [])[
-                        owner.__dict__[_UNCONDITIONAL]:])
+                    left_out.update(id(op) for op in ops)
                     ops = whole
                 own.setdefault(id(owner), []).extend((active, op) for op in ops)
+        left_out |= self._dropped
         owned = {id(op) for ops in own.values() for _, op in ops} | left_out
         lists = getattr(self.model, UPDATES)
         found = [op for key in self._model_keys for op in lists.get(key, [])]
@@ -236,13 +249,7 @@ class ReplicaUpdates:
         lists = getattr(self.model, UPDATES)
         for index, key in enumerate(self._model_keys):
             put(lists, key, gathered if index == 0 else [])
-        # The replicas' unconditional ops of a whole-batch layer, in its own list and
-        # collected into the template's (which reads its layers' lists too).
-        for layer, _ in tree:
-            for owner in _owners(layer):
-                if self._own.get(id(owner)) and None in getattr(owner, UPDATES):
-                    put(getattr(owner, UPDATES), None, getattr(owner, UPDATES)[None][
-                        :owner.__dict__[_UNCONDITIONAL]])
+        # A whole-batch layer's replicas' unconditional ops, collected by the template.
         if left_out and None in lists:
             put(lists, None, [op for op in lists[None] if id(op) not in left_out])
         for layer, _ in tree[1:]:
@@ -297,10 +304,13 @@ def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]])
     """The template's own update ops (`own_ops`) read a forward pass of the template on
     the whole batch that no gradient needs, so nothing ordered it before the optimizer's
     assignments in the train function's one run: it could read the weights the step had
-    just changed (a moving average 3e-4 for one device's 4e-4). The optimizer's ops of
-    the parallel model's train function wait for the inputs those ops read, as one
-    device's wait for the forward pass their gradients need. Wraps the instance's
-    `_make_train_function` and, while it runs, the optimizer's `get_updates` (2.3.1)."""
+    just changed (a moving average 3e-4 for one device's 4e-4). The optimizer's
+    assignments of the weights in the parallel model's train function wait for the
+    inputs those ops read, as one device's wait for the forward pass their gradients
+    need; nothing else is reordered (with every update made to wait, Adam's read of
+    `iterations` and its increment swapped on some runs: weights 6e-3 off). Wraps the
+    instance's `_make_train_function` and, while it runs, the optimizer's `get_updates`
+    (2.3.1)."""
     nodes = getattr(model, "_network_nodes", None) or set()
     tensors = [tensor for layer in getattr(model, "layers", None) or [] if own.get(id(layer))
                for index, node in enumerate(layer._inbound_nodes)
@@ -311,17 +321,37 @@ def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]])
 
     def make_train_function() -> Any:
         optimizer = parallel.optimizer
+        # What stands there now (the shared slots' `get_updates`, accumulate_steps'
+        # stand-in) is called, and put back.
+        before = optimizer.__dict__.get("get_updates")
         original = optimizer.get_updates
 
         def get_updates(*args: Any, **kwargs: Any) -> Any:
-            with tensors[0].graph.control_dependencies(tensors):
-                return original(*args, **kwargs)
+            updates = original(*args, **kwargs)
+            # The assignments of the weights wait - not `iterations`' increment, nor any
+            # read (Adam's of `iterations`): their order stays one device's. An update
+            # that is a tensor is the read after its assignment (`assign` of a
+            # resource variable): the assignment is among its control inputs.
+            params = kwargs.get("params", args[0] if args else [])
+            handles = {getattr(getattr(p, "handle", None), "op", None) for p in params}
+            handles.discard(None)
+            waited = [tensor.op for tensor in tensors]
+            for update in updates:
+                op = update if hasattr(update, "_add_control_inputs") else update.op
+                for gated in [op] + list(op.control_inputs):
+                    if "Assign" in gated.type and gated.inputs and \
+                            gated.inputs[0].op in handles:
+                        gated._add_control_inputs(waited)
+            return updates
 
         optimizer.__dict__["get_updates"] = get_updates
         try:
             return make()
         finally:
-            optimizer.__dict__.pop("get_updates", None)
+            if before is None:
+                optimizer.__dict__.pop("get_updates", None)
+            else:
+                optimizer.__dict__["get_updates"] = before
 
     parallel.__dict__["_make_train_function"] = make_train_function
 
