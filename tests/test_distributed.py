@@ -20,6 +20,7 @@ or is stopped on purpose is still a job of its own.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import os
@@ -107,6 +108,8 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
 # Keras 3 before 3.15 sums the activity loss over rows and is refused on torch.
 BATCH_TERMS = ON_TORCH and Version(str(_VERSION)) >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN or \
     ON_JAX and not JAX_TOO_OLD or LINE in MULTI_WORKER_LINES
+# TensorFlow installed, for a tf.data pipeline (on JAX: keras3.15-jax-tfdata).
+TF_DATA = importlib.util.find_spec("tensorflow") is not None
 # In order: one process with one device trains the model as it is, and Keras shuffles
 # its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
 INPUTS: Dict[str, List[str]] = {"arrays": []}
@@ -162,6 +165,11 @@ RUNS: Dict[str, List[str]] = {
     **({"batch-terms-generator": ["train.py", "--epochs", "2", "--rows", "103",
                                    "--batch-terms", "--generator"]}
        if ON_JAX and BATCH_TERMS else {}),
+    # And from a tf.data pipeline (TensorFlow beside JAX: keras3.15-jax-tfdata), whose
+    # every batch carries the mark, ones where the batch is whole.
+    **({"batch-terms-tfdata": ["train.py", "--epochs", "2", "--rows", "103",
+                                "--batch-terms", "--tf-data"]}
+       if ON_JAX and BATCH_TERMS and TF_DATA else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -196,7 +204,8 @@ REFERENCES: Dict[str, List[str]] = {
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
-    **({name: RUNS[name] for name in ("batch-terms-pydataset", "batch-terms-generator")}
+    **({name: RUNS[name] for name in ("batch-terms-pydataset", "batch-terms-generator",
+                                      "batch-terms-tfdata") if name in RUNS}
        if ON_JAX and BATCH_TERMS else {}),
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
@@ -356,7 +365,9 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
                     f"{LINE.value} {_VERSION}")
 @pytest.mark.parametrize("run", ["batch-terms", *(pytest.param(
     name, marks=requires(jax=True)) for name in ("batch-terms-pydataset",
-                                                  "batch-terms-generator"))])
+                                                  "batch-terms-generator")),
+    pytest.param("batch-terms-tfdata", marks=[requires(jax=True, tf_data=True),
+                                              pytest.mark.tf_data])])
 def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path, run: str
                                                         ) -> None:
     """An activity regularizer and a layer's add_loss, 103 rows in batches of 10: the
@@ -364,7 +375,8 @@ def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path, run
     (JAX: one program over both processes' devices, the batch laid out replicated);
     the job equals one process, with nothing to warn about. JAX padded it and warned
     before. "batch-terms-pydataset" reads the rows from a PyDataset (JAX), and
-    "batch-terms-generator" from a generator (JAX: padded, with a warning, before)."""
+    "batch-terms-generator" from a generator and "batch-terms-tfdata" from a tf.data
+    pipeline (JAX: padded, with a warning, before)."""
     two = _finished(job, run)
     _assert_same(one / run / "rank0.npz", two / "rank0.npz")
     assert "cannot keep padding rows out" not in job[1].stdout + job[1].stderr

@@ -60,10 +60,9 @@ every backend shares are in `keras3`. What is read or wrapped here:
   A generator or tf.data pipeline kerasmgpu pads reaches Keras as a generator or a
   dataset, which no attribute can mark: its batches are told by their packing (the
   data layer's tests, handed to `lays_out_replicated`), and a run of them whose rows do
-  not divide is laid out replicated the same way - in a job, a generator's batch every
-  process feeds whole, marked (a tf.data pipeline keeps one structure and is never
-  planned so there); any other feed's first batch is handed back and the method runs
-  as Keras's.
+  not divide is laid out replicated the same way - in a job, a batch every process
+  feeds whole, as it marks itself (`bundle.is_replicated`); any other feed's first
+  batch is handed back and the method runs as Keras's.
 * `keras.src.backend.jax.trainer._distribute_data` (Keras 3.3 - 3.9, whose
   `distribute_data_input` splits every batch over the replicas whatever its layout):
   wrapped in the module, in one process, to lay such a batch out replicated itself

@@ -21,9 +21,10 @@ SAMPLE_WEIGHT_KEY = "sample_weight"
 # a predicted batch can come back permuted; the order key puts them back.
 ORDER_KEY = "kerasmgpu_order"
 # A batch every process of a job feeds whole, to be laid out replicated
-# (`batching.BatchPlan.replicated`): (rows, 0), no value at all. In one process such a
-# batch is told by its rows, which do not divide over the devices; in a job each process
-# feeds a share of the others, whose rows can be as many, so the batch says so itself.
+# (`batching.BatchPlan.replicated`): (rows, 0), no value at all (a tf.data pipeline's
+# every batch: (rows, 1), ones where so). In one process such a batch is told by its
+# rows, which do not divide over the devices; in a job each process feeds a share of the
+# others, whose rows can be as many, so the batch says so itself.
 REPLICATED_KEY = "kerasmgpu_replicated"
 
 
@@ -88,8 +89,15 @@ def is_padded(batch: Any) -> bool:
 
 
 def is_replicated(batch: Any) -> bool:
-    """Whether a fed batch is one every process of a job feeds whole (REPLICATED_KEY)."""
-    return is_padded(batch) and REPLICATED_KEY in batch[1]
+    """Whether a fed batch is one every process of a job feeds whole (REPLICATED_KEY):
+    present with no column (a Python feed marks only such a batch), or with one column
+    of ones (a tf.data pipeline, whose structure cannot change, marks every batch of
+    such a feed: 0 for a share)."""
+    if not is_padded(batch) or REPLICATED_KEY not in batch[1]:
+        return False
+    mark = batch[1][REPLICATED_KEY]
+    shape: Tuple[int, ...] = tuple(getattr(mark, "shape", ()))
+    return len(shape) < 2 or shape[-1] == 0 or bool(np.all(np.asarray(mark) == 1))
 
 
 def plain(x: Any, y: Any = None, sample_weight: Any = None) -> Tuple[Any, ...]:

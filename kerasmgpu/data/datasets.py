@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
@@ -20,7 +22,7 @@ from kerasmgpu.data.base import (
     tf_order,
     tf_pad,
 )
-from kerasmgpu.data.bundle import bundle
+from kerasmgpu.data.bundle import REPLICATED_KEY, bundle
 from kerasmgpu.data.structure import leaves, unpack
 
 
@@ -28,6 +30,7 @@ class Dataset(Input):
     """A `tf.data.Dataset` of batches: x, (x, y) or (x, y, sample_weight)."""
 
     REPLICATES_ALONE = True  # handed to Keras as a pipeline (Keras 3 on JAX)
+    MARKS_WHOLE = True  # every batch marked where a job may feed one whole (`tf_feed`)
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
@@ -48,6 +51,12 @@ class Dataset(Input):
         import tensorflow as tf
 
         planner, predict, dataset = self.planner, self.predict, self.dataset
+        # A job feeding a short batch whole in every process (one program, JAX): a
+        # pipeline's structure cannot change, so every batch carries the mark.
+        marks = planner.whole and not planner.copies and planner.process_count > 1
+
+        def whole(count: Any) -> Any:
+            return np.float32(planner.plan(int(count)).whole_in_every_process)
 
         def pad(number: Any, data: Any) -> Any:
             x, y, sw = unpack(data)
@@ -60,7 +69,11 @@ class Dataset(Input):
 
             if predict:
                 return gather(x), bundle(packed, order=tf_order(tf, number, rows))
-            return gather(x), bundle(packed, gather(y), gather(tf_float_weights(tf, sw)))
+            out = bundle(packed, gather(y), gather(tf_float_weights(tf, sw)))
+            if marks:
+                mark = tf.numpy_function(whole, [real], tf.float32, stateful=False)
+                out[REPLICATED_KEY] = tf.fill([tf.shape(rows)[0], 1], mark)
+            return gather(x), out
 
         data = dataset.enumerate().map(pad, num_parallel_calls=tf.data.AUTOTUNE,
                                        deterministic=True)
