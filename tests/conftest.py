@@ -49,11 +49,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_modifyitems(items: List[Any]) -> None:
     """A test that feeds a tf.data pipeline by a parameter (its value named "tf.data..."
-    as every input grid of the suite names it) is marked `tf_data`, as those written for
-    one are: the JAX envs have no TensorFlow, and keras3.15-jax-tfdata runs them."""
+    or "tfdata..." as every input grid of the suite names it) is marked `tf_data`, as
+    those written for one are: the JAX and PyTorch envs have no TensorFlow, and
+    keras3.15-jax-tfdata and keras3.15-torch-tfdata run them."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if any(isinstance(value, str) and value.startswith("tf.data")
+        if any(isinstance(value, str) and value.startswith(("tf.data", "tfdata"))
                for value in params.values()):
             item.add_marker(pytest.mark.tf_data)
 

@@ -443,6 +443,7 @@ def test_a_pydataset_is_read_in_the_same_order_by_every_process() -> None:
 
 
 @requires(tf_data=True)
+@pytest.mark.tf_data  # the JAX and torch routes' feeds too (keras3.15-{jax,torch}-tfdata)
 @pytest.mark.skipif(ON_LEGACY, reason="Keras 2.3 trains in one process only")
 def test_unseeded_tf_data_shuffle_is_refused_in_a_job_of_several() -> None:
     import tensorflow as tf

@@ -108,18 +108,22 @@ def _assert_same(a: Path, b: Path, keys=("loss", "val_loss", "evaluation", "pred
 # Keras 3 before 3.15 sums the activity loss over rows and is refused on torch.
 BATCH_TERMS = ON_TORCH and Version(str(_VERSION)) >= KERAS3_ACTIVITY_LOSS_IS_A_MEAN or \
     ON_JAX and not JAX_TOO_OLD or LINE in MULTI_WORKER_LINES
-# TensorFlow installed, for a tf.data pipeline (on JAX: keras3.15-jax-tfdata).
+# TensorFlow installed, for a tf.data pipeline; on Keras 3 + JAX or PyTorch it is so in
+# keras3.15-jax-tfdata and keras3.15-torch-tfdata, which run the tests marked tf_data.
 TF_DATA = importlib.util.find_spec("tensorflow") is not None
+KERAS3_TF_DATA = TF_DATA and (ON_TORCH or ON_JAX and not JAX_TOO_OLD)
 # In order: one process with one device trains the model as it is, and Keras shuffles
 # its own way (shuffled fits are checked by test_every_sample_once_per_epoch).
 INPUTS: Dict[str, List[str]] = {"arrays": []}
-if LINE in MULTI_WORKER_LINES:
+if LINE in MULTI_WORKER_LINES or KERAS3_TF_DATA:
     INPUTS["tf.data"] = ["--tf-data"]
 # accumulate_steps > 1 in several processes: Keras >= 3.8 on JAX or torch.
 ACCUMULATES = (ON_JAX or ON_TORCH) and _VERSION is not None and Version(str(_VERSION)) >= \
     Version("3.8")
 # Several TensorFlow workers take tf.data, arrays or generators, not a PyDataset.
 SHUFFLED = ["arrays"] + (["tfdata-seeded"] if LINE in MULTI_WORKER_LINES else ["pydataset"])
+if KERAS3_TF_DATA:  # each process reads the pipeline, seeded alike, and feeds its share
+    SHUFFLED.append("tfdata-seeded")
 
 # Each process given a call otherwise (tests/workers/train.py --disagree) -> what each
 # rank's refusal must name: rank 1's values where they differ from rank 0's, and on rank 0
@@ -165,11 +169,14 @@ RUNS: Dict[str, List[str]] = {
     **({"batch-terms-generator": ["train.py", "--epochs", "2", "--rows", "103",
                                    "--batch-terms", "--generator"]}
        if ON_JAX and BATCH_TERMS else {}),
-    # And from a tf.data pipeline (TensorFlow beside JAX: keras3.15-jax-tfdata), whose
-    # every batch carries the mark, ones where the batch is whole.
+    # And from a tf.data pipeline (TensorFlow beside JAX or torch), whose every batch
+    # carries the mark on JAX, ones where the batch is whole.
     **({"batch-terms-tfdata": ["train.py", "--epochs", "2", "--rows", "103",
                                 "--batch-terms", "--tf-data"]}
-       if ON_JAX and BATCH_TERMS and TF_DATA else {}),
+       if BATCH_TERMS and KERAS3_TF_DATA else {}),
+    # The self-check reading a tf.data pipeline's first batch (torch; the rest of its
+    # cases run in the misuse job below).
+    **({"verify-tfdata": ["verify.py", "--tf-data"]} if ON_TORCH and TF_DATA else {}),
     **({"collectives": ["train.py", "--epochs", "1", "--count-collectives"]}
        if ON_TORCH else {}),
     # One replica a process: each divides by its own valid count unless told the global.
@@ -204,9 +211,8 @@ REFERENCES: Dict[str, List[str]] = {
     "chief-parallel": RUNS["chief-parallel"],
     **({"custom": RUNS["custom"]} if ON_TORCH else {}),
     **({"batch-terms": RUNS["batch-terms"]} if BATCH_TERMS else {}),
-    **({name: RUNS[name] for name in ("batch-terms-pydataset", "batch-terms-generator",
-                                      "batch-terms-tfdata") if name in RUNS}
-       if ON_JAX and BATCH_TERMS else {}),
+    **{name: RUNS[name] for name in ("batch-terms-pydataset", "batch-terms-generator",
+                                     "batch-terms-tfdata") if name in RUNS},
     **({name: RUNS[name] for name in ("counted", "per-row")} if ON_TORCH else {}),
     **({"accumulate": ["train.py", "--batch", "40"]} if ACCUMULATES else {}),
     **({"own": RUNS["own"]} if ON_JAX or ON_TORCH else {}),
@@ -366,8 +372,9 @@ def test_custom_train_step_on_two_torch_processes(job: Job, one: Path) -> None:
 @pytest.mark.parametrize("run", ["batch-terms", *(pytest.param(
     name, marks=requires(jax=True)) for name in ("batch-terms-pydataset",
                                                   "batch-terms-generator")),
-    pytest.param("batch-terms-tfdata", marks=[requires(jax=True, tf_data=True),
-                                              pytest.mark.tf_data])])
+    pytest.param("batch-terms-tfdata", marks=[pytest.mark.skipif(
+        not KERAS3_TF_DATA, reason="needs Keras 3 on JAX or PyTorch, TensorFlow installed "
+        f"(tf.data); this env: {LINE.value} {_VERSION}"), pytest.mark.tf_data])])
 def test_terms_computed_from_the_batch_on_two_processes(job: Job, one: Path, run: str
                                                         ) -> None:
     """An activity regularizer and a layer's add_loss, 103 rows in batches of 10: the
@@ -905,8 +912,10 @@ def test_torch_refuses_a_dataloader_naming_a_generator_over_it_which_trains_exac
 
 
 @requires(torch=True)
+@pytest.mark.parametrize("feed", ["arrays", pytest.param("tf.data", marks=requires(
+    tf_data=True))])
 def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process(
-        misuse: Job) -> None:
+        request: pytest.FixtureRequest, feed: str) -> None:
     """parallelize(verify=True) on two processes (tests/workers/verify.py): a correct
     model trains as without the check; a replica whose weights differ in one process,
     a wrong padding weight (arrays, and a PyDataset or a generator whose 8-row first
@@ -914,13 +923,19 @@ def test_torch_verify_changes_nothing_and_raises_on_every_fault_in_every_process
     process, a loss term that sums over a process's rows (which no per-process step
     computes as one device),
     and evaluate's first batch raise VerificationError in both processes, before any
-    weight moves."""
-    out = _finished(misuse, "verify")
+    weight moves. "tf.data": the correct model, the weights and the padding faults read
+    from a tf.data pipeline (its first batch read by an iterator of the check's own)."""
+    if feed == "tf.data":
+        out = _finished(request.getfixturevalue("job"), "verify-tfdata")
+    else:
+        out = _finished(request.getfixturevalue("misuse"), "verify")
     named = {"weights": "'hidden'", "padding": "No layer's output differs",
              "padding-fed": "No layer's output differs",
              "padding-gen": "No layer's output differs",
              "state": "'scale'", "term": "in a loss term computed from the batch (add_loss "
              "in SummedModel.call (layer 'summed'))", "evaluate": "'hidden'"}
+    if feed == "tf.data":
+        named = {fault: named[fault] for fault in ("weights", "padding")}
     for rank in (0, 1):
         outcome = json.loads((out / f"verify{rank}.json").read_text())
         assert outcome.pop("correct") == 0.0, outcome

@@ -16,6 +16,8 @@ before any weight moves:
 * term: not a fault of kerasmgpu's but a model each process cannot train as one device
   does: a loss term that sums over the rows a process holds (the processes' terms are
   averaged, half of one device's).
+With --tf-data (TensorFlow installed beside torch), the same on a tf.data pipeline of
+those batches instead: the correct model, and the weights and padding faults.
 Each process writes OUT_DIR/verify<R>.json: what each case did.
 """
 
@@ -30,6 +32,7 @@ import kerasmgpu  # before Keras: it sets up the multi-process engine
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
+parser.add_argument("--tf-data", action="store_true")
 args = parser.parse_args()
 
 import keras  # noqa: E402
@@ -86,12 +89,27 @@ def build(term=False):
     return model
 
 
+def pipeline():
+    """The same batches as a tf.data pipeline: its first batch read through an iterator
+    of its own, as nothing in it changes what the fit then reads."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+
+def difference(a, b):
+    return max(float(np.max(np.abs(u - v))) for u, v in zip(a.get_weights(), b.get_weights()))
+
+
 outcome = {}
 plain, checked = build(), build()
-kerasmgpu.parallelize(plain).fit(x, y, **FIT)
-kerasmgpu.parallelize(checked, verify=True).fit(x, y, **FIT)
-outcome["correct"] = max(float(np.max(np.abs(a - b)))
-                         for a, b in zip(plain.get_weights(), checked.get_weights()))
+if args.tf_data:
+    kerasmgpu.parallelize(plain).fit(pipeline(), epochs=1, verbose=0)
+    kerasmgpu.parallelize(checked, verify=True).fit(pipeline(), epochs=1, verbose=0)
+else:
+    kerasmgpu.parallelize(plain).fit(x, y, **FIT)
+    kerasmgpu.parallelize(checked, verify=True).fit(x, y, **FIT)
+outcome["correct"] = difference(plain, checked)
 
 
 def fault(name, model):
@@ -111,16 +129,18 @@ class Batches(keras.utils.PyDataset):
 
 
 # A generator's first batch is taken for the check and handed back: trained the same.
-plain, checked = build(), build()
-kerasmgpu.parallelize(plain).fit((Batches()[i] for i in range(3)), epochs=1, verbose=0)
-kerasmgpu.parallelize(checked, verify=True).fit((Batches()[i] for i in range(3)), epochs=1,
-                                                verbose=0)
-outcome["correct"] = max([outcome["correct"]] + [
-    float(np.max(np.abs(a - b))) for a, b in zip(plain.get_weights(), checked.get_weights())])
+if not args.tf_data:
+    plain, checked = build(), build()
+    kerasmgpu.parallelize(plain).fit((Batches()[i] for i in range(3)), epochs=1, verbose=0)
+    kerasmgpu.parallelize(checked, verify=True).fit((Batches()[i] for i in range(3)),
+                                                    epochs=1, verbose=0)
+    outcome["correct"] = max(outcome["correct"], difference(plain, checked))
 
 
 own_mask = batching.BatchPlan.mask
-for name in ("weights", "padding", "padding-fed", "padding-gen", "state", "term", "evaluate"):
+faults = ("weights", "padding") if args.tf_data else (
+    "weights", "padding", "padding-fed", "padding-gen", "state", "term", "evaluate")
+for name in faults:
     model = build(term=name == "term")
     pmodel = kerasmgpu.parallelize(model, verify=True)
     fault(name, model)
@@ -128,7 +148,9 @@ for name in ("weights", "padding", "padding-fed", "padding-gen", "state", "term"
         batching.BatchPlan.mask = lambda self: np.ones(self.padded, "float32")
     before = [w.copy() for w in model.get_weights()]
     try:
-        if name == "evaluate":
+        if args.tf_data:
+            pmodel.fit(pipeline(), epochs=1, verbose=0)
+        elif name == "evaluate":
             pmodel.evaluate(x, y, batch_size=8, verbose=0)
         elif name == "padding-fed":
             pmodel.fit(Batches(), epochs=1, shuffle=False, verbose=0)
