@@ -264,7 +264,7 @@ class Arrays(Input):
                                          skip_none=True)
 
                 return plain(same(x), same(y), same(weights))
-            rows, packed = tf_pad(tf, tf.size(ids), planner)
+            rows, packed, _ = tf_pad(tf, tf.size(ids), planner)
             take = tf.gather(ids, rows)
 
             def pick(structure: Any) -> Any:

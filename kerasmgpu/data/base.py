@@ -88,17 +88,15 @@ class Input:
     # program can lay out replicated (`batching.BatchPlan.replicated`), in a job too.
     REPLICATES: ClassVar[bool] = False
     # Whether they reach Keras as a generator or a tf.data pipeline, whose batches one
-    # program lays out replicated told by their packing: in one process; in a job where
-    # a batch every process feeds whole says so (`MARKS_WHOLE`: a generator's may change
-    # structure, a tf.data pipeline's may not).
+    # program lays out replicated told by their packing, and in a job by the mark a
+    # batch every process feeds whole carries (a generator's batch changes structure for
+    # it, a pipeline's every batch carries a column, ones where the batch is whole).
     REPLICATES_ALONE: ClassVar[bool] = False
-    MARKS_WHOLE: ClassVar[bool] = False
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         self.adapter = adapter
         replicates = (self.REPLICATES and adapter.even_batches_run_plain or
-                      self.REPLICATES_ALONE and (planner.process_count == 1 or
-                                                 self.MARKS_WHOLE))
+                      self.REPLICATES_ALONE)
         if planner.whole and (request.predict or not planner.copies and not (
                 replicates and adapter.lays_out_replicated(bundle.is_padded,
                                                            bundle.is_replicated))):
@@ -267,19 +265,23 @@ def gather(structure: Any, rows: np.ndarray) -> Any:
 # --- tf.data pieces ------------------------------------------------------------------------
 
 
-def tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any]:
-    """(source rows, packed) for a batch of `real` rows, planned by kerasmgpu.batching."""
+def tf_pad(tf: Any, real: Any, planner: batching.Planner) -> Tuple[Any, Any, Any]:
+    """(source rows, packed, whole) for a batch of `real` rows, planned by
+    kerasmgpu.batching; `whole`: 1.0 where every process of a job feeds it whole, else
+    0.0 (a float32 scalar)."""
 
-    def plan_rows(count: Any) -> Tuple[np.ndarray, np.ndarray]:
+    def plan_rows(count: Any) -> Tuple[np.ndarray, np.ndarray, np.float32]:
         share = planner.plan(int(count))  # numpy scalars come in
-        return share.source_rows(), share.packed()
+        return (share.source_rows(), share.packed(),
+                np.float32(share.whole_in_every_process))
 
-    rows, packed = tf.numpy_function(
-        plan_rows, [real], [tf.int64, tf.float32], stateful=False
+    rows, packed, whole = tf.numpy_function(
+        plan_rows, [real], [tf.int64, tf.float32, tf.float32], stateful=False
     )
     rows.set_shape([None])
     packed.set_shape([None, batching.PACKED_COLUMNS])
-    return rows, packed
+    whole.set_shape([])
+    return rows, packed, whole
 
 
 def tf_float_weights(tf: Any, weights: Any) -> Any:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kerasmgpu import batching
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
@@ -29,8 +27,9 @@ from kerasmgpu.data.structure import leaves, unpack
 class Dataset(Input):
     """A `tf.data.Dataset` of batches: x, (x, y) or (x, y, sample_weight)."""
 
-    REPLICATES_ALONE = True  # handed to Keras as a pipeline (Keras 3 on JAX)
-    MARKS_WHOLE = True  # every batch marked where a job may feed one whole (`tf_feed`)
+    # Handed to Keras as a pipeline (Keras 3 on JAX); in a job every batch marked where
+    # one may go whole (`tf_feed`).
+    REPLICATES_ALONE = True
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
@@ -55,13 +54,10 @@ class Dataset(Input):
         # pipeline's structure cannot change, so every batch carries the mark.
         marks = planner.whole and not planner.copies and planner.process_count > 1
 
-        def whole(count: Any) -> Any:
-            return np.float32(planner.plan(int(count)).whole_in_every_process)
-
         def pad(number: Any, data: Any) -> Any:
             x, y, sw = unpack(data)
             real = tf.shape(leaves(x)[0])[0]
-            rows, packed = tf_pad(tf, real, planner)
+            rows, packed, whole = tf_pad(tf, real, planner)
 
             def gather(structure: Any) -> Any:
                 return None if structure is None else tf.nest.map_structure(
@@ -71,8 +67,7 @@ class Dataset(Input):
                 return gather(x), bundle(packed, order=tf_order(tf, number, rows))
             out = bundle(packed, gather(y), gather(tf_float_weights(tf, sw)))
             if marks:
-                mark = tf.numpy_function(whole, [real], tf.float32, stateful=False)
-                out[REPLICATED_KEY] = tf.fill([tf.shape(rows)[0], 1], mark)
+                out[REPLICATED_KEY] = tf.fill([tf.shape(rows)[0], 1], whole)
             return gather(x), out
 
         data = dataset.enumerate().map(pad, num_parallel_calls=tf.data.AUTOTUNE,

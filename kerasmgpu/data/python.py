@@ -110,8 +110,9 @@ class PaddedBatches:
 class Generator(Input):
     """A generator or iterator: batches in order, of a length nobody knows."""
 
-    REPLICATES_ALONE = True  # handed to Keras as a generator (Keras 3)
-    MARKS_WHOLE = True  # `pad_element` marks a batch every process feeds whole
+    # Handed to Keras as a generator (Keras 3); `pad_element` marks a batch every
+    # process of a job feeds whole.
+    REPLICATES_ALONE = True
 
     def __init__(self, adapter: Adapter, planner: batching.Planner, request: Request) -> None:
         super().__init__(adapter, planner, request)
