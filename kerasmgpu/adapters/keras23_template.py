@@ -267,6 +267,13 @@ def _whole(keras: Any, layer: Any) -> bool:
             and not isinstance(layer, keras.layers.BatchNormalization))
 
 
+def _own_nodes(model: Any, layer: Any) -> List[Any]:
+    """`layer`'s nodes in the template's own graph (not its replicas')."""
+    nodes = getattr(model, "_network_nodes", None) or set()
+    return [node for index, node in enumerate(layer._inbound_nodes)
+            if model._node_key(layer, index) in nodes]
+
+
 def own_ops(keras: Any, model: Any) -> Dict[int, List[Any]]:
     """For each layer of the user's own in `model` that makes update ops, those its
     calls in the template's own graph made (its nodes the template owns, and the
@@ -275,16 +282,14 @@ def own_ops(keras: Any, model: Any) -> Dict[int, List[Any]]:
     a model of the template's keeps its replicas' ops: that model's own graph reads its
     own inputs, which no step feeds."""
     uid = keras.utils.generic_utils.object_list_uid
-    nodes = getattr(model, "_network_nodes", None) or set()
     found: Dict[int, List[Any]] = {}
     for layer in getattr(model, "layers", None) or []:
         lists = getattr(layer, UPDATES, None)
         if not _whole(keras, layer) or not isinstance(lists, dict) or not lists:
             continue
         layer.__dict__.setdefault(_UNCONDITIONAL, len(lists.get(None, [])))
-        keys = [uid(node.input_tensors) for index, node in enumerate(layer._inbound_nodes)
-                if model._node_key(layer, index) in nodes]
-        ops = [op for key in keys for op in lists.get(key, [])]
+        ops = [op for node in _own_nodes(model, layer)
+               for op in lists.get(uid(node.input_tensors), [])]
         ops += lists.get(None, [])[:layer.__dict__[_UNCONDITIONAL]]
         if ops:
             found[id(layer)] = ops
@@ -311,10 +316,8 @@ def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]])
     `iterations` and its increment swapped on some runs: weights 6e-3 off). Wraps the
     instance's `_make_train_function` and, while it runs, the optimizer's `get_updates`
     (2.3.1)."""
-    nodes = getattr(model, "_network_nodes", None) or set()
     tensors = [tensor for layer in getattr(model, "layers", None) or [] if own.get(id(layer))
-               for index, node in enumerate(layer._inbound_nodes)
-               if model._node_key(layer, index) in nodes for tensor in node.input_tensors]
+               for node in _own_nodes(model, layer) for tensor in node.input_tensors]
     if not tensors:
         return
     make = parallel._make_train_function
