@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ def test_activity_regularizers_and_add_loss_train_as_on_one_device(
 def _updating(conditional: bool, nested: bool = False) -> Any:
     """A layer of the user's own keeping a moving average of its input's mean and a count
     of the rows it saw, by `add_update` - on its input (`conditional`) or not - between
-    two Dense layers; `nested`: inside a model of its own. Its output reads neither
+    two Dense layers; `nested`: inside a model of its own, after a Dense layer of that
+    model (its update reads a tensor of the model's call). Its output reads neither
     variable: a read of a variable the same step assigns has no order against the
     assign in Keras 2.3's graph, on one device too."""
 
@@ -103,7 +105,8 @@ def _updating(conditional: bool, nested: bool = False) -> Any:
     hidden = keras.layers.Dense(4, activation="tanh")(inputs)
     if nested:
         inner = keras.layers.Input((4,))
-        hidden = keras.models.Model(inner, Averaging(name="averaging")(inner))(hidden)
+        averaged = Averaging(name="averaging")(keras.layers.Dense(4, name="pre")(inner))
+        hidden = keras.models.Model(inner, averaged, name="inner")(hidden)
     else:
         hidden = Averaging(name="averaging")(hidden)
     model = keras.models.Model(inputs, keras.layers.Dense(1)(hidden))
@@ -115,24 +118,32 @@ def _updating(conditional: bool, nested: bool = False) -> Any:
 
 
 @pytest.mark.parametrize("sync_batchnorm", [False, True], ids=["keras", "layer-by-layer"])
-@pytest.mark.parametrize("conditional", [True, False], ids=["on-inputs", "unconditional"])
+@pytest.mark.parametrize("conditional,nested", [(True, False), (False, False), (True, True)],
+                         ids=["on-inputs", "unconditional", "nested-on-inputs"])
 def test_a_layer_making_update_ops_updates_once_from_the_whole_batch(
-        conditional: bool, sync_batchnorm: bool) -> None:
+        conditional: bool, nested: bool, sync_batchnorm: bool) -> None:
     """Each replica ran a layer's `add_update` ops on its slice, one after the other: a
     moving average read 0.47 where one device's is 0.19, silently (a count of rows was
     right: a sum). The template's own call, on the whole batch, makes them now - in
-    Keras's multi_gpu_model and in the replicas built layer by layer (sync_batchnorm)."""
+    Keras's multi_gpu_model and in the replicas built layer by layer (sync_batchnorm);
+    inside a nested model too (its replicas' ops, a moving average -0.35 for -0.19
+    before, with a warning), from the template's own call of that model."""
     rng = np.random.RandomState(1)
     x = rng.normal(size=(22, 5)).astype("float32")  # batches of 8: the last one 6 rows
     y = rng.normal(size=(22, 1)).astype("float32")
-    one, template = _updating(conditional), _updating(conditional)
+    one, template = _updating(conditional, nested), _updating(conditional, nested)
     one.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1], sync_batchnorm=sync_batchnorm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing to warn about
+        pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1],
+                                       sync_batchnorm=sync_batchnorm)
     pmodel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    layer = template.get_layer("averaging")
+    ours, theirs = ((template.get_layer("inner"), one.get_layer("inner")) if nested
+                    else (template, one))
+    layer = ours.get_layer("averaging")
     assert K.get_value(layer.rows) == 44.0  # every row once an epoch
     np.testing.assert_allclose(K.get_value(layer.average),
-                               K.get_value(one.get_layer("averaging").average), atol=1e-6)
+                               K.get_value(theirs.get_layer("averaging").average), atol=1e-6)
     assert_weights_close(one, template)
     # The template trains on with the moments the parallel fit left (shared slots).
     one.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
@@ -140,12 +151,15 @@ def test_a_layer_making_update_ops_updates_once_from_the_whole_batch(
     assert_weights_close(one, template)
 
 
-def test_a_nested_layer_making_update_ops_is_warned_about() -> None:
-    """Inside a nested model, the layer's own call reads that model's inputs, which no
-    step feeds: its replicas keep their ops, and parallelize() says so, naming it."""
+def test_a_nested_layer_making_unconditional_update_ops_is_warned_about() -> None:
+    """Inside a nested model, a layer's unconditional ops were made by the model's own
+    graph too, reading its inputs, which no step feeds (plain Keras 2.3 cannot train it
+    on one device either): its replicas keep their ops, and parallelize() says so,
+    naming it."""
     with pytest.warns(UserWarning, match=r"Averaging 'averaging' in the nested model .* "
-                      r"makes update ops .*Fix: call the layer in the model itself"):
-        kerasmgpu.parallelize(_updating(True, nested=True), gpus=REPLICAS[-1])
+                      r"makes update ops \(add_update\) with no inputs.*Fix: pass the layer's inputs "
+                      r".*or call the layer in the model itself"):
+        kerasmgpu.parallelize(_updating(False, nested=True), gpus=REPLICAS[-1])
 
 
 def test_a_stateful_rnn_is_refused_before_anything_happens() -> None:

@@ -22,8 +22,10 @@ user's own that makes update ops (`add_update`: a moving average of its input, a
 of rows) made them for each replica's slice, run one after the other: a moving average
 0.47 where one device's is 0.19, silently. Its ops are taken from the template's own
 call instead (`own_ops`), whose inputs are the parallel model's - the whole batch, as
-one device makes them - and its replicas' left out. Keras's own layers keep theirs
-(BatchNormalization: `sync_batchnorm`).
+one device makes them - and its replicas' left out; inside a nested model, from the
+template's own calls of that model (Keras 2.3 files a nested layer's conditional ops
+under its model's call inputs too). Keras's own layers keep theirs (BatchNormalization:
+`sync_batchnorm`).
 
 Verified on keras 2.3.1 over TensorFlow 2.15.1 with the runtime patches of
 `keras23_runtime` (`import kerasmgpu.keras23`). Read there: `Layer._per_input_updates`
@@ -278,13 +280,15 @@ def own_ops(keras: Any, model: Any) -> Dict[int, List[Any]]:
     """For each layer of the user's own in `model` that makes update ops, those its
     calls in the template's own graph made (its nodes the template owns, and the
     unconditional ones it had when kerasmgpu first met it): computed from the
-    template's inputs, which are the parallel model's, the whole batch. A layer inside
-    a model of the template's keeps its replicas' ops: that model's own graph reads its
-    own inputs, which no step feeds."""
+    template's inputs, which are the parallel model's, the whole batch. Inside a model
+    of the template's, `_nested_own_ops`."""
     uid = keras.utils.generic_utils.object_list_uid
     found: Dict[int, List[Any]] = {}
     for layer in getattr(model, "layers", None) or []:
         lists = getattr(layer, UPDATES, None)
+        if _inner(layer) and isinstance(lists, dict):
+            found.update(_nested_own_ops(keras, model, layer))
+            continue
         if not _whole(keras, layer) or not isinstance(lists, dict) or not lists:
             continue
         layer.__dict__.setdefault(_UNCONDITIONAL, len(lists.get(None, [])))
@@ -296,13 +300,41 @@ def own_ops(keras: Any, model: Any) -> Dict[int, List[Any]]:
     return found
 
 
+def _nested_own_ops(keras: Any, model: Any, inner: Any) -> Dict[int, List[Any]]:
+    """For each layer of the user's own inside `inner`, a model of the template's (at
+    any depth): the update ops the template's own calls of `inner` made for it. Keras
+    2.3 files a nested layer's conditional ops under its own call's tensors inside the
+    model, and under the model's call inputs in the model's lists (`run_internal_graph`),
+    which the template's own nodes of `inner` name. Its unconditional ones are not
+    taken: the nested model's own graph made them too, reading its own inputs, which no
+    step feeds (plain Keras 2.3 cannot train such a layer on one device either:
+    "You must feed a value for placeholder tensor"); `nested_updaters` names them."""
+    uid = keras.utils.generic_utils.object_list_uid
+    lists = getattr(inner, UPDATES)
+    calls = [op for node in _own_nodes(model, inner)
+             for op in lists.get(uid(node.input_tensors), [])]
+    found: Dict[int, List[Any]] = {}
+    for layer, _ in _tree(inner)[1:]:
+        mine = getattr(layer, UPDATES, None)
+        if not _whole(keras, layer) or not isinstance(mine, dict):
+            continue
+        ids = {id(op) for ops in mine.values() for op in ops}
+        ops = [op for op in calls if id(op) in ids]
+        if ops:
+            found[id(layer)] = ops
+    return found
+
+
 def nested_updaters(keras: Any, model: Any) -> List[str]:
-    """The layers of the user's own that make update ops inside a model of the
-    template's, in words: they keep their replicas' ops (`own_ops`)."""
+    """The layers of the user's own inside a model of the template's that make update
+    ops `own_ops` cannot take from the template's own calls (unconditional ones), in
+    words: they keep their replicas' ops."""
+    own = own_ops(keras, model)
     return [f"{type(layer).__name__} {layer.name!r} in the nested model {inner.name!r}"
             for inner in getattr(model, "layers", None) or [] if _inner(inner)
             for layer, _ in _tree(inner)[1:]
-            if _whole(keras, layer) and getattr(layer, UPDATES, None)]
+            if _whole(keras, layer) and (getattr(layer, UPDATES, None) or {}).get(None)
+            and not own.get(id(layer))]
 
 
 def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]]) -> None:
@@ -316,8 +348,16 @@ def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]])
     `iterations` and its increment swapped on some runs: weights 6e-3 off). Wraps the
     instance's `_make_train_function` and, while it runs, the optimizer's `get_updates`
     (2.3.1)."""
-    tensors = [tensor for layer in getattr(model, "layers", None) or [] if own.get(id(layer))
-               for node in _own_nodes(model, layer) for tensor in node.input_tensors]
+    tensors = []
+    for layer in getattr(model, "layers", None) or []:
+        if own.get(id(layer)):
+            tensors += [tensor for node in _own_nodes(model, layer)
+                        for tensor in node.input_tensors]
+        elif _inner(layer) and any(own.get(id(inner)) for inner, _ in _tree(layer)[1:]):
+            # A nested layer's ops read tensors inside its model's own call (after a
+            # layer of that model, whose weights the step assigns): its outputs follow.
+            tensors += [tensor for node in _own_nodes(model, layer)
+                        for tensor in node.output_tensors]
     if not tensors:
         return
     make = parallel._make_train_function
@@ -360,9 +400,9 @@ def train_after_own_inputs(parallel: Any, model: Any, own: Dict[int, List[Any]])
 
 
 def update_keys(model: Any) -> Dict[int, Set[Any]]:
-    """Each direct layer's update list keys now (before replicas are built)."""
+    """Each layer's update list keys now (before replicas are built), nested ones too."""
     return {id(layer): set(getattr(layer, UPDATES, None) or {})
-            for layer in getattr(model, "layers", None) or []}
+            for layer, _ in _tree(model)[1:]}
 
 
 def keep_own_updates(model: Any, own: Dict[int, List[Any]], before: Dict[int, Set[Any]],
@@ -374,6 +414,8 @@ def keep_own_updates(model: Any, own: Dict[int, List[Any]], before: Dict[int, Se
     its unconditional ones, which any model it is a layer of collects."""
     dropped: Set[int] = set()
     for layer in getattr(model, "layers", None) or []:
+        if _inner(layer):
+            _keep_nested_own_updates(layer, own, before, dropped)
         ops = own.get(id(layer))
         if not ops:
             continue
@@ -387,6 +429,29 @@ def keep_own_updates(model: Any, own: Dict[int, List[Any]], before: Dict[int, Se
     collected = getattr(replicas, UPDATES)
     for key, ops in list(collected.items()):
         collected[key] = [op for op in ops if id(op) not in dropped]
+
+
+def _keep_nested_own_updates(inner: Any, own: Dict[int, List[Any]],
+                             before: Dict[int, Set[Any]], dropped: Set[int]) -> None:
+    """`keep_own_updates` for the layers of `own` inside `inner`, a model of the
+    template's: their replicas' ops leave their lists and the lists the replicas' calls
+    of `inner` filed them in, and `inner` holds their own ones unconditionally (as a
+    layer of the replicas' model, which collects them)."""
+    mine = [op for layer, _ in _tree(inner)[1:] for op in own.get(id(layer), [])]
+    if not mine:
+        return
+    for layer, _ in _tree(inner)[1:]:
+        if own.get(id(layer)):
+            lists = getattr(layer, UPDATES)
+            for key in set(lists) - before.get(id(layer), set()):
+                dropped.update(id(op) for op in lists[key])
+                lists[key] = []
+    for layer, _ in _tree(inner):
+        lists = getattr(layer, UPDATES)
+        for key in set(lists) - before.get(id(layer), set()):
+            lists[key] = [op for op in lists[key] if id(op) not in dropped]
+    unconditional = getattr(inner, UPDATES).setdefault(None, [])
+    unconditional += [op for op in mine if not any(op is k for k in unconditional)]
 
 
 def missing_lists(model: Any) -> List[str]:

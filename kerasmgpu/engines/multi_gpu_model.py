@@ -185,18 +185,20 @@ def _refuse_stateful(adapter: Keras23, model: Any) -> None:
 
 
 def _warn_nested_updates(adapter: Keras23, model: Any) -> None:
-    """A layer of yours making update ops (`add_update`) in the model itself updates
-    once, from the template's own call on the whole batch (`keras23_template`); one
-    inside a nested model cannot: its model's own graph reads inputs no step feeds."""
+    """A layer of yours making update ops (`add_update`) updates once, from the
+    template's own call on the whole batch (`keras23_template`); one making
+    unconditional ones inside a nested model cannot: that model's own graph made them
+    too, reading inputs no step feeds."""
     found = adapter.nested_updaters(model)
     if found:
         warnings.warn(
-            f"kerasmgpu: {model.name}: {', '.join(found)} makes update ops (add_update), "
-            "which Keras 2.3's replicas each run on their own slice of the batch, one "
-            "after the other: one device's for a sum over the rows (a count), not for a "
-            "moving average. Fix: call the layer in the model itself rather than inside "
-            "a nested model (kerasmgpu then updates it once, from the whole batch), or "
-            "train with gpus=1.", stacklevel=3)
+            f"kerasmgpu: {model.name}: {', '.join(found)} makes update ops (add_update) "
+            "with no inputs, which Keras 2.3's replicas each run on their own slice of "
+            "the batch, one after the other: one device's for a sum over the rows (a "
+            "count), not for a moving average. Fix: pass the layer's inputs "
+            "(`self.add_update(updates, inputs)`), or call the layer in the model itself "
+            "rather than inside a nested model (kerasmgpu then updates it once, from the "
+            "whole batch), or train with gpus=1.", stacklevel=3)
 
 
 class _Follow:
