@@ -101,8 +101,9 @@ def assigned_refused(found: List[str], combined: bool) -> ValueError:
                    "aggregation (their mean or sum where it says so; with none, Keras's "
                    "default, each keeps its own and the first's is read) - one device's "
                    "update for a moving average of a mean over the rows aggregated by the "
-                   "mean, not for a count of rows (a third of one device's on 3 replicas) "
-                   "or a maximum")
+                   "mean, not for a count of rows (a third of one device's on 3 replicas; "
+                   "aggregated by the sum, counted once per replica where a batch that "
+                   "does not divide goes whole to each) or a maximum")
     else:
         received = ", ".join(found)
         allowed = ("no variable assigned in a layer's step where each process runs its "
