@@ -481,6 +481,41 @@ def test_functional_model_with_a_lambda_trains() -> None:
     _fit_both(build, XN / 100)
 
 
+@pytest.mark.core
+def test_a_nested_model_of_a_layer_class_of_yours_trains() -> None:
+    """A functional model inside the model (an encoder) holding a layer class of the
+    user's that is not registered - most are not - and a Sequential holding one too:
+    before, refused on the copying routes ("a Functional model whose layer 'encoder'
+    (Functional) cannot be rebuilt from its get_config()": its from_config looks its
+    layers' classes up by name); now copied layer by layer, as the model is."""
+
+    class Shift(keras.layers.Layer):
+        def __init__(self, by=0.0, **kwargs):
+            super().__init__(**kwargs)
+            self.by = by
+
+        def get_config(self):
+            return {**super().get_config(), "by": self.by}
+
+        def call(self, inputs):
+            return inputs - self.by
+
+    def build():
+        seed_all(keras, 8)
+        inner = keras.Input((4,))
+        encoded = Shift(1.5, name="shift")(keras.layers.Dense(3, name="enc")(inner))
+        encoder = keras.Model(inner, encoded, name="encoder")
+        head = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"),
+                                 Shift(0.5)], name="head")
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(head(encoder(inputs))))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    single, pmodel = _fit_both(build, XN / 100)
+    assert pmodel.get_layer("encoder").get_layer("shift").by == 1.5
+
+
 def test_a_layer_holding_another_layer_is_named_and_trains_built_in_scope() -> None:
     class Tied(keras.layers.Layer):
         """An output projection tied to an Embedding: holds the layer, no config for it."""

@@ -59,6 +59,12 @@ class ModelCopying:
     def _copy_of(self, layer: Any) -> Any:
         from kerasmgpu.adapters import layer_state  # numpy: see clone_model
 
+        if _is_graph_model(layer):
+            # A nested Sequential or functional model is copied as the model is, layer by
+            # layer: its from_config looks its layers' classes up by name, and a layer
+            # class of the user's that is not registered (most are not) is not found -
+            # such a model was refused as one that cannot be rebuilt.
+            return self.clone_model(layer)
         copy = self.copy_layer(layer)
         layer_state.carry_attributes(layer, copy)
         return copy
@@ -128,7 +134,11 @@ class ModelCopying:
         return error
 
     def _uncopiable_layer(self, model: Any) -> Optional[str]:
+        # Nested graph models are copied layer by layer (`_copy_of`): their layers are
+        # tried, as `layers_of` lists them too.
         for layer in self.layers_of(model)[1:]:
+            if _is_graph_model(layer):
+                continue
             try:
                 self.copy_layer(layer)
             except Exception:
