@@ -307,6 +307,35 @@ def test_an_unbatched_dataset_is_refused_before_a_step() -> None:
     parallel.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(5), verbose=0)  # batched: trains
 
 
+@requires(tf=True)
+def test_a_dataset_tf_distribute_split_is_refused_naming_the_one_to_pass() -> None:
+    """What `experimental_distribute_dataset` returns (batches already split over a
+    strategy's replicas): refused as what it is, with the check on too and before any
+    weight moves - where the feed failed with "'DistributedDataset' object has no
+    attribute 'enumerate'", after the check warned that it checked nothing."""
+    import warnings
+
+    import tensorflow as tf
+
+    x, y = classification_data(20)
+    template = mlp(keras)
+    before = template.get_weights()
+    parallel = kerasmgpu.parallelize(template, gpus=2, verify=True)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(5)
+    split = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).experimental_distribute_dataset(
+        dataset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match=r"Received: x=a DistributedDataset .*already "
+                           r"split.* Fix: pass the dataset you gave "
+                           r"`experimental_distribute_dataset`") as info:
+            parallel.fit(split, verbose=0)
+    _message(info)
+    for a, b in zip(before, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    parallel.fit(dataset, verbose=0)  # the dataset itself: trains
+
+
 class _Loader:
     """What a torch DataLoader is to kerasmgpu: batches through `iter()`, a length, no
     index (Keras 3 reads a real one itself; the torch job of test_distributed.py passes

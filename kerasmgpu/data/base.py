@@ -223,6 +223,13 @@ def is_dataset(obj: Any) -> bool:
     return module.startswith("tensorflow") and hasattr(obj, "element_spec")
 
 
+def is_split_dataset(obj: Any) -> bool:
+    """tf.distribute's DistributedDataset (`experimental_distribute_dataset`): batches
+    already split over another strategy's replicas, with none of tf.data's methods; no
+    call takes it (`feeds.input_kind` refuses it)."""
+    return is_dataset(obj) and not callable(getattr(obj, "enumerate", None))
+
+
 def is_python_source(obj: Any) -> bool:
     return (
         inspect.isgenerator(obj)

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Any, Optional, Tuple, Type
 
 from kerasmgpu import batching
-from kerasmgpu._errors import bad_value
+from kerasmgpu._errors import bad_type, bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data.arrays import Arrays, pad_batch
 from kerasmgpu.data.base import (
@@ -32,6 +32,7 @@ from kerasmgpu.data.base import (
     check_inputs,
     is_dataset,
     is_python_source,
+    is_split_dataset,
     num_rows,
 )
 from kerasmgpu.data.datasets import Dataset
@@ -97,6 +98,15 @@ def input_kind(request: Request) -> Type[Input]:
             "yield the weights with each batch",
         )
     if is_dataset(x):
+        if is_split_dataset(x):
+            # It failed inside the feed before: "no attribute 'enumerate'".
+            raise bad_type(
+                "x", f"a {type(x).__name__} (tf.distribute's, each batch already split "
+                "over a strategy's replicas)",
+                "a tf.data.Dataset of global batches: kerasmgpu splits each over its own "
+                "replicas", "pass the dataset you gave `experimental_distribute_dataset` "
+                "(or the function you gave `distribute_datasets_from_function`, called), "
+                "not what it returned", raw=True)
         return Dataset
     if hasattr(x, "__getitem__") and hasattr(x, "__len__"):
         return Indexed

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from kerasmgpu.data.base import is_dataset
+from kerasmgpu.data.base import is_dataset, is_split_dataset
 
 
 @dataclass
@@ -69,6 +69,8 @@ def first(x: Any) -> Peeked:
     from kerasmgpu.adapters import tf_data
 
     read: Callable[[Any], Any] = item_zero  # or the dataset's own reader, below
+    if is_split_dataset(x):
+        return Peeked(None, x)  # the call refuses it (`feeds.input_kind`)
     if is_dataset(x):
         changed = tf_data.state_a_read_changes(x)
         if changed is None:
