@@ -199,6 +199,7 @@ RUNS: Dict[str, List[str]] = {
        else {}),
     **({"metric-state!": ["train.py", "--metric-state"]} if ON_TORCH else {}),
     **({"layer-state!": ["train.py", "--layer-state"]} if ON_TORCH else {}),
+    **({"step-state!": ["train.py", "--step-state"]} if ON_TORCH else {}),
     **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
 }
 # Their one-process references, all in one process (each run its own model, trained as
@@ -538,6 +539,18 @@ def test_a_layer_assigning_variables_in_its_step_is_refused_in_every_process(job
     _refused_in_every_process(job, "layer-state", "ValueError: Invalid `model`. Received: "
                               "model=Counting.call assigning variables (layer 'counting')",
                               "Fix: train with Keras 3 on JAX")
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not ON_TORCH, reason="torch, where each process runs its own step; "
+                    "the TF lines: tests/test_models.py")
+def test_a_step_of_yours_assigning_variables_is_refused_in_every_process(job: Job) -> None:
+    """A train_step counting its rows in a model variable: each process would count its
+    own share - refused in every process at parallelize()."""
+    _refused_in_every_process(job, "step-state", "ValueError: Invalid `model`. Received: "
+                              "model=a Counting model whose own train_step assigns "
+                              "variables", "Fix: update such state outside the step")
 
 
 @pytest.mark.core

@@ -204,6 +204,42 @@ def _tracker_model_class():
     return TrackerModel
 
 
+@pytest.mark.core
+@pytest.mark.skipif(not ON_TF, reason="where each replica runs its own step: TensorFlow "
+                    "(torch: tests/test_distributed.py's job; JAX runs one program)")
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+def test_a_step_of_yours_assigning_variables_is_refused_before_anything_trains(
+        aggregation: str) -> None:
+    """A train_step counting the rows it is given in a variable of the model's: each
+    replica ran it on its share and TensorFlow combined the replicas' values - 8232 for
+    one device's 44 aggregated by the sum, 36 by the mean (Keras 3.15 + TensorFlow),
+    silently. Refused at parallelize(), naming the step and the fix."""
+    import tensorflow as tf
+
+    how = aggregation if KERAS3 else getattr(tf.VariableAggregation, aggregation.upper())
+
+    class Counting(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rows = self.add_weight(name="rows", shape=(), initializer="zeros",
+                                        trainable=False, aggregation=how)
+
+        def train_step(self, data):
+            self.rows.assign_add(tf.cast(tf.shape(data[0])[0], "float32"))
+            return super().train_step(data)
+
+    inputs = keras.Input((6,))
+    model = Counting(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    start = [np.array(w) for w in model.get_weights()]
+    with pytest.raises(ValueError, match=r"Received: model=a Counting model whose own "
+                       r"train_step assigns variables\. Allowed: .*Fix: update such state "
+                       r"outside the step, in a callback"):
+        kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
+    for a, b in zip(start, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @requires(lines=[KerasLine.KERAS_3])
 @pytest.mark.parametrize("rows", [60, 61])  # 61: a padded last batch of 1 row
 def test_own_loss_tracker_of_compute_loss_reads_one_devices_loss(rows: int) -> None:

@@ -141,6 +141,7 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
             "model", "a model already returned by parallelize()",
             "the original (template) model", "call parallelize() once, on the template",
         )
+    _refuse_assigning_steps(engine, template)
     klass = type(replica)
     report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__,
                                    one_program=engine.one_program)
@@ -177,6 +178,19 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
     _synchronized_batchnorm(replica, adapter, options.sync_batchnorm)
     engine.prepare_replica(replica)
     return replica
+
+
+def _refuse_assigning_steps(engine: EngineOps, template: Any) -> None:
+    """A train_step / test_step of the user's that assigns variables, where each replica
+    runs its own step, is refused (`refusals.step_assigns_refused`) - before the copy is
+    made, whose failure for another reason would hide it."""
+    if engine.one_program or engine.slices_in_graph or engine.planner.replicas <= 1:
+        return
+    steps = {kind: getattr(type(template), name, None) for name, kind in _STEP_KINDS.items()}
+    kinds = terms.assigning_steps(template, {kind: step for kind, step in steps.items()
+                                             if step is not None and not _is_keras_own(step)})
+    if kinds:
+        raise refusals.step_assigns_refused(type(template).__name__, kinds)
 
 
 def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:
@@ -250,6 +264,7 @@ def _is_keras_own(function: Any) -> bool:
 def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any, options: Options
                   ) -> Any:
     """Copy `template` into the engine's scope, copy its state, compile like it."""
+    _refuse_assigning_steps(engine, template)
     with engine.scope():
         replica = adapter.clone_model(template)
         if template.weights:

@@ -145,9 +145,19 @@ def state_layers(adapter: Adapter, model: Any) -> List[Any]:
     step is given. Keras's own layers are not among them (BatchNormalization's moving
     statistics: `sync_batchnorm`). (`K.update` is not looked for: a dict's `update`
     would be taken for it.)"""
-    return _users_layers_naming(adapter, model, frozenset({
-        "assign", "assign_add", "assign_sub", "update_add", "update_sub",
-        "moving_average_update", "add_update"}))
+    return _users_layers_naming(adapter, model, _ASSIGNING)
+
+
+_ASSIGNING = frozenset({"assign", "assign_add", "assign_sub", "update_add", "update_sub",
+                        "moving_average_update", "add_update"})
+
+
+def assigning_steps(model: Any, custom_steps: Dict[str, Any]) -> List[str]:
+    """The kinds of the user's own steps (step kind -> function) whose code, or the code
+    of the user's it reaches (the model class's methods, module-level functions), assigns
+    variables - `self.seen.assign_add(...)`, an average of its own."""
+    return [kind for kind, step in sorted(custom_steps.items())
+            if _ASSIGNING & _names(step, type(model))]
 
 
 def loss_layers(adapter: Adapter, model: Any) -> List[Any]:

@@ -33,7 +33,8 @@ at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint 
 that the one an earlier run left loads), --batch-metric (a compile loss and metric of one
 value per batch: a mean without an axis, an RMSE function), --metric-state (a Metric
 subclass keeping a running maximum: not a sum over rows), --layer-state (a layer
-that counts the rows it is given in a variable it assigns), --disagree WHAT (each process given the call
+that counts the rows it is given in a variable it assigns), --step-state (a train_step
+of the model's counting them so), --disagree WHAT (each process given the call
 otherwise - shard: its own rows; arguments: rank 1 another epochs and validation_data;
 generator: a generator augmenting with each process's own draws; on-batch: a
 train_on_batch of each process's own batch - which must raise in every process; the
@@ -121,6 +122,8 @@ parser.add_argument("--metric-state", action="store_true",
                     help="a Metric subclass whose state is a running maximum")
 parser.add_argument("--layer-state", action="store_true",
                     help="a layer counting the rows it is given in a variable")
+parser.add_argument("--step-state", action="store_true",
+                    help="a train_step counting the rows it is given in a model variable")
 parser.add_argument("--disagree", default=None,
                     choices=["shard", "arguments", "generator", "on-batch"])
 args = parser.parse_args()
@@ -258,6 +261,18 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
             return {m.name: m.result() for m in self.metrics}
 
     model_class = GuideModel
+if args.step_state:
+    class Counting(keras.Model):  # state assigned from the rows in its own step
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rows = self.add_weight(name="rows", shape=(), initializer="zeros",
+                                        trainable=False)
+
+        def train_step(self, data):
+            self.rows.assign_add(keras.ops.sum(keras.ops.ones_like(data[0][:, 0])))
+            return super().train_step(data)
+
+    model_class = Counting
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([(np.abs(value) + 0.5 if "variance" in w.name else value).astype("float32")
