@@ -207,13 +207,15 @@ def _tracker_model_class():
 @pytest.mark.core
 @pytest.mark.skipif(not ON_TF, reason="where each replica runs its own step: TensorFlow "
                     "(torch: tests/test_distributed.py's job; JAX runs one program)")
-@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+@pytest.mark.parametrize("aggregation,where", [("sum", "train_step"), ("mean", "train_step"),
+                                               ("mean", "compute_loss")])
 def test_a_step_of_yours_assigning_variables_is_refused_before_anything_trains(
-        aggregation: str) -> None:
+        aggregation: str, where: str) -> None:
     """A train_step counting the rows it is given in a variable of the model's: each
     replica ran it on its share and TensorFlow combined the replicas' values - 8232 for
     one device's 44 aggregated by the sum, 36 by the mean (Keras 3.15 + TensorFlow),
-    silently. Refused at parallelize(), naming the step and the fix."""
+    silently. Refused at parallelize(), naming the step and the fix; a compute_loss of
+    the model's that assigns too (it runs in the step)."""
     import tensorflow as tf
 
     how = aggregation if KERAS3 else getattr(tf.VariableAggregation, aggregation.upper())
@@ -228,13 +230,21 @@ def test_a_step_of_yours_assigning_variables_is_refused_before_anything_trains(
             self.rows.assign_add(tf.cast(tf.shape(data[0])[0], "float32"))
             return super().train_step(data)
 
+    class Losing(Counting):
+        train_step = keras.Model.train_step
+
+        def compute_loss(self, *args, **kwargs):
+            self.rows.assign_add(1.0)
+            return super().compute_loss(*args, **kwargs)
+
     inputs = keras.Input((6,))
-    model = Counting(inputs, keras.layers.Dense(1)(inputs))
+    model = (Counting if where == "train_step" else Losing)(
+        inputs, keras.layers.Dense(1)(inputs))
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     start = [np.array(w) for w in model.get_weights()]
-    with pytest.raises(ValueError, match=r"Received: model=a Counting model whose own "
-                       r"train_step assigns variables\. Allowed: .*Fix: update such state "
-                       r"outside the step, in a callback"):
+    with pytest.raises(ValueError, match=rf"Received: model=a {type(model).__name__} model "
+                       rf"whose own {where} assigns variables\. Allowed: .*Fix: update such "
+                       r"state outside the step, in a callback"):
         kerasmgpu.parallelize(model, gpus=REPLICAS[-1])
     for a, b in zip(start, model.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -180,17 +180,24 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
     return replica
 
 
+# The methods of a model that run in its step: a user's own that assigns variables is
+# refused where each replica runs its own step.
+_STEP_METHODS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
 def _refuse_assigning_steps(engine: EngineOps, template: Any) -> None:
-    """A train_step / test_step of the user's that assigns variables, where each replica
-    runs its own step, is refused (`refusals.step_assigns_refused`) - before the copy is
-    made, whose failure for another reason would hide it."""
+    """A train_step / test_step / compute_loss / compute_metrics of the user's that
+    assigns variables, where each replica runs its own step, is refused
+    (`refusals.step_assigns_refused`) - before the copy is made, whose failure for
+    another reason would hide it."""
     if engine.one_program or engine.slices_in_graph or engine.planner.replicas <= 1:
         return
-    steps = {kind: getattr(type(template), name, None) for name, kind in _STEP_KINDS.items()}
-    kinds = terms.assigning_steps(template, {kind: step for kind, step in steps.items()
-                                             if step is not None and not _is_keras_own(step)})
-    if kinds:
-        raise refusals.step_assigns_refused(type(template).__name__, kinds)
+    methods = {name: getattr(type(template), name, None) for name in _STEP_METHODS}
+    names = terms.assigning_steps(template, {
+        name: method for name, method in methods.items()
+        if method is not None and not _is_keras_own(method)})
+    if names:
+        raise refusals.step_assigns_refused(type(template).__name__, names)
 
 
 def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:

@@ -117,14 +117,13 @@ def assigned_refused(found: List[str], combined: bool) -> ValueError:
         , raw=True)
 
 
-def step_assigns_refused(model_class: str, kinds: List[str]) -> ValueError:
-    """The refusal of the user's own steps (`kinds`: `terms.assigning_steps`) that
-    assign variables, where each replica runs its own step."""
-    steps = " and ".join(f"{kind}_step" for kind in kinds)
+def step_assigns_refused(model_class: str, methods: List[str]) -> ValueError:
+    """The refusal of the user's own step methods (`methods`: `terms.assigning_steps`)
+    that assign variables, where each replica runs its own step."""
     return bad_value(
-        "model", f"a {model_class} model whose own {steps} assigns variables",
-        "no variable assigned in a train_step / test_step of yours where each replica runs "
-        "its own step (TensorFlow, PyTorch): each replica runs it on its share of the "
+        "model", f"a {model_class} model whose own {' and '.join(methods)} assigns variables",
+        "no variable assigned in a train_step, test_step, compute_loss or compute_metrics "
+        "of yours where each replica runs its own step (TensorFlow, PyTorch): each replica runs it on its share of the "
         "batch, and TensorFlow combines the replicas' values by the variable's "
         "aggregation (PyTorch keeps each process's) - one device's update for some state "
         "(a step counter aggregated by the mean), not for a count of rows (on Keras 3 + "

@@ -152,12 +152,13 @@ _ASSIGNING = frozenset({"assign", "assign_add", "assign_sub", "update_add", "upd
                         "moving_average_update", "add_update"})
 
 
-def assigning_steps(model: Any, custom_steps: Dict[str, Any]) -> List[str]:
-    """The kinds of the user's own steps (step kind -> function) whose code, or the code
-    of the user's it reaches (the model class's methods, module-level functions), assigns
-    variables - `self.seen.assign_add(...)`, an average of its own."""
-    return [kind for kind, step in sorted(custom_steps.items())
-            if _ASSIGNING & _names(step, type(model))]
+def assigning_steps(model: Any, methods: Dict[str, Any]) -> List[str]:
+    """The names of the user's own step methods (name -> function: a train_step, a
+    compute_loss) whose code, or the code of the user's it reaches (the model class's
+    methods, module-level functions), assigns variables - `self.seen.assign_add(...)`,
+    an average of its own."""
+    return [name for name, method in methods.items()
+            if _ASSIGNING & _names(method, type(model))]
 
 
 def loss_layers(adapter: Adapter, model: Any) -> List[Any]:
