@@ -205,6 +205,39 @@ def _tracker_model_class():
 
 
 @pytest.mark.core
+def test_a_loss_left_unreduced_is_refused_and_its_sum_trains_as_on_one_device() -> None:
+    """reduction='none' in compile: Keras's own step differentiates the per-row losses as
+    their sum and History averages them weighing each by its batch's size - the weights
+    came out one device's, History's loss 1.04 for 0.41 (Keras 3 + TensorFlow), 0.35 for
+    0.41 (tf_keras), silently (JAX: Keras's own error). Refused at parallelize(); the
+    fix it names, reduction='sum', trains as on one device (61 rows: a short batch)."""
+
+    def build(reduction):
+        seed_all(keras, 5)
+        inputs = keras.Input((6,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(
+            keras.layers.Dense(4, activation="tanh")(inputs)))
+        deterministic_weights(model, 5)
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss=keras.losses.MeanSquaredError(reduction=reduction))
+        return model
+
+    template = build("none")
+    start = [np.array(w) for w in template.get_weights()]
+    with pytest.raises(ValueError, match=r"Received: loss=MeanSquaredError\(reduction="
+                       r"'none'\)\. Allowed: .*Fix: compile with reduction='sum'"):
+        kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    for a, b in zip(start, template.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    single, template = build("sum"), build("sum")
+    fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
+    expected = single.fit(X, Y, **fit)
+    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=REPLICAS[-1]).fit(
+        X, Y, **fit))
+    assert_weights_close(single, template)
+
+
+@pytest.mark.core
 @pytest.mark.skipif(not ON_TF, reason="where each replica runs its own step: TensorFlow "
                     "(torch: tests/test_distributed.py's job; JAX runs one program)")
 @pytest.mark.parametrize("aggregation,where", [("sum", "train_step"), ("mean", "train_step"),

@@ -169,6 +169,17 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     adapter = state.adapter
     if scaled is None:
         scaled = _loss_scaling(adapter, loss)
+    unreduced = step_hooks.unreduced_losses(loss)
+    if unreduced and "train" not in state.custom_steps:
+        raise bad_value(
+            "loss", ", ".join(unreduced),
+            "a compiled loss reduced over the batch where Keras's own step trains: with "
+            "reduction='none' Keras differentiates the per-row losses as their sum and "
+            "History averages them weighing each by its batch's size, which no "
+            "combination of the replicas' shares reproduces (weights one device's, "
+            "History's loss 1.04 for one device's 0.41 on Keras 3 + TensorFlow)",
+            "compile with reduction='sum' (the same gradients: Keras sums the per-row "
+            "losses to differentiate them) or the default 'sum_over_batch_size'", raw=True)
     state.has_compiled_loss = loss is not None
     _install_steps(replica)
     adapter.check_internals(replica)

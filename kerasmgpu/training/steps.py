@@ -217,6 +217,22 @@ def _per_output(adapter: Adapter, weight: Any, sample_weight: Any, y_pred: Any) 
     return one(sample_weight, y_pred)
 
 
+def unreduced_losses(loss: Any) -> List[str]:
+    """The losses of a compile `loss=` argument with reduction "none", in words: Keras's
+    own step differentiates the per-row values as their sum, and its loss tracker
+    averages them with each batch's size as every value's weight - a figure no
+    combination of the replicas' shares gives."""
+    found: List[str] = []
+
+    def visit(leaf: Any) -> None:
+        reduction = getattr(leaf, "reduction", None)
+        if reduction is not None and str(reduction).lower().rsplit(".", 1)[-1] == "none":
+            found.append(f"{type(leaf).__name__}(reduction='none')")
+
+    map_structure(visit, loss)
+    return found
+
+
 def reduction_is_mean(adapter: Adapter, loss: Any) -> Optional[bool]:
     """Whether every loss of a compile `loss=` argument reduces by a mean (True), by a
     sum (False), or both kinds occur (None)."""
