@@ -232,9 +232,13 @@ def test_a_loss_left_unreduced_is_refused_and_its_sum_trains_as_on_one_device() 
     single, template = build("sum"), build("sum")
     fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0)
     expected = single.fit(X, Y, **fit)
-    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=REPLICAS[-1]).fit(
-        X, Y, **fit))
+    pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
+    assert_history_close(expected, pmodel.fit(X, Y, **fit))
     assert_weights_close(single, template)
+    # Compiled so afterwards: refused before anything is compiled.
+    with pytest.raises(ValueError, match=r"reduction='none'"):
+        pmodel.compile(optimizer=keras.optimizers.SGD(0.01),
+                       loss=keras.losses.MeanSquaredError(reduction="none"))
 
 
 @pytest.mark.core

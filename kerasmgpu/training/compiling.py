@@ -60,7 +60,7 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
     assert state is not None
     adapter = state.adapter
     args = {k: v for k, v in args.items() if v is not None or k == "loss"}
-    scaled = _loss_scaling(adapter, args.get("loss"))
+    scaled = _loss_scaling(state, args.get("loss"))
     with state.engine.scope():
         optimizer = _replica_optimizer(state, replica, args.get("optimizer"))
         compiled = _compile_arguments(adapter, args, optimizer,
@@ -150,8 +150,21 @@ def _template_optimizer(state: ParallelState, given: Any, previous: Any) -> Any:
     return given
 
 
-def _loss_scaling(adapter: Adapter, loss: Any) -> bool:
-    scaled = step_hooks.reduction_is_mean(adapter, loss)
+def _loss_scaling(state: ParallelState, loss: Any) -> bool:
+    """Whether the compile `loss=` reduces by a mean (its padding weight is scaled);
+    refuses, before anything is compiled, what no padding weight makes one device's."""
+    unreduced = step_hooks.unreduced_losses(loss)
+    if unreduced and "train" not in state.custom_steps:
+        raise bad_value(
+            "loss", ", ".join(unreduced),
+            "a compiled loss reduced over the batch where Keras's own step trains: with "
+            "reduction='none' Keras differentiates the per-row losses as their sum and "
+            "History averages them weighing each by its batch's size, which no "
+            "combination of the replicas' shares reproduces (weights one device's, "
+            "History's loss 1.04 for one device's 0.41 on Keras 3 + TensorFlow)",
+            "compile with reduction='sum' (the same gradients: Keras sums the per-row "
+            "losses to differentiate them) or the default 'sum_over_batch_size'", raw=True)
+    scaled = step_hooks.reduction_is_mean(state.adapter, loss)
     if scaled is None:
         raise bad_value(
             "loss", loss,
@@ -168,18 +181,7 @@ def install_hooks(replica: Any, loss: Any, scaled: Optional[bool] = None) -> Non
     assert state is not None
     adapter = state.adapter
     if scaled is None:
-        scaled = _loss_scaling(adapter, loss)
-    unreduced = step_hooks.unreduced_losses(loss)
-    if unreduced and "train" not in state.custom_steps:
-        raise bad_value(
-            "loss", ", ".join(unreduced),
-            "a compiled loss reduced over the batch where Keras's own step trains: with "
-            "reduction='none' Keras differentiates the per-row losses as their sum and "
-            "History averages them weighing each by its batch's size, which no "
-            "combination of the replicas' shares reproduces (weights one device's, "
-            "History's loss 1.04 for one device's 0.41 on Keras 3 + TensorFlow)",
-            "compile with reduction='sum' (the same gradients: Keras sums the per-row "
-            "losses to differentiate them) or the default 'sum_over_batch_size'", raw=True)
+        scaled = _loss_scaling(state, loss)
     state.has_compiled_loss = loss is not None
     _install_steps(replica)
     adapter.check_internals(replica)
