@@ -5,6 +5,7 @@ metrics and steps hooked (`kerasmgpu.training.steps`) at every compile."""
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import types
 from typing import Any, Callable, Dict, Optional
@@ -12,6 +13,7 @@ from typing import Any, Callable, Dict, Optional
 from kerasmgpu._errors import bad_value
 from kerasmgpu.adapters import Adapter
 from kerasmgpu.data import structure
+from kerasmgpu.env.versions import FRAMEWORK_PACKAGES
 from kerasmgpu.training import steps as step_hooks
 from kerasmgpu.training.state import ParallelState, state_of
 
@@ -236,6 +238,17 @@ def _install_steps(replica: Any) -> None:
             replica.__dict__[name] = types.MethodType(unbundled, replica)
 
 
+def frameworks_own_caller(depth: int) -> bool:
+    """Whether the function `depth` frames above the one calling this is the
+    frameworks' own code (1: its direct caller - Keras's `Trainer._compute_loss`
+    calling `compute_loss`)."""
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:
+        return False
+    return (frame.f_globals.get("__name__", "") or "").split(".")[0] in FRAMEWORK_PACKAGES
+
+
 # Set while a user's own train_step / test_step runs (on each replica's thread).
 _in_users_step = threading.local()
 
@@ -257,11 +270,13 @@ def _read_as_one_device(adapter: Adapter, compute_loss: Callable[..., Any]
     """`compute_loss` as a user's own step sees it: one device's value (Keras 3 on TF
     divides it by the replicas inside a replica, and the Keras guide's `Mean("loss")`
     tracker would read 1/replicas of it), the replica's gradient. Keras's own steps
-    unscale for their tracker themselves: unchanged there."""
+    unscale for their tracker themselves: unchanged there - also where a user's step
+    hands over to Keras's (`return super().train_step(data)`), told by the caller being
+    Keras's own code (History read 3 times one device's loss on 3 replicas)."""
 
     def compute(*args: Any, **kwargs: Any) -> Any:
         loss = compute_loss(*args, **kwargs)
-        if not getattr(_in_users_step, "on", False):
+        if not getattr(_in_users_step, "on", False) or frameworks_own_caller(1):
             return loss
         loss = adapter.loss_reading_as_one_device(loss)
         frame = step_hooks.current()

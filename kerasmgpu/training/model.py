@@ -141,7 +141,7 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
             "model", "a model already returned by parallelize()",
             "the original (template) model", "call parallelize() once, on the template",
         )
-    _refuse_assigning_steps(engine, template)
+    _warn_assigning_steps(engine, template)
     klass = type(replica)
     report = step_hooks.StepReport(adapter, engine.planner.replicas, type(template).__name__,
                                    one_program=engine.one_program)
@@ -181,15 +181,19 @@ def attach(replica: Any, template: Any, engine: EngineOps, adapter: Adapter,
 
 
 # The methods of a model that run in its step: a user's own that assigns variables is
-# refused where each replica runs its own step.
+# named where each replica runs its own step.
 _STEP_METHODS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 
 
-def _refuse_assigning_steps(engine: EngineOps, template: Any) -> None:
+def _warn_assigning_steps(engine: EngineOps, template: Any) -> None:
     """A train_step / test_step / compute_loss / compute_metrics of the user's that
-    assigns variables, where each replica runs its own step, is refused
-    (`refusals.step_assigns_refused`) - before the copy is made, whose failure for
-    another reason would hide it."""
+    assigns variables, where each replica runs its own step, is named in a warning: each
+    replica runs it on its share, which gives one device's state where the value is
+    computed from what every replica holds alike (an average of the weights after the
+    step, as Keras's DDIM example keeps: exact, tested) and not where it is computed
+    from the rows (a count of them). No made-up rows tell the two apart without running
+    an optimizer step, so it is said, not refused - as for a layer that cannot be tried
+    (`_tried_layers`)."""
     if engine.one_program or engine.slices_in_graph or engine.planner.replicas <= 1:
         return
     methods = {name: getattr(type(template), name, None) for name in _STEP_METHODS}
@@ -197,7 +201,17 @@ def _refuse_assigning_steps(engine: EngineOps, template: Any) -> None:
         name: method for name, method in methods.items()
         if method is not None and not _is_keras_own(method)})
     if names:
-        raise refusals.step_assigns_refused(type(template).__name__, names)
+        warnings.warn(
+            f"kerasmgpu: {type(template).__name__}: its own {' and '.join(names)} assigns "
+            "variables (read from its code). Each replica runs it on its share of the "
+            "batch, and TensorFlow combines the replicas' values by each variable's "
+            "aggregation (PyTorch: each process keeps its own): one device's state where "
+            "the value is computed from what every replica holds alike (an average of the "
+            "weights after the step), not where it is computed from the rows (a count of "
+            "them read 8232 for one device's 44 aggregated by the sum, 36 by the mean, on "
+            "Keras 3 + TensorFlow). Fix: update state computed from the rows in a "
+            "callback (on_train_batch_end runs once per global batch), or train with "
+            "gpus=1.", stacklevel=4)
 
 
 def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:
@@ -271,7 +285,6 @@ def _is_keras_own(function: Any) -> bool:
 def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any, options: Options
                   ) -> Any:
     """Copy `template` into the engine's scope, copy its state, compile like it."""
-    _refuse_assigning_steps(engine, template)
     with engine.scope():
         replica = adapter.clone_model(template)
         if template.weights:

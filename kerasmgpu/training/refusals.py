@@ -116,19 +116,3 @@ def assigned_refused(found: List[str], combined: bool) -> ValueError:
         "average of a mean over the rows made with `add_weight(..., aggregation=\"mean\")`"
         , raw=True)
 
-
-def step_assigns_refused(model_class: str, methods: List[str]) -> ValueError:
-    """The refusal of the user's own step methods (`methods`: `terms.assigning_steps`)
-    that assign variables, where each replica runs its own step."""
-    return bad_value(
-        "model", f"a {model_class} model whose own {' and '.join(methods)} assigns variables",
-        "no variable assigned in a train_step, test_step, compute_loss or compute_metrics "
-        "of yours where each replica runs its own step (TensorFlow, PyTorch): each replica runs it on its share of the "
-        "batch, and TensorFlow combines the replicas' values by the variable's "
-        "aggregation (PyTorch keeps each process's) - one device's update for some state "
-        "(a step counter aggregated by the mean), not for a count of rows (on Keras 3 + "
-        "TensorFlow 8232 for one device's 44 aggregated by the sum, 36 by the mean), "
-        "which kerasmgpu cannot tell apart",
-        "update such state outside the step, in a callback (on_train_batch_end runs once "
-        "per global batch, as on one device), or train it on one device (gpus=1)",
-        raw=True)

@@ -262,7 +262,7 @@ if args.custom_step:  # "Customizing what happens in fit() with PyTorch"
 
     model_class = GuideModel
 if args.step_state:
-    class Counting(keras.Model):  # state assigned from the rows in its own step
+    class RowCounting(keras.Model):  # state assigned from the rows in its own step
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.rows = self.add_weight(name="rows", shape=(), initializer="zeros",
@@ -272,7 +272,7 @@ if args.step_state:
             self.rows.assign_add(keras.ops.sum(keras.ops.ones_like(data[0][:, 0])))
             return super().train_step(data)
 
-    model_class = Counting
+    model_class = RowCounting
 model = model_class(inputs, outputs)
 init = np.random.default_rng(1)
 model.set_weights([(np.abs(value) + 0.5 if "variance" in w.name else value).astype("float32")
