@@ -156,7 +156,12 @@ def _loss_scaling(state: ParallelState, loss: Any) -> bool:
     """Whether the compile `loss=` reduces by a mean (its padding weight is scaled);
     refuses, before anything is compiled, what no padding weight makes one device's."""
     unreduced = step_hooks.unreduced_losses(loss)
-    if unreduced and "train" not in state.custom_steps:
+    own = state.originals.get("train_step")
+    # A step of the user's reduces the values itself - unless it hands over to Keras's
+    # (`super().train_step(data)` names it).
+    keras_reduces = "train" not in state.custom_steps or "train_step" in getattr(
+        getattr(own, "__code__", None), "co_names", ())
+    if unreduced and keras_reduces:
         raise bad_value(
             "loss", ", ".join(unreduced),
             "a compiled loss reduced over the batch where Keras's own step trains: with "
