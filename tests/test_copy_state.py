@@ -10,6 +10,8 @@ vocabulary, Discretization's bins), plain Python attributes a layer reads in `ca
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from helpers import (
@@ -236,10 +238,17 @@ def test_an_attribute_changed_after_parallelize_follows_the_template(name: str) 
     assert float(getattr(pmodel.get_layer("scaled"), name)) == 0.5
 
 
+# Each Projected layer draws from its own seed, the next of these: a copy remade from
+# the config draws another matrix, as an unseeded one would, and every run draws alike
+# (an unseeded draw left History 1.26e-5 off on one CI run: float32 over 3 replicas).
+_PROJECTION_SEEDS = itertools.count(1000)
+
+
 def _projected_model(kind):
     """A layer of the user's own that holds a fixed random matrix as an attribute, not
     a weight (a random projection), and a function it made in __init__ (issue 28,
-    deliver 2); unseeded: a copy remade from the config draws another of each."""
+    deliver 2); drawn anew by each layer made: a copy remade from the config draws
+    another of each."""
     if KERAS3:
         ops = keras.ops
     else:
@@ -248,7 +257,7 @@ def _projected_model(kind):
     class Projected(keras.layers.Layer):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            rng = np.random.default_rng()
+            rng = np.random.default_rng(next(_PROJECTION_SEEDS))
             matrix = rng.normal(size=(4, 4)).astype("float32")
             self.matrix = matrix if kind == "numpy" else ops.convert_to_tensor(matrix)
             factor = float(rng.uniform(0.5, 1.5)) if kind == "function" else 1.0
@@ -294,7 +303,9 @@ def test_what_a_layer_holds_besides_weights_reaches_the_copy_or_is_refused(kind:
         return
     pmodel = kerasmgpu.parallelize(template, gpus=REPLICAS[-1])
     fit = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
-    assert_history_close(single.fit(XN / 100, Y, **fit), pmodel.fit(XN / 100, Y, **fit))
+    # A matrix not carried is off in every value (the whole projection): 1e-4 tells it.
+    assert_history_close(single.fit(XN / 100, Y, **fit), pmodel.fit(XN / 100, Y, **fit),
+                         rtol=1e-4)
     assert_weights_close(single, template, atol=1e-5)
 
 
