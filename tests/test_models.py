@@ -204,6 +204,17 @@ def _tracker_model_class():
     return TrackerModel
 
 
+def _small(cls, seed, **compile_args):
+    """A functional model of class `cls` (6 features, a tanh layer of 4, one output),
+    its weights drawn from `seed`, compiled with `compile_args`."""
+    seed_all(keras, seed)
+    inputs = keras.Input((6,))
+    model = cls(inputs, keras.layers.Dense(1)(keras.layers.Dense(4, activation="tanh")(inputs)))
+    deterministic_weights(model, seed)
+    model.compile(**compile_args)
+    return model
+
+
 @pytest.mark.core
 def test_a_loss_left_unreduced_is_refused_and_its_sum_trains_as_on_one_device() -> None:
     """reduction='none' in compile: Keras's own step differentiates the per-row losses as
@@ -217,14 +228,8 @@ def test_a_loss_left_unreduced_is_refused_and_its_sum_trains_as_on_one_device() 
             return super().train_step(*args)
 
     def build(reduction, cls=keras.Model):
-        seed_all(keras, 5)
-        inputs = keras.Input((6,))
-        model = cls(inputs, keras.layers.Dense(1)(
-            keras.layers.Dense(4, activation="tanh")(inputs)))
-        deterministic_weights(model, 5)
-        model.compile(optimizer=keras.optimizers.SGD(0.01),
+        return _small(cls, 5, optimizer=keras.optimizers.SGD(0.01),
                       loss=keras.losses.MeanSquaredError(reduction=reduction))
-        return model
 
     for cls in (keras.Model, Handing):
         template = build("none", cls)
@@ -263,13 +268,8 @@ def test_a_step_handing_over_to_keras_reads_one_devices() -> None:
             return super().test_step(*args)
 
     def build():
-        seed_all(keras, 6)
-        inputs = keras.Input((6,))
-        model = Handing(inputs, keras.layers.Dense(1)(
-            keras.layers.Dense(4, activation="tanh")(inputs)))
-        deterministic_weights(model, 6)
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
-        return model
+        return _small(Handing, 6, optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                      metrics=["mae"])
 
     single, template = build(), build()
     fit = dict(batch_size=10, epochs=2, shuffle=False, verbose=0, validation_data=(X, Y))
@@ -330,13 +330,7 @@ def test_a_step_of_yours_assigning_variables_is_named_and_an_average_of_weights_
     cls = {"train_step": Counting, "compute_loss": Losing, "ema": Averaging}[where]
 
     def build():
-        seed_all(keras, 5)
-        inputs = keras.Input((6,))
-        model = cls(inputs, keras.layers.Dense(1)(
-            keras.layers.Dense(4, activation="tanh")(inputs)))
-        deterministic_weights(model, 5)
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-        return model
+        return _small(cls, 5, optimizer=keras.optimizers.SGD(0.05), loss="mse")
 
     said = (rf"kerasmgpu: {cls.__name__}: its own "
             rf"{'train_step' if where == 'ema' else where} assigns variables .*Fix: update "

@@ -5,7 +5,6 @@ metrics and steps hooked (`kerasmgpu.training.steps`) at every compile."""
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 import types
 from typing import Any, Callable, Dict, Optional
@@ -247,9 +246,10 @@ def frameworks_own_caller(depth: int) -> bool:
     """Whether the function `depth` frames above the one calling this is the
     frameworks' own code (1: its direct caller - Keras's `Trainer._compute_loss`
     calling `compute_loss`)."""
-    try:
-        frame = sys._getframe(depth + 1)
-    except ValueError:
+    frame = inspect.currentframe()
+    for _ in range(depth + 1):
+        frame = frame.f_back if frame is not None else None
+    if frame is None:
         return False
     return (frame.f_globals.get("__name__", "") or "").split(".")[0] in FRAMEWORK_PACKAGES
 
