@@ -144,6 +144,47 @@ def mlp(keras: Any, *, seed: int = 1, features: int = 20, classes: int = 3,
     return model
 
 
+def gan_run(keras: Any, gpus: Optional[int], steps: int = 4, **options: Any) -> Any:
+    """Keras-GAN's pattern: a discriminator compiled, then frozen to build and compile
+    the combined model with the generator; each step trains the discriminator on real
+    and generated rows (unfrozen around its calls) and the generator through the
+    combined model, on batches of 7 (uneven on 2 and 3 replicas). `gpus`: both models
+    parallelized on that many devices (with `options`); None: plain Keras. Returns (the losses, the
+    weights of both models, the discriminator's optimizer state)."""
+    seed_all(keras, 1)
+    layers = keras.layers
+    real = keras.Input((3,))
+    d = keras.Model(real, layers.Dense(1, activation="sigmoid")(
+        layers.Dense(4, activation="tanh")(real)))
+    d.compile(loss="binary_crossentropy", optimizer=keras.optimizers.Adam(0.01))
+    noise = keras.Input((2,))
+    g = keras.Model(noise, layers.Dense(3)(noise))
+    d.trainable = False
+    c = keras.Model(noise, d(g(noise)))
+    c.compile(loss="binary_crossentropy", optimizer=keras.optimizers.Adam(0.01))
+    for model in (d, g):
+        deterministic_weights(model, 1)
+    pd, pc = (d, c) if gpus is None else (kerasmgpu.parallelize(d, gpus, **options),
+                                          kerasmgpu.parallelize(c, gpus, **options))
+    rng = np.random.default_rng(0)
+    ones, zeros = np.ones((7, 1), "float32"), np.zeros((7, 1), "float32")
+    losses = []
+    for _ in range(steps):
+        x = rng.normal(size=(7, 3)).astype("float32")
+        z = rng.normal(size=(7, 2)).astype("float32")
+        fake = g.predict(z, verbose=0)
+        d.trainable = True
+        losses += [pd.train_on_batch(x, ones), pd.train_on_batch(fake, zeros)]
+        d.trainable = False
+        losses.append(pc.train_on_batch(z, ones))
+    state = getattr(d.optimizer, "variables", None)  # Keras 2.3: `weights`
+    state = state() if callable(state) else d.optimizer.weights if state is None else state
+    read = getattr(keras.backend, "batch_get_value", lambda values: values)  # Keras 2.3's graph
+    return ([float(np.ravel(v)[0]) for v in losses],
+            [np.asarray(w) for w in d.get_weights() + g.get_weights()],
+            [np.asarray(v) for v in read(state)])
+
+
 def classification_data(rows: int = 1001, features: int = 20, classes: int = 3,
                          seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)

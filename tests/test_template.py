@@ -12,6 +12,7 @@ test_distributed.py.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -22,10 +23,12 @@ from helpers import (
     ON_JAX,
     ON_TORCH,
     REPLICAS,
+    TF_LINES,
     assert_history_close,
     assert_weights_close,
     classification_data,
     deterministic_weights,
+    gan_run,
     grid,
     keras_module,
     mlp,
@@ -84,11 +87,21 @@ def _assert_same_outputs(single: Any, pmodel: Any) -> None:
 # --- template -> next parallel call --------------------------------------------------------
 
 
+def _legacy_adam() -> Any:
+    return keras.optimizers.legacy.Adam(0.01)
+
+
 @pytest.mark.core
-def test_training_the_template_between_parallel_calls() -> None:
+@pytest.mark.parametrize("optimizer", [
+    _adam,
+    # What `keras.optimizers.Adam` is on tf.keras 2.12 under `import keras`: it has no
+    # `build`, and the template's optimizer got no state (a warning; Adam restarted on
+    # the template).
+    pytest.param(_legacy_adam, marks=requires(lines=TF_LINES), id="legacy")])
+def test_training_the_template_between_parallel_calls(optimizer: Callable[[], Any]) -> None:
     """p.fit, m.fit, p.fit equals three epochs on one device (Adam: its moments too,
     and the learning rate a callback set while the template trained)."""
-    single, template = _pair()
+    single, template = _pair(optimizer)
     pmodel = kerasmgpu.parallelize(template, gpus=N)
     # By position: on JAX the template is the parallel model itself (no copy).
     for turn, model in enumerate((pmodel, template, pmodel)):
@@ -328,6 +341,24 @@ def test_frozen_without_recompile_does_what_keras_does_on_one_device() -> None:
         return
     assert not isinstance(got, Exception), got
     assert_weights_close(single, template)
+
+
+@pytest.mark.core
+def test_a_gan_trains_each_model_as_compiled() -> None:
+    """A discriminator compiled, then frozen to build the combined model, then
+    parallelized: tf.keras / tf_keras train the layers trainable at compile, and the
+    replica was compiled frozen (it never trained, silently: 5e-2 off in weights); on
+    Keras 3 + TF the template's optimizer, built while nothing was trainable, missed the
+    state of the parallel fit (a warning, and saving the template restarted Adam)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "layout" warning either
+        got = gan_run(keras, N)
+    expected = gan_run(keras, None)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    for name, a, b in (("weights", got[1], expected[1]), ("optimizer", got[2], expected[2])):
+        assert len(a) == len(b) > 1, name
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 # --- the parallel model's own changes, BatchNorm, and the cost -----------------------------

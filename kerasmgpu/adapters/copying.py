@@ -8,8 +8,9 @@ overrides `copy_layer`, `build_like` and `layers_of` where its Keras differs.
 
 from __future__ import annotations
 
+import contextlib
 from types import ModuleType
-from typing import Any, List, Optional, Tuple
+from typing import Any, ContextManager, List, Optional, Tuple
 
 from kerasmgpu._errors import bad_type, bad_value
 
@@ -144,6 +145,13 @@ class ModelCopying:
             except Exception:
                 return f"{layer.name!r} ({type(layer).__name__})"
         return None
+
+    def compiled_as(self, template: Any, replica: Any) -> ContextManager[None]:
+        """Compile `replica` inside this to train what `template`'s own compile left
+        trainable, where a Keras line fixes that at compile (tf.keras / tf_keras). Keras 3
+        reads the trainable flags when it makes a step, which kerasmgpu copies before
+        every training call: nothing to do."""
+        return contextlib.nullcontext()
 
     def build_like(self, clone: Any, model: Any) -> None:
         """Build a subclassed clone for the shapes the original was built for."""

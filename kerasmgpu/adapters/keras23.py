@@ -203,6 +203,24 @@ class Keras23(Adapter):
                             "are made, which the template and the parallel model share")
         keras23_template.share_slots(self.keras, optimizer, template)
 
+    def collect_trainable_as(self, parallel: Any, template: Any, inner: Any) -> None:
+        """Right after `parallel.compile()`: it trains the weights that the template's own
+        compile collected (`_collected_trainable_weights`, which `_make_train_function`
+        trains whatever the flags are by then), as one device does - a GAN's
+        discriminator compiled, then frozen to build the combined model, trains in its
+        own calls. `inner`: the model `parallel` runs (the template, or its copy), whose
+        weights match the template's by position."""
+        collected = getattr(template, "_collected_trainable_weights", None)
+        ours, theirs = template.weights, inner.weights
+        if collected is None or len(ours) != len(theirs):
+            return
+        held = {id(v) for v in theirs}
+        if not all(id(v) in held for v in getattr(parallel, "_collected_trainable_weights", [None])):
+            return  # weights of the parallel model's own: nothing to map onto
+        index = {id(v): i for i, v in enumerate(ours)}
+        parallel._collected_trainable_weights = [
+            theirs[index[id(v)]] for v in collected if id(v) in index]
+
     def nested_updaters(self, model: Any) -> List[str]:
         """Layers of yours making update ops inside a nested model (`keras23_template`),
         in words: each replica runs them on its slice."""

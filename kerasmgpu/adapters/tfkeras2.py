@@ -9,6 +9,8 @@ wrapped here:
   `_per_output_metrics`.
 * `model.compiled_metrics` (a `MetricsContainer`): `update_state` wrapped on the
   instance; `build(y_pred, y_true)`, `built`, `metrics` and `_conform_to_outputs`.
+* What a compile records beyond its arguments, and a legacy optimizer's slots:
+  `tfkeras2_compiled`.
 * `model._is_compiled`, `model._compile_config` (2.13+; earlier the containers'
   `_user_losses` / `_user_metrics` ...), `model._distribution_strategy`,
   `model._build_input_shape` (2.12, for subclassed copies), `layer._losses`.
@@ -46,7 +48,7 @@ from kerasmgpu.adapters.base import (
     following_save,
 )
 from kerasmgpu.adapters.step_ops import HOOKED
-from kerasmgpu.adapters.tfkeras2_losses import TfKeras2Losses
+from kerasmgpu.adapters.tfkeras2_compiled import TfKeras2Compiled
 from kerasmgpu.env.versions import (
     TF_KERAS_LEGACY_MIN,
     TF_KERAS_LEGACY_VERIFIED_BELOW,
@@ -67,7 +69,7 @@ def _combines_with_sample_weight(tf: Any, map_fn: Callable[..., Any]) -> bool:
     return True
 
 
-class TfKeras2(TfKeras2Losses):
+class TfKeras2(TfKeras2Compiled):
     DIST = "tensorflow"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -117,7 +117,7 @@ class MultiGpuModelEngine(Engine):
             self.adapter.add_one_device_losses(parallel, terms)
         self.adapter.name_nested_metrics(parallel)
         parallel_model.hold(parallel, model, self, self.adapter, options)
-        follow = _Follow(parallel, model, self.adapter)
+        follow = _Follow(parallel, model, inner, self.adapter)
         mirror = None
         if inner is not model:
             mirror = sync.link(model, inner, self.adapter, self, with_optimizer=False,
@@ -139,7 +139,7 @@ class MultiGpuModelEngine(Engine):
             replica = self.adapter.keras.models.clone_model(model)
             replica.set_weights(model.get_weights())
         parallel_model.hold(replica, model, self, self.adapter, options)
-        follow = _Follow(replica, model, self.adapter, device)
+        follow = _Follow(replica, model, replica, self.adapter, device)
         mirror = sync.link(model, replica, self.adapter, self, with_optimizer=False,
                            recompile=follow.recompile)
         _calls(replica, self.adapter, follow, mirror, device)
@@ -206,14 +206,16 @@ class _Follow:
     optimizer (one learning rate, one `iterations`, one set of slots: keras23_template),
     at parallelize() and again whenever the template has been compiled anew - Keras 2.3
     collects the trainable weights at compile, so a layer frozen on the template and
-    recompiled stops training in the parallel model, as on one device. A parallel model
+    recompiled stops training in the parallel model, as on one device, and the parallel
+    model trains the weights the template's compile collected, not those trainable when
+    it was compiled. A parallel model
     you compile yourself (Keras's own multi_gpu_model usage) is yours: it follows the
     template no more."""
 
-    def __init__(self, parallel: Any, template: Any, adapter: Keras23,
+    def __init__(self, parallel: Any, template: Any, inner: Any, adapter: Keras23,
                  device: Optional[str] = None) -> None:
-        self.parallel, self.template, self.adapter, self.device = (
-            parallel, template, adapter, device)
+        self.parallel, self.template, self.inner, self.adapter, self.device = (
+            parallel, template, inner, adapter, device)
         self.token: Tuple[Any, ...] = ()
         self.given: Any = None
         if adapter.is_compiled(template):
@@ -227,6 +229,7 @@ class _Follow:
         placed = tf.device(self.device) if self.device else contextlib.nullcontext()
         with placed:
             self.parallel.compile(**args)
+        self.adapter.collect_trainable_as(self.parallel, self.template, self.inner)
         self.given = getattr(self.parallel, "optimizer", None)
 
     def recompile(self, args: Dict[str, Any]) -> None:

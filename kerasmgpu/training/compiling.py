@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import threading
 import types
+from contextlib import nullcontext
 from typing import Any, Callable, Dict, Optional
 
 from kerasmgpu._errors import bad_value
@@ -54,9 +55,11 @@ def _on_compiled_metric(replica: Any) -> Callable[[Any], None]:
     return on_metric
 
 
-def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
+def compile_replica(replica: Any, args: Dict[str, Any], like: Any = None) -> None:
     """Compile the replica in scope with the user's arguments, then hook its losses and
-    metrics. Nothing of kerasmgpu is compiled in: what the model saves is the user's."""
+    metrics. Nothing of kerasmgpu is compiled in: what the model saves is the user's.
+    `like`: the template whose compile this repeats (its trainable layers as compiled:
+    `Adapter.compiled_as`); None: a compile of the parallel model itself."""
     state = state_of(replica)
     assert state is not None
     adapter = state.adapter
@@ -66,7 +69,8 @@ def compile_replica(replica: Any, args: Dict[str, Any]) -> None:
         optimizer = _replica_optimizer(state, replica, args.get("optimizer"))
         compiled = _compile_arguments(adapter, args, optimizer,
                                       fresh_metrics=state.template is not replica)
-        state.originals["compile"](replica, **compiled)
+        with adapter.compiled_as(like, replica) if like is not None else nullcontext():
+            state.originals["compile"](replica, **compiled)
     install_hooks(replica, args.get("loss"), scaled)
 
 

@@ -292,7 +292,7 @@ def parallel_copy(engine: EngineOps, adapter: Adapter, template: Any, options: O
         adapter.carry_state(template, replica)
     attach(replica, template, engine, adapter, options)
     if adapter.is_compiled(template):
-        compile_replica(replica, adapter.compile_args(template))
+        compile_replica(replica, adapter.compile_args(template), like=template)
     _link(replica)
     return replica
 
@@ -320,5 +320,5 @@ def _link(replica: Any) -> None:
     state.mirror = sync.link(
         state.template, replica, state.adapter, state.engine,
         job=state.engine.job.multi_process(),
-        recompile=lambda args: compile_replica(replica, args),
+        recompile=lambda args: compile_replica(replica, args, like=state.template),
         template_scope=own.engine.scope if own is not None else None)

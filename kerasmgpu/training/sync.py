@@ -87,6 +87,8 @@ class Mirror:
     # as the copy last took it (`_carry_adapted`); None: new layers, each carried at the next call.
     adapted: Optional[List[Tuple[Any, Any, Optional[List[Any]]]]] = None
     warned: bool = False
+    # The template's optimizer has its slots (`build_template_optimizer`).
+    template_slots: bool = False
     # A job: this process changed the parallel model itself since the processes last
     # agreed (set_weights / load_weights on it), which no token of the template shows.
     changed_here: bool = False
@@ -123,6 +125,7 @@ def relink(mirror: Mirror) -> None:
     if mirror.idle:
         return
     if not mirror.shared:
+        mirror.template_slots = False  # a compile may have given it a new optimizer
         build_template_optimizer(mirror)
     _refresh(mirror)
     if not mirror.shared and len(mirror.attributes) != len(mirror.pairs):
@@ -168,6 +171,12 @@ def before_call(mirror: Mirror, *, training: bool, collective: bool,
         _recompile(mirror)
     elif training:
         _copy_flags(mirror)
+    if training and not mirror.template_slots:
+        # Nothing was trainable when the template's optimizer was last built (a GAN's
+        # discriminator frozen to build the combined model, then parallelized): its
+        # slots are made now, outside the engine's scope, for the variables this call
+        # trains - the layout the replica's take in the call.
+        build_template_optimizer(mirror)
     changes = _changes(mirror, training)
     if exchange:
         direct = _replica_changes(mirror, training)
@@ -524,6 +533,7 @@ def build_template_optimizer(mirror: Mirror) -> None:
         scope = mirror.template_scope or contextlib.nullcontext
         with scope():
             mirror.adapter.build_optimizer(optimizer, template.trainable_variables)
+        mirror.template_slots = True
 
 
 def _record(mirror: Mirror) -> None:
