@@ -28,6 +28,7 @@ from helpers import (
     ON_LEGACY,
     ON_TF,
     assert_history_close,
+    assert_refused_untouched,
     assert_weights_close,
     deterministic_weights,
     keras_module,
@@ -144,7 +145,7 @@ def test_a_metric_of_the_batch_is_refused_where_each_replica_runs_its_step(
     start = template.get_weights()
     expected = (r"Invalid `metrics`\. Received: metrics=metric 'rmse' \(one value per "
                 r"batch\)(, metric 'worst' \(one value per batch\))?\. Allowed: metrics of "
-                r"one value per row .* Fix: return one value per row")
+                r"one value per row.* Fix: return one value per row")
     if subclassed:  # told at its first step, before anything is applied
         pmodel = kerasmgpu.parallelize(template, gpus=3)
         with pytest.raises(ValueError, match=expected):
@@ -212,3 +213,65 @@ def test_a_recompile_with_a_metric_of_the_batch_is_told_too() -> None:
     pmodel.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=[worst])
     assert_history_close(one.fit(X, Y, **FIT), pmodel.fit(X, Y, **FIT))
     assert_weights_close(one, template)
+
+
+def in_batch_negatives(y_true: Any, y_pred: Any) -> Any:
+    """InfoNCE: each row's output against every row's of the batch, itself the positive
+    - one value per row, computed from the batch's other rows too."""
+    if hasattr(keras, "ops"):
+        logits = ops.matmul(y_pred, ops.transpose(y_pred)) * 2.0
+        labels = ops.arange(ops.shape(y_pred)[0])
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    logits = ops.dot(y_pred, ops.transpose(y_pred)) * 2.0
+    labels = ops.arange(ops.shape(y_pred)[0])
+    return ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def centred_error(y_true: Any, y_pred: Any) -> Any:
+    """One value per row, each row's error about the batch's mean."""
+    return ops.mean(ops.abs((y_pred - ops.mean(y_pred, axis=0)) - (y_true - ops.mean(
+        y_true, axis=0))), axis=-1)
+
+
+def _comparing(rows: int = 4) -> Any:
+    seed_all(keras, 1)
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, keras.layers.Dense(rows)(inputs))
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=in_batch_negatives,
+                  metrics=[centred_error, per_row])
+    return model
+
+
+@pytest.mark.skipif(not (IN_PROCESS or ON_LEGACY), reason="an in-process route (TF, JAX), "
+                    "or Keras 2.3 (torch: tests/test_distributed.py)")
+def test_a_loss_comparing_the_batchs_rows_is_exact_or_refused() -> None:
+    """A contrastive loss with in-batch negatives and a metric about the batch's mean are
+    one value per row, each read from the other rows too: on the TF lines each replica
+    compared its share's rows only (tf_keras and Keras 3 + TF 2e-1 off in weights,
+    silently): refused before any weight moves; on JAX the padding rows joined the
+    comparison (1e-2 off): short batches now go whole. Keras 2.3 computes both over its
+    merged outputs. A loss or metric of the row alone (`per_row`) stays as it was."""
+    y = np.zeros((len(X), 1), "float32")
+    one, template = _comparing(), _comparing()
+    if ON_TF:
+        assert_refused_untouched(
+            template, lambda: kerasmgpu.parallelize(template, gpus=3),
+            r"Invalid `loss`\. Received: loss=loss 'in_batch_negatives' \(each row's value "
+            r"computed from the batch's other rows too\)\. .* a loss that compares rows "
+            r"needs them all: train it with Keras 3 on JAX")
+        template.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                         metrics=[centred_error, per_row])
+        assert_refused_untouched(
+            template, lambda: kerasmgpu.parallelize(template, gpus=3),
+            r"Invalid `metrics`\. Received: metrics=metric 'centred_error' \(each row's "
+            r"value computed from the batch's other rows too\)\. Allowed: metrics of one "
+            r"value per row, each computed from its row alone")
+        return
+    expected = one.fit(X, y, **FIT)
+    pmodel = kerasmgpu.parallelize(template, gpus=3)
+    assert_history_close(expected, pmodel.fit(X, y, **FIT))
+    assert_weights_close(one, template)
+    np.testing.assert_allclose(pmodel.evaluate(X, y, batch_size=8, verbose=0),
+                               one.evaluate(X, y, batch_size=8, verbose=0), rtol=1e-5)
+

@@ -199,6 +199,8 @@ RUNS: Dict[str, List[str]] = {
        if LINE in MULTI_WORKER_LINES else {}),
     **({"batch-metric!": ["train.py", "--epochs", "2", "--batch-metric"]} if not ON_JAX
        else {}),
+    **({"compared!": ["train.py", "--compared"]} if ON_TORCH else {}),
+    **({"centred!": ["train.py", "--centred"]} if ON_TORCH else {}),
     **({"metric-state!": ["train.py", "--metric-state"]} if ON_TORCH else {}),
     **({"layer-state!": ["train.py", "--layer-state"]} if ON_TORCH else {}),
     **{f"disagree-{what}!": ["train.py", "--disagree", what] for what in DISAGREEMENTS},
@@ -513,6 +515,23 @@ def _refused_in_every_process(job: Job, run: str, head: str, fix: str) -> None:
         assert raised.startswith(head), raised
         assert fix in raised, raised
     assert not (out / "rank0.npz").exists()
+
+
+@pytest.mark.core
+@trains_in_processes
+@pytest.mark.skipif(not ON_TORCH, reason="torch, whose processes each compute the loss over "
+                    "their share; the TF lines and JAX: tests/test_batch_metrics.py")
+def test_a_loss_or_layer_reading_the_batchs_other_rows_is_refused_in_every_process(
+        job: Job) -> None:
+    """In-batch negatives, a layer centring its rows on the batch's mean: each process
+    would compare its rows with its share's only."""
+    _refused_in_every_process(job, "compared", "ValueError: Invalid `loss`. Received: "
+                              "loss=loss 'in_batch_negatives' (each row's value computed "
+                              "from the batch's other rows too)",
+                              "train it with Keras 3 on JAX")
+    _refused_in_every_process(job, "centred", "ValueError: Invalid `model`. Received: "
+                              "model=Centred.call reading the batch's other rows (layer "
+                              "'centred')", "train with Keras 3 on JAX")
 
 
 @pytest.mark.core

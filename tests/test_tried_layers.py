@@ -302,3 +302,64 @@ def test_an_added_term_that_sums_over_the_rows_is_refused_before_anything_trains
         r"Invalid `model`\. Received: model=add_loss in Summed\.call \(layer 'summed'\) \(a "
         r"term that is not a mean over the rows\)\. Allowed: add_loss terms that are means "
         r"over the rows.* Fix: divide the term by the batch's rows")
+
+
+class Centred(keras.layers.Layer):
+    """Each row less the batch's mean: an output read from the batch's other rows (as a
+    minibatch standard deviation in a GAN's discriminator), in inference as in training."""
+
+    def call(self, x: Any) -> Any:
+        backend = keras.ops if hasattr(keras, "ops") else keras.backend
+        return x - backend.mean(x, axis=0, keepdims=True)
+
+
+class Noisy(keras.layers.Layer):
+    """Row by row, with a dropout inside: its training outputs are drawn at random, which
+    no two runs on the same rows repeat - not told, and not refused."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.drop = keras.layers.Dropout(0.5)
+
+    def call(self, x: Any, training: Any = None) -> Any:
+        return self.drop(x * 2.0, training=training)
+
+
+def _centred(how: str) -> Any:
+    seed_all(keras, 1)
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    hidden = Noisy()(keras.layers.Lambda(lambda x: x * 0.5)(hidden))  # row by row
+    hidden = (Centred() if how == "layer" else keras.layers.Lambda(
+        lambda x: x - (keras.ops if hasattr(keras, "ops") else keras.backend).mean(
+            x, axis=0, keepdims=True)))(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    deterministic_weights(model, 1)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+@pytest.mark.skipif(not (ON_TF or ON_JAX or ON_LEGACY), reason="an in-process route, or "
+                    "Keras 2.3 (torch: the same refusal as TensorFlow's, at parallelize())")
+@pytest.mark.parametrize("how", ["layer", "Lambda"])
+def test_a_layer_reading_the_batchs_other_rows_is_exact_or_refused(how: str) -> None:
+    """TensorFlow and Keras 2.3: each replica centred its rows on its share's mean (5e-2
+    off in weights, silently): refused before anything trains, naming the layer. JAX:
+    the padding rows joined the mean (2e-2 off): short batches go whole now. The
+    row-by-row layers beside it, a dropout among them, are not named. (The dropout is
+    left out of the comparison with one device: a random draw.)"""
+    template = _centred(how)
+    if ON_TF or ON_LEGACY:
+        assert_refused_untouched(
+            template, lambda: kerasmgpu.parallelize(template, gpus=3),
+            r"Invalid `model`\. Received: model=(Centred|Lambda)\.call reading the batch's "
+            r"other rows \(layer '.*'\)\. Allowed: layers whose output for a row is computed "
+            r"from that row alone.* Fix: compute each row's output from its row alone")
+        return
+    one = _centred(how)
+    for model in (one, template):
+        model.get_layer(index=3).drop.rate = 0.0  # no draw: comparable
+    expected = one.fit(X, Y, **FIT)
+    assert_history_close(expected, kerasmgpu.parallelize(template, gpus=3).fit(X, Y, **FIT))
+    assert_weights_close(one, template)
+

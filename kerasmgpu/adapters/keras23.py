@@ -258,6 +258,15 @@ class Keras23(Adapter):
     def read_values(self, variables: List[Any]) -> List[Any]:
         return list(self.keras.backend.batch_get_value(list(variables)))
 
+    def numpy(self, value: Any) -> Any:
+        """A tensor of Keras's graph (made from constants: `training.tried_layers`)
+        evaluated in its session; a value as a NumPy array."""
+        import numpy as np
+
+        if hasattr(value, "op") and hasattr(value, "graph"):
+            return np.asarray(self.keras.backend.eval(value))
+        return np.asarray(value)
+
     def write_values(self, variables: List[Any], values: List[Any]) -> None:
         self.keras.backend.batch_set_value(list(zip(variables, values)))
 

@@ -11,6 +11,13 @@ return for the model's outputs, so that the engine can compute them over the who
 batch (one program over the global batch: Keras 3 on JAX, short batches whole) or refuse
 them (replicas that run their own step).
 
+The same holds for a function of one value per row that computes each row's value from
+the batch's other rows too - an in-batch contrastive loss (each row against the others
+as negatives), a value normalised by a batch statistic: replicas that each see their
+share compare each row with other rows than one device (tf_keras: 2e-1 off in weights),
+and padding rows join the comparison. Shapes cannot tell it: each such function is run
+on a few made-up rows (`reads_other_rows`), the whole rows' values against two halves'.
+
 Private names read here, guarded, verified on Keras 3.3.3, 3.8.0, 3.10.0, 3.15.1 and
 tf_keras / tf.keras 2.12 - 2.21: `MeanMetricWrapper._fn` / `_fn_kwargs` (the function a
 metric averages) and Keras 3's `keras.src.backend.compute_output_spec` (the shape a
@@ -24,9 +31,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from kerasmgpu.adapters.aside import outside_scopes
 from kerasmgpu.env.versions import frameworks_own
 
 Spec = Tuple[Tuple[Optional[int], ...], str]  # (shape, dtype) of one model output
+ROWS = 6  # made-up rows a function is tried on: two halves of 3
+_TIMEOUT_S = 60.0
 
 
 def leaves(structure: Any) -> Iterator[Any]:
@@ -80,6 +90,47 @@ def value_rank(adapter: Any, fn: Callable[..., Any], kwargs: Dict[str, Any], spe
         return len(tuple(out.shape))
     except Exception:  # a function these specs cannot trace: its rank is not known
         return None
+
+
+def reads_other_rows(adapter: Any, fn: Callable[..., Any], kwargs: Dict[str, Any],
+                     spec: Spec) -> bool:
+    """Whether `fn(y_true, y_pred, **kwargs)`, of one value per row for outputs of
+    `spec`, computes a row's value from other rows of the batch too: told on `ROWS`
+    made-up rows - their values together against two halves' - run eagerly on a thread
+    of its own (outside any strategy's scope and any trace); False where it cannot be
+    told (the function wants other targets, raises, or gives no finite value)."""
+    import numpy as np
+
+    dims = tuple(2 if d is None else int(d) for d in spec[0][1:])
+    rng = np.random.default_rng(0)
+    y_true = rng.uniform(size=(ROWS, *dims)).astype("float32")
+    y_pred = rng.uniform(size=(ROWS, *dims)).astype("float32")
+
+    if adapter.keras3:
+        tensor = adapter.keras.ops.convert_to_tensor
+    else:  # tf.keras's backend functions take tensors only, as Keras gives them
+        import tensorflow as tf
+
+        tensor = tf.convert_to_tensor
+
+    def values(rows: slice) -> Any:
+        out = fn(tensor(y_true[rows]), tensor(y_pred[rows]), **kwargs)
+        return np.asarray(adapter.numpy(out), "float64")
+
+    def tried() -> bool:
+        whole = values(slice(None))
+        if whole.ndim == 0 or whole.shape[0] != ROWS:
+            return False
+        halves = np.concatenate([values(slice(0, ROWS // 2)), values(slice(ROWS // 2, None))])
+        if halves.shape != whole.shape or not (np.all(np.isfinite(whole))
+                                               and np.all(np.isfinite(halves))):
+            return False
+        return not np.allclose(halves, whole, rtol=1e-4, atol=1e-6)
+
+    try:
+        return outside_scopes(tried, _TIMEOUT_S, "function", lambda: False)
+    except Exception:  # not runnable on these rows: nothing to tell
+        return False
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -138,11 +189,18 @@ def _one_value(adapter: Any, given: Any, unwrap: Unwrap, kind: str, specs: Seque
     found: List[str] = []
     for item in leaves(given) if specs else ():
         computed = unwrap(adapter, item)
-        if computed is not None and any(value_rank(adapter, computed[0], computed[1], spec)
-                                        == 0 for spec in specs):
-            name = (getattr(item, "name", None) if kind == "metric" else None) or getattr(
-                computed[0], "__name__", None) or getattr(item, "name", kind)
-            found.append(f"{kind} {name!r} (one value per batch)")
+        if computed is None:
+            continue
+        ranks = [value_rank(adapter, computed[0], computed[1], spec) for spec in specs]
+        if 0 in ranks:
+            what = "one value per batch"
+        elif any(reads_other_rows(adapter, *computed, spec) for spec in specs):
+            what = "each row's value computed from the batch's other rows too"
+        else:
+            continue
+        name = (getattr(item, "name", None) if kind == "metric" else None) or getattr(
+            computed[0], "__name__", None) or getattr(item, "name", kind)
+        found.append(f"{kind} {name!r} ({what})")
     return found
 
 

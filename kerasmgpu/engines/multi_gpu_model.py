@@ -37,7 +37,7 @@ from kerasmgpu.env.devices import Device
 from kerasmgpu.options import DEFAULT_OPTIONS, Options
 from kerasmgpu.registry import Route
 from kerasmgpu.training import model as parallel_model
-from kerasmgpu.training import sync
+from kerasmgpu.training import refusals, sync, terms, tried_layers
 
 
 class MultiGpuModelEngine(Engine):
@@ -84,6 +84,7 @@ class MultiGpuModelEngine(Engine):
         if len(self.devices) == 1:
             return self._on_one_device(model, options)
         _refuse_stateful(self.adapter, model)
+        _refuse_mixed_rows(self.adapter, model)
         _warn_nested_updates(self.adapter, model)
         ids = [d.index for d in self.devices]
         # After kerasmgpu.legacy.install(), utils.multi_gpu_model is the drop-in itself.
@@ -182,6 +183,21 @@ def _refuse_stateful(adapter: Keras23, model: Any) -> None:
         "layers without stateful=True here: the replicas cannot share one batch-sized state",
         "train it on one device (gpus=1), or with stateful=False, or with Keras 3 on JAX "
         "(KERAS_BACKEND=jax), which trains a stateful RNN as one device does")
+
+
+def _refuse_mixed_rows(adapter: Keras23, model: Any) -> None:
+    """A layer of yours whose output for a row reads the batch's other rows (a batch
+    centring) sees only its replica's slice in multi_gpu_model (5e-2 off in weights on 3
+    replicas, silently; Keras's own multi_gpu_model the same): refused, tried as on the
+    other routes (`tried_layers.mixed_rows`), but for a layer making update ops: run on
+    made-up rows in Keras 2.3's graph, it would leave them among its updates. Losses and
+    metrics need nothing: they are computed on the merged outputs."""
+    updating = terms.state_layers(adapter, model)
+    found = tried_layers.mixed_rows(adapter, [
+        layer for layer in terms.row_layers(adapter, model)
+        if not any(layer is other for other in updating)], [])
+    if found:
+        raise refusals.mixed_rows_refused(found, "Keras 2.3's multi_gpu_model")
 
 
 def _warn_nested_updates(adapter: Keras23, model: Any) -> None:

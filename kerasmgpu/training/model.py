@@ -216,8 +216,8 @@ def _warn_assigning_steps(engine: EngineOps, template: Any) -> None:
 
 def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:
     """What the user's layers do with the rows they are given beyond the loss - values
-    added with `add_metric`, variables assigned in `call` - in words; short batches go
-    whole for them (`tried_layers`). Where each replica runs its own step what does not
+    added with `add_metric`, variables assigned in `call`, outputs read from the
+    batch's other rows - in words; short batches go whole for them (`tried_layers`). Where each replica runs its own step what does not
     combine over replicas as one device's is refused, before anything trains - those and
     the terms added with `add_loss` (found and made whole by `terms.batch_terms`) that
     are not a mean over the rows; on torch an assigned variable is (each process keeps
@@ -249,6 +249,11 @@ def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[st
             raise refusals.assigned_refused(bad, combined=True)
         untried += not_tried
     found += assigning
+    mixing = tried_layers.mixed_rows(adapter, terms.row_layers(adapter, template),
+                                     state_layers)
+    if mixing and not engine.one_program:
+        raise refusals.mixed_rows_refused(mixing)
+    found += mixing
     if untried:
         warnings.warn(
             f"kerasmgpu: {type(template).__name__}: {', '.join(untried)} could not be tried "

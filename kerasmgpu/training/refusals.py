@@ -20,14 +20,17 @@ def one_value_refused(found: List[str], one_program: bool, argument: str = "metr
     batch."""
     if argument == "loss":
         return bad_value(
-            "loss", ", ".join(found), "losses of one value per row, where each replica runs "
-            "its own step (TensorFlow, PyTorch): a loss of the whole batch computed over "
-            "each replica's share is another loss and gradient than one device's (Keras 3 "
-            "on TensorFlow reported 3x one device's loss), and no padding row's weight "
-            "reaches inside one value; Keras 3 on JAX computes it over the global batch",
+            "loss", ", ".join(found), "losses whose value for a row is computed from that "
+            "row alone, where each replica runs its own step (TensorFlow, PyTorch): a loss "
+            "of the whole batch - one value for it, or rows compared with the batch's other "
+            "rows (in-batch negatives, a batch statistic) - computed over each replica's "
+            "share is another loss and gradient than one device's (Keras 3 on TensorFlow "
+            "reported 3x one device's loss), and no padding row's weight reaches inside "
+            "one value; Keras 3 on JAX computes it over the global batch",
             "reduce over the last axis only (`keras.ops.mean(..., axis=-1)` or "
             "`K.mean(..., axis=-1)`): Keras then averages the rows, which for a mean is the "
-            "same loss; or train with Keras 3 on JAX", raw=True)
+            "same loss; a loss that compares rows needs them all: train it with Keras 3 on "
+            "JAX, or on one device (gpus=1)", raw=True)
     if one_program:  # found only once a padded batch was traced (no declared outputs)
         allowed = ("such a metric on a model whose outputs are declared (a functional model, "
                    "or one called once before parallelize()): a batch that does not "
@@ -35,12 +38,13 @@ def one_value_refused(found: List[str], one_program: bool, argument: str = "metr
         fix = ("build the model before parallelize(), or use batch sizes and row counts "
                "that divide by the replicas")
     else:
-        allowed = ("metrics of one value per row (Keras averages them over the rows) or "
-                   "Metric classes whose state is a sum over rows, where each replica runs "
-                   "its own step (TensorFlow, PyTorch): a function of the whole batch - a "
-                   "square root of a mean, a maximum - computed over each replica's share "
-                   "and averaged is not one device's (plain MirroredStrategy averages the "
-                   "replicas' values); Keras 3 on JAX computes it over the global batch")
+        allowed = ("metrics of one value per row, each computed from its row alone "
+                   "(Keras averages them over the rows), or Metric classes whose state is a "
+                   "sum over rows, where each replica runs its own step (TensorFlow, "
+                   "PyTorch): a function of the whole batch - a square root of a mean, a "
+                   "maximum, rows compared with each other - computed over each replica's "
+                   "share and averaged is not one device's (plain MirroredStrategy averages "
+                   "the replicas' values); Keras 3 on JAX computes it over the global batch")
         fix = ("return one value per row (e.g. `keras.ops.mean(..., axis=-1)`), or use "
                "Keras's metric class (`keras.metrics.RootMeanSquaredError()` for an RMSE, "
                "over every row of the epoch), or train with Keras 3 on JAX")
@@ -115,4 +119,22 @@ def assigned_refused(found: List[str], combined: bool) -> ValueError:
         "such state outside the step (a callback), or on TensorFlow keep it a moving "
         "average of a mean over the rows made with `add_weight(..., aggregation=\"mean\")`"
         , raw=True)
+
+
+def mixed_rows_refused(found: List[str], where: str = "TensorFlow, PyTorch"
+                       ) -> ValueError:
+    """The refusal of layers whose output for a row is read from the batch's other rows
+    too (`found`, in words: `training.tried_layers.mixed_rows`) where each replica runs
+    its own step (`where`)."""
+    return bad_value(
+        "model", ", ".join(found), "layers whose output for a row is computed from that "
+        f"row alone, where each replica runs its own step ({where}): a layer "
+        "reading the batch's other rows (a batch mean or standard deviation, minibatch "
+        "discrimination, rows compared with each other) sees only its replica's share "
+        "there, and computes other outputs than one device (5e-2 off in weights on 3 "
+        "replicas); Keras 3 on JAX computes it over the global batch",
+        "compute each row's output from its row alone, or train with Keras 3 on JAX or on "
+        "one device (gpus=1); a normalisation over the batch is keras.layers."
+        "BatchNormalization, synchronized over the replicas (sync_batchnorm=True)",
+        raw=True)
 

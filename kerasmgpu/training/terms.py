@@ -165,3 +165,17 @@ def loss_layers(adapter: Adapter, model: Any) -> List[Any]:
     """The user's layers whose `call`, or the code of the user's it reaches, names
     `add_loss` (as `batch_terms` finds them)."""
     return _users_layers_naming(adapter, model, frozenset({"add_loss"}))
+
+
+def row_layers(adapter: Adapter, model: Any) -> List[Any]:
+    """The layers whose `call` is the user's code - the user's layer classes, and Keras's
+    `Lambda` (a function of the user's) - but the models (their layers are among these)
+    and BatchNormalization's subclasses (their batch statistics: `sync_batchnorm`): each
+    is tried for outputs read from the batch's other rows (`tried_layers.mixed_rows`)."""
+    layers = adapter.keras.layers
+    own = tuple(c for c in (getattr(layers, "Lambda", None),) if c is not None)
+    norm = tuple(c for c in (getattr(layers, "BatchNormalization", None),) if c is not None)
+    return [layer for layer in adapter.layers_of(model)
+            if (not frameworks_own(type(layer)) or isinstance(layer, own))
+            and not isinstance(layer, norm) and not adapter.is_model(layer)]
+

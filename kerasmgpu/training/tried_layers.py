@@ -12,6 +12,11 @@ own step: tried on made-up rows before anything trains, since it cannot be read.
   term over its share, and the replicas' losses - their gradients - are averaged: one
   device's term for a mean over the rows, a third of it on 3 replicas for a sum over
   them, silently unless `verify=True` caught it. `added_losses`.
+* Outputs it computes from the batch's other rows too (a batch mean or standard
+  deviation, minibatch discrimination, rows compared with each other): each replica
+  gives its rows outputs computed from its share only (5e-2 off in weights on 3
+  replicas, silently), and padding rows join them. `mixed_rows`, tried for every layer
+  whose `call` is the user's code, in inference and in training mode.
 * Variables it assigns (`self.ema.assign(...)`, a row counter's `assign_add`): each
   replica updates them from its share, and TensorFlow combines the replicas' values by
   the variable's aggregation - their mean or sum where it says so; with none (Keras's
@@ -25,10 +30,12 @@ own step: tried on made-up rows before anything trains, since it cannot be read.
 Each such layer of a functional model has its `call` run on made-up inputs shaped like
 its own (`layer.input`, public), once on 6 rows and once on each half - the values it
 adds caught on the instance (`add_metric`, and `add_loss`, which it must not leave
-behind), the variables it assigns read after each run and put back - on a thread of its
-own, where no strategy's scope is entered. A stateful layer is not run. A layer that
+behind), the variables it assigns read after each run and put back (a random draw's
+seed state too) - on a thread of its own, where no strategy's scope is entered. A
+stateful layer is not run. A layer that
 cannot be run so (a subclassed model's own `call`, inputs of several nodes, a layer that
-raises) is not told: parallelize() says so.
+raises) is not told: parallelize() says so - but for outputs read from other rows, which
+every layer of the user's is tried for, and most are not: there `verify=True` compares.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from kerasmgpu.adapters.aside import outside_scopes
+from kerasmgpu.adapters.metric_values import leaves
 
 ROWS = 6
 _TIMEOUT_S = 60.0
@@ -70,6 +78,20 @@ def variable_updates(adapter: Any, layers: List[Any]) -> Tried:
                                       "{layer!r})", "{cls}.call assigning variables (layer "
                                       "{layer!r})"), layers,
                         "{cls}.call assigning variables (layer {layer!r})")
+
+
+def mixed_rows(adapter: Any, layers: List[Any], assigning: List[Any]) -> List[str]:
+    """The layers whose output for a row depends on the other rows they are given, in
+    words; a layer that cannot be run on made-up rows, or draws at random, is not told.
+    Layers `assigning` variables are tried in inference mode only: in training their
+    output may read what they assign from the rows (a moving average of the batch's
+    mean), which the replicas combine as `variable_updates` tells."""
+    return outside_scopes(
+        lambda: [f"{type(layer).__name__}.call reading the batch's other rows (layer "
+                 f"{getattr(layer, 'name', '?')!r})" for layer in layers
+                 if _mixes(adapter, layer, (False,) if any(
+                     layer is other for other in assigning) else (False, True))],
+        _TIMEOUT_S, "layer", lambda: [])
 
 
 def _on_a_thread(run: Callable[[], Tried], layers: List[Any], untried: str) -> Tried:
@@ -111,14 +133,21 @@ def _made_inputs(layer: Any) -> Optional[Tuple[Any, List[Any]]]:
         if shape is None:
             return None
         dims = [2 if d is None else int(d) for d in list(shape)[1:]]
-        dtype = np.dtype(getattr(getattr(leaf, "dtype", None), "name", None) or "float32")
+        given_dtype = getattr(leaf, "dtype", None)  # Keras 3: a name; TensorFlow's DType
+        try:
+            dtype = np.dtype(given_dtype if isinstance(given_dtype, str) else getattr(
+                given_dtype, "name", None) or "float32")
+        except TypeError:  # strings, resources: no made-up rows
+            return None
+        if dtype.kind not in "fiub":
+            return None
         made.append(rng.uniform(size=(ROWS, *dims)).astype(dtype) if dtype.kind == "f"
                     else np.zeros((ROWS, *dims), dtype))
     return given, made
 
 
 def _call(adapter: Any, layer: Any, given: Any, made: List[Any], rows: slice,
-          training: bool) -> None:
+          training: bool) -> Any:
     try:
         takes_training = "training" in inspect.signature(layer.call).parameters
     except (TypeError, ValueError):
@@ -126,8 +155,8 @@ def _call(adapter: Any, layer: Any, given: Any, made: List[Any], rows: slice,
     ops = getattr(adapter.keras, "ops", None)  # Keras 3; tf.keras's backend else
     tensor = ops.convert_to_tensor if ops is not None else adapter.keras.backend.constant
     inputs = [tensor(m[rows]) for m in made]
-    layer.call(inputs if isinstance(given, (list, tuple)) else inputs[0],
-               **({"training": training} if takes_training else {}))
+    return layer.call(inputs if isinstance(given, (list, tuple)) else inputs[0],
+                      **({"training": training} if takes_training else {}))
 
 
 def _caught(layer: Any, **methods: Callable[..., Any]) -> Callable[[], None]:
@@ -143,6 +172,66 @@ def _caught(layer: Any, **methods: Callable[..., Any]) -> Callable[[], None]:
                 layer.__dict__[key] = value
 
     return restore
+
+
+def _state(adapter: Any, layer: Any) -> Tuple[List[Any], Callable[[], None]]:
+    """The layer's variables - Keras 3's seed states of its random draws among them -
+    and what puts back the values they have now."""
+    variables = [v for v in list(getattr(layer, "variables", None) or
+                                 getattr(layer, "weights", None) or []) if hasattr(v, "assign")]
+    start = adapter.read_values(variables)
+
+    def restore() -> None:
+        adapter.write_values(variables, start)
+
+    return variables, restore
+
+
+def _mixes(adapter: Any, layer: Any, modes: Tuple[bool, ...]) -> bool:
+    """Whether the layer's outputs for made-up rows differ from its outputs for each
+    half of them, in one of `modes` (training or not; a mode whose two runs on the same
+    rows differ draws at random: not told)."""
+    import numpy as np
+
+    inputs = _made_inputs(layer)
+    if inputs is None:
+        return False
+    try:
+        _, put_back = _state(adapter, layer)
+    except Exception:  # a variable that cannot be read back: not run
+        return False
+
+    def outputs(rows: slice, training: bool, put_back_after: bool = True) -> List[Any]:
+        restore = _caught(layer, add_metric=lambda *args, **kwargs: None,
+                          add_loss=lambda *args, **kwargs: None)
+        try:
+            out = _call(adapter, layer, *inputs, rows, training=training)
+            return [np.asarray(adapter.numpy(leaf), "float64") for leaf in leaves(out)]
+        finally:
+            restore()
+            if put_back_after:  # else the next run draws on: a random draw then differs
+                put_back()
+
+    def same(a: List[Any], b: List[Any]) -> bool:
+        return len(a) == len(b) and all(
+            u.shape == v.shape and np.allclose(u, v, rtol=1e-4, atol=1e-6) for u, v in zip(a, b))
+
+    for training in modes:
+        try:
+            whole = outputs(slice(0, ROWS), training, put_back_after=False)
+            again = outputs(slice(0, ROWS), training)
+            first, second = (outputs(slice(0, ROWS // 2), training),
+                             outputs(slice(ROWS // 2, ROWS), training))
+        except Exception:  # not runnable on made-up rows: nothing to tell
+            return False
+        if not whole or any(w.ndim == 0 or w.shape[0] != ROWS or not np.isfinite(w).all()
+                            for w in whole) or not same(whole, again):
+            continue  # not one output row per row, or a random draw
+        if len(first) != len(whole) or len(second) != len(whole):
+            continue
+        if not same(whole, [np.concatenate(pair) for pair in zip(first, second)]):
+            return True
+    return False
 
 
 def _added(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:

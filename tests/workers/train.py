@@ -31,7 +31,9 @@ layer's add_loss of a mean square), --momentum M (SGD(momentum=M): optimizer sta
 restore), --faults SPEC (a process dies
 at a point of a save: tests/workers/faults.py), --checkpoint (a ModelCheckpoint of the weights at every epoch end; a run checks first
 that the one an earlier run left loads), --batch-metric (a compile loss and metric of one
-value per batch: a mean without an axis, an RMSE function), --metric-state (a Metric
+value per batch: a mean without an axis, an RMSE function), --compared (a compile loss
+comparing each row with the batch's others: in-batch negatives), --centred (a layer
+centring its rows on the batch's mean), --metric-state (a Metric
 subclass keeping a running maximum: not a sum over rows), --layer-state (a layer
 that counts the rows it is given in a variable it assigns), --step-state (a train_step
 of the model's counting them so), --disagree WHAT (each process given the call
@@ -118,6 +120,11 @@ parser.add_argument("--checkpoint", action="store_true")
 parser.add_argument("--batch-metric", action="store_true",
                     help="a compile loss and metric of one value per batch (a mean without "
                     "an axis, an RMSE function)")
+parser.add_argument("--compared", action="store_true",
+                    help="a compile loss of one value per row comparing each row with the "
+                    "batch's others (in-batch negatives)")
+parser.add_argument("--centred", action="store_true",
+                    help="a layer whose output for a row reads the batch's mean")
 parser.add_argument("--metric-state", action="store_true",
                     help="a Metric subclass whose state is a running maximum")
 parser.add_argument("--layer-state", action="store_true",
@@ -206,6 +213,13 @@ if args.batch_metric:
         return ops.mean(ops.square(y_pred - y_true))
 
     loss, metrics = batch_mse, metrics + [rmse]
+if args.compared:
+    def in_batch_negatives(y_true, y_pred):  # each row against the batch's others
+        logits = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
+        labels = keras.ops.arange(keras.ops.shape(y_pred)[0])
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+    loss = in_batch_negatives
 if args.metric_state:
     ops = keras.ops
 
@@ -233,6 +247,12 @@ if args.layer_state:
             return x
 
     hidden = Counting()(hidden)
+if args.centred:
+    class Centred(keras.layers.Layer):  # each row less the batch's mean
+        def call(self, x):
+            return x - keras.ops.mean(x, axis=0, keepdims=True)
+
+    hidden = Centred()(hidden)
 if args.batchnorm:
     hidden = keras.layers.BatchNormalization()(hidden)
 sequence = args.counted or args.per_row
