@@ -28,6 +28,7 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python", "jax._src", "tf_keras.src")
 # Lower number = lower layer. A module may import modules of its own layer or below.
 LAYERS: List[Tuple[str, int]] = [
     ("kerasmgpu._version", 0),
+    ("kerasmgpu._atomic", 0),
     ("kerasmgpu._errors", 0),
     ("kerasmgpu._hooks", 0),
     ("kerasmgpu.batching", 0),

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, TextIO, Tuple
 
+from kerasmgpu._atomic import write_atomic
 from kerasmgpu.migrate import files
 from kerasmgpu.migrate.report import (
     DEFAULT_TARGET,
@@ -136,7 +137,7 @@ def _report_one(path: str, text: str, encoding: str, result: MigrationResult,
         tally.unchanged += 1
     elif args.write:
         try:
-            files.write_atomic(path, result.new_source.encode(encoding))
+            write_atomic(path, result.new_source.encode(encoding))
         except OSError as exc:
             _unreadable(path, 1, 1, f"cannot write: {exc}; left unchanged", tally)
             return

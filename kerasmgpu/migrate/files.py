@@ -1,17 +1,15 @@
 """Reading, walking and writing the user's files, byte for byte where nothing changes.
 
 Pure Python (no libcst). A file is read in its own encoding (PEP 263 cookie or BOM) with
-its newlines as they are (CRLF stays CRLF), and written back atomically in that encoding,
-with its mode, owner and group.
+its newlines as they are (CRLF stays CRLF), and written back in that encoding, with its
+mode, owner and group, atomically (`kerasmgpu._atomic`, by the migrate command).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import io
 import os
-import tempfile
 import tokenize
 from typing import Iterator, List, Sequence, Set, Tuple
 
@@ -53,29 +51,6 @@ def read(path: str) -> Tuple[str, str]:
     encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     # newline="" semantics: decode the bytes as they are, so "\r\n" survives the round trip.
     return raw.decode(encoding), encoding
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace `path` by `data` in one step: a reader sees the old file or the new one."""
-    target = os.path.realpath(path)  # through a symlink, so the link stays a link
-    info = os.stat(target)
-    directory, name = os.path.split(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".kerasmgpu-tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if hasattr(os, "chown"):
-            with contextlib.suppress(OSError):  # only root may give a file away; best effort
-                os.chown(tmp, info.st_uid, info.st_gid)
-        # After the chown, which clears setuid/setgid; mkstemp makes 0600: keep the user's mode.
-        os.chmod(tmp, info.st_mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def diff(path: str, old: str, new: str) -> str:

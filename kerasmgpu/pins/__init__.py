@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from kerasmgpu._atomic import write_atomic
 from kerasmgpu._errors import bad_value
 
 HERE = Path(__file__).resolve().parent
@@ -169,8 +170,8 @@ def write_requirement(directory: Path, line: str) -> Path:
     """DIR/kerasmgpu.in: the line that installs kerasmgpu itself, for the tox lines."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / REQUIREMENT_FILE
-    path.write_text("# kerasmgpu itself. Written by `kerasmgpu pins --write` "
-                    "(--source SPEC changes it).\n" + line + "\n")
+    write_atomic(str(path), ("# kerasmgpu itself. Written by `kerasmgpu pins --write` "
+                             "(--source SPEC changes it).\n" + line + "\n").encode())
     return path
 
 
@@ -183,10 +184,11 @@ def write(directory: Path, envs: Sequence[str], version: str) -> List[Path]:
         header = (f"# kerasmgpu {version}: {pins.line}, as kerasmgpu's CI tested it. "
                   f"Written by `kerasmgpu pins --write`.\n")
         requirements = directory / f"{env}.in"
-        requirements.write_text(header + "\n".join(portable("\n".join(pins.requirements))
-                                                   .splitlines()) + "\n")
+        write_atomic(str(requirements), (header + "\n".join(portable("\n".join(
+            pins.requirements)).splitlines()) + "\n").encode())
         constraints = directory / f"{env}.txt"
-        constraints.write_text(header + portable(pins.constraints.read_text()))
+        write_atomic(str(constraints),
+                     (header + portable(pins.constraints.read_text())).encode())
         written += [requirements, constraints]
     return written
 

@@ -7,6 +7,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from kerasmgpu._atomic import write_atomic
 from kerasmgpu._version import __version__
 from kerasmgpu.cli import _common
 from kerasmgpu.cli._common import Report
@@ -139,8 +140,7 @@ def _write(args: argparse.Namespace, env: Any, label: str, counts: List[int],
         "notes": notes,
     }
     json_path = os.path.join(args.output, "bench.json")
-    with open(json_path, "w", encoding="utf-8") as handle:
-        handle.write(_common.to_json(result) + "\n")
+    write_atomic(json_path, (_common.to_json(result) + "\n").encode("utf-8"))
     return result, json_path + (f" and {plot}" if plot else "")
 
 
