@@ -195,7 +195,7 @@ def _refuse_mixed_rows(adapter: Keras23, model: Any) -> None:
     updating = terms.state_layers(adapter, model)
     found = tried_layers.mixed_rows(adapter, [
         layer for layer in terms.row_layers(adapter, model)
-        if not any(layer is other for other in updating)], [])
+        if not any(layer is other for other in updating)])
     if found:
         raise refusals.mixed_rows_refused(found, "Keras 2.3's multi_gpu_model")
 

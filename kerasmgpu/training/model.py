@@ -249,8 +249,7 @@ def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[st
             raise refusals.assigned_refused(bad, combined=True)
         untried += not_tried
     found += assigning
-    mixing = tried_layers.mixed_rows(adapter, terms.row_layers(adapter, template),
-                                     state_layers)
+    mixing = tried_layers.mixed_rows(adapter, terms.row_layers(adapter, template))
     if mixing and not engine.one_program:
         raise refusals.mixed_rows_refused(mixing)
     found += mixing

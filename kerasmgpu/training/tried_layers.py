@@ -16,7 +16,7 @@ own step: tried on made-up rows before anything trains, since it cannot be read.
   deviation, minibatch discrimination, rows compared with each other): each replica
   gives its rows outputs computed from its share only (5e-2 off in weights on 3
   replicas, silently), and padding rows join them. `mixed_rows`, tried for every layer
-  whose `call` is the user's code, in inference and in training mode.
+  whose `call` is the user's code, in inference mode.
 * Variables it assigns (`self.ema.assign(...)`, a row counter's `assign_add`): each
   replica updates them from its share, and TensorFlow combines the replicas' values by
   the variable's aggregation - their mean or sum where it says so; with none (Keras's
@@ -80,17 +80,17 @@ def variable_updates(adapter: Any, layers: List[Any]) -> Tried:
                         "{cls}.call assigning variables (layer {layer!r})")
 
 
-def mixed_rows(adapter: Any, layers: List[Any], assigning: List[Any]) -> List[str]:
-    """The layers whose output for a row depends on the other rows they are given, in
-    words; a layer that cannot be run on made-up rows, or draws at random, is not told.
-    Layers `assigning` variables are tried in inference mode only: in training their
-    output may read what they assign from the rows (a moving average of the batch's
+def mixed_rows(adapter: Any, layers: List[Any]) -> List[str]:
+    """The layers whose output for a row, in inference mode, depends on the other rows
+    they are given, in words; a layer that cannot be run on made-up rows, or draws at
+    random, is not told. Inference mode only: a layer's training `call` may record
+    what it is given (a callback, a count), which made-up rows must not reach, and its
+    output may read what it assigns from the rows (a moving average of the batch's
     mean), which the replicas combine as `variable_updates` tells."""
     return outside_scopes(
         lambda: [f"{type(layer).__name__}.call reading the batch's other rows (layer "
                  f"{getattr(layer, 'name', '?')!r})" for layer in layers
-                 if _mixes(adapter, layer, (False,) if any(
-                     layer is other for other in assigning) else (False, True))],
+                 if _mixes(adapter, layer)],
         _TIMEOUT_S, "layer", lambda: [])
 
 
@@ -187,10 +187,10 @@ def _state(adapter: Any, layer: Any) -> Tuple[List[Any], Callable[[], None]]:
     return variables, restore
 
 
-def _mixes(adapter: Any, layer: Any, modes: Tuple[bool, ...]) -> bool:
-    """Whether the layer's outputs for made-up rows differ from its outputs for each
-    half of them, in one of `modes` (training or not; a mode whose two runs on the same
-    rows differ draws at random: not told)."""
+def _mixes(adapter: Any, layer: Any) -> bool:
+    """Whether the layer's inference outputs for made-up rows differ from its outputs
+    for each half of them (where two runs on the same rows differ, it draws at random:
+    not told)."""
     import numpy as np
 
     inputs = _made_inputs(layer)
@@ -201,11 +201,11 @@ def _mixes(adapter: Any, layer: Any, modes: Tuple[bool, ...]) -> bool:
     except Exception:  # a variable that cannot be read back: not run
         return False
 
-    def outputs(rows: slice, training: bool, put_back_after: bool = True) -> List[Any]:
+    def outputs(rows: slice, put_back_after: bool = True) -> List[Any]:
         restore = _caught(layer, add_metric=lambda *args, **kwargs: None,
                           add_loss=lambda *args, **kwargs: None)
         try:
-            out = _call(adapter, layer, *inputs, rows, training=training)
+            out = _call(adapter, layer, *inputs, rows, training=False)
             return [np.asarray(adapter.numpy(leaf), "float64") for leaf in leaves(out)]
         finally:
             restore()
@@ -216,22 +216,18 @@ def _mixes(adapter: Any, layer: Any, modes: Tuple[bool, ...]) -> bool:
         return len(a) == len(b) and all(
             u.shape == v.shape and np.allclose(u, v, rtol=1e-4, atol=1e-6) for u, v in zip(a, b))
 
-    for training in modes:
-        try:
-            whole = outputs(slice(0, ROWS), training, put_back_after=False)
-            again = outputs(slice(0, ROWS), training)
-            first, second = (outputs(slice(0, ROWS // 2), training),
-                             outputs(slice(ROWS // 2, ROWS), training))
-        except Exception:  # not runnable on made-up rows: nothing to tell
-            return False
-        if not whole or any(w.ndim == 0 or w.shape[0] != ROWS or not np.isfinite(w).all()
-                            for w in whole) or not same(whole, again):
-            continue  # not one output row per row, or a random draw
-        if len(first) != len(whole) or len(second) != len(whole):
-            continue
-        if not same(whole, [np.concatenate(pair) for pair in zip(first, second)]):
-            return True
-    return False
+    try:
+        whole = outputs(slice(0, ROWS), put_back_after=False)
+        again = outputs(slice(0, ROWS))
+        first, second = outputs(slice(0, ROWS // 2)), outputs(slice(ROWS // 2, ROWS))
+    except Exception:  # not runnable on made-up rows: nothing to tell
+        return False
+    if not whole or any(w.ndim == 0 or w.shape[0] != ROWS or not np.isfinite(w).all()
+                        for w in whole) or not same(whole, again):
+        return False  # not one output row per row, or a random draw
+    if len(first) != len(whole) or len(second) != len(whole):
+        return False
+    return not same(whole, [np.concatenate(pair) for pair in zip(first, second)])
 
 
 def _added(adapter: Any, layer: Any) -> Optional[Dict[str, bool]]:
