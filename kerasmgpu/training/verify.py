@@ -468,7 +468,8 @@ def _locate(state: Any, replica: Any, x: Any, tol: float) -> str:
              if state.engine.slices_in_graph else "")
     return ("No layer's output differs in inference mode: the difference is in the loss's "
             "weighting of the batch (padding rows, sample weights)"
-            f"{_terms_hint(state)} or in training-mode behaviour{built}.")
+            f"{_terms_hint(state)} or in training-mode behaviour (a layer reading the "
+            f"batch's other rows in training only){built}.")
 
 
 def _terms_hint(state: Any) -> str:
