@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -49,12 +50,45 @@ def test_a_write_killed_at_any_instant_leaves_the_old_file_or_the_new(tmp_path: 
         data = target.read_bytes()
         assert data in (old, new), f"a part: {len(data)} bytes after {delay} s"
         outcomes.add(data == new)
-        left = [p for p in tmp_path.iterdir() if p.name.endswith(".kerasmgpu-tmp")]
+        left = _left(tmp_path)
         cut += bool(left)  # killed mid-write: the partial file is beside, not the target
-        for path in left:
-            path.unlink()
+        if left:  # ... and the next write of the target removes it (its writer is gone)
+            write_atomic(str(target), old)
+            assert not _left(tmp_path) and target.read_bytes() == old
     assert cut, "no kill landed during a write: the test proves nothing"
     assert False in outcomes
+
+
+def _left(directory: Path) -> List[Path]:
+    return [p for p in directory.iterdir() if p.name.endswith(".kerasmgpu-tmp")]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a writer's pid is read on POSIX")
+def test_a_live_writers_or_another_hosts_temporary_file_is_left_alone(tmp_path: Path
+                                                                       ) -> None:
+    """Only a file whose writer - a process of this host - is gone is removed: a live
+    writer's rename, or another host's on a shared filesystem, still needs its own."""
+    from kerasmgpu import _atomic
+
+    target = tmp_path / "bench.json"
+    host = _atomic._writer().rsplit("-", 1)[0]
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {"gone": f".bench.json.{host}-{gone}.x1.kerasmgpu-tmp",
+                 "alive": f".bench.json.{host}-{alive.pid}.x2.kerasmgpu-tmp",
+                 "other host": f".bench.json.{host}x-{gone}.x3.kerasmgpu-tmp",
+                 "other file": f".other.json.{host}-{gone}.x4.kerasmgpu-tmp"}
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"part")
+        write_atomic(str(target), b"{}")
+    finally:
+        alive.kill()
+        alive.wait(timeout=60)
+    assert target.read_bytes() == b"{}"
+    assert sorted(p.name for p in _left(tmp_path)) == sorted(
+        names[k] for k in ("alive", "other host", "other file"))
 
 
 def test_a_new_file_gets_the_mode_a_plain_write_gives_and_an_old_one_keeps_its_own(
@@ -72,7 +106,7 @@ def test_a_new_file_gets_the_mode_a_plain_write_gives_and_an_old_one_keeps_its_o
     link.symlink_to(plain)
     write_atomic(str(link), b"w")
     assert link.is_symlink() and plain.read_bytes() == b"w"
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".kerasmgpu-tmp")]
+    assert not _left(tmp_path)
 
 
 def test_the_pins_are_written_through_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
