@@ -224,9 +224,8 @@ class _Follow:
     collects the trainable weights at compile, so a layer frozen on the template and
     recompiled stops training in the parallel model, as on one device, and the parallel
     model trains the weights the template's compile collected, not those trainable when
-    it was compiled. A parallel model
-    you compile yourself (Keras's own multi_gpu_model usage) is yours: it follows the
-    template no more."""
+    it was compiled. A parallel model you compile yourself (Keras's own multi_gpu_model
+    usage) is yours: it follows the template no more."""
 
     def __init__(self, parallel: Any, template: Any, inner: Any, adapter: Keras23,
                  device: Optional[str] = None) -> None:

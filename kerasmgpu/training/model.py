@@ -216,12 +216,12 @@ def _warn_assigning_steps(engine: EngineOps, template: Any) -> None:
 
 def _tried_layers(engine: EngineOps, adapter: Adapter, template: Any) -> List[str]:
     """What the user's layers do with the rows they are given beyond the loss - values
-    added with `add_metric`, variables assigned in `call`, outputs read from the
-    batch's other rows - in words; short batches go whole for them (`tried_layers`). Where each replica runs its own step what does not
-    combine over replicas as one device's is refused, before anything trains - those and
-    the terms added with `add_loss` (found and made whole by `terms.batch_terms`) that
-    are not a mean over the rows; on torch an assigned variable is (each process keeps
-    its own, rank 0's at each epoch end)."""
+    added with `add_metric`, variables assigned in `call`, outputs read from the batch's
+    other rows - in words; short batches go whole for them (`tried_layers`). Where each
+    replica runs its own step what does not combine over replicas as one device's is
+    refused, before anything trains - those and the terms added with `add_loss` (found
+    and made whole by `terms.batch_terms`) that are not a mean over the rows; on torch an
+    assigned variable is (each process keeps its own, rank 0's at each epoch end)."""
     found: List[str] = []
     untried: List[str] = []
     metric_layers = [] if engine.one_program else terms.metric_layers(adapter, template)

@@ -125,10 +125,10 @@ def _made_inputs(layer: Any) -> Optional[Tuple[Any, List[Any]]]:
         given = layer.input  # raises for a layer of several nodes, or of none
     except Exception:
         return None
-    leaves = given if isinstance(given, (list, tuple)) else [given]
+    given_leaves = given if isinstance(given, (list, tuple)) else [given]
     rng = np.random.default_rng(0)
     made = []
-    for leaf in leaves:
+    for leaf in given_leaves:
         shape = getattr(leaf, "shape", None)
         if shape is None:
             return None
