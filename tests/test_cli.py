@@ -23,7 +23,9 @@ import pytest
 from helpers import BACKEND, IN_PROCESS, ON_LEGACY, requires
 
 from kerasmgpu import cli
+from kerasmgpu._atomic import write_atomic
 from kerasmgpu.cli import _common, bench, doctor
+from kerasmgpu.cli.bench import output as bench_output
 from kerasmgpu.cli.doctor import BLOCKING, INFO, WARNING, Facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -748,14 +750,23 @@ def test_bench_models_train_on_their_data(kind: str) -> None:
     assert model.predict(x[:4], verbose=0).shape == (4, 10)
 
 
-def test_the_plot_on_virtual_devices_says_it_measures_no_speed(tmp_path: Path) -> None:
+def test_the_plot_on_virtual_devices_says_it_measures_no_speed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert bench.plot_title("t", False) == "t"
     assert "not a speed measurement" in bench.plot_title("t", True)
     row = {"replicas": 1, "samples_per_s": 100.0, "efficiency": 1.0, "speedup": 1.0}
     two = {"replicas": 2, "samples_per_s": 120.0, "efficiency": 0.6, "speedup": 1.2}
+    written = []
+
+    def recording(path: str, data: bytes) -> None:  # the image is written whole, or not
+        written.append((Path(path).name, data[:8]))
+        write_atomic(path, data)
+
+    monkeypatch.setattr(bench_output, "write_atomic", recording)
     path = bench.write_plot([row, two], str(tmp_path / "scaling.png"), "t", shared_cores=True)
     if importlib.util.find_spec("matplotlib") is not None:
         assert path is not None and (tmp_path / "scaling.png").stat().st_size > 0
+        assert written == [("scaling.png", PNG_MAGIC)]
 
 
 @requires(in_process=True)

@@ -4,6 +4,7 @@ terminal, bench.json and the scaling plot."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -84,7 +85,11 @@ def write_plot(results: Sequence[Dict[str, Any]], path: str, title: str,
     right.set_title("efficiency = speedup / replicas")
     figure.suptitle(plot_title(title, shared_cores))
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    # Drawn into memory and written whole, as bench.json is: savefig writes the file in
+    # place, and a kill during it left a truncated image over the last good one.
+    drawn = io.BytesIO()
+    figure.savefig(drawn, format="png", dpi=100)
+    write_atomic(path, drawn.getvalue())
     return path
 
 
